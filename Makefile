@@ -1,0 +1,51 @@
+# The vocabulary of the project: every target does its own set-up on a fresh machine.
+#   make run    install, then train the quickstart and print where the curve and report are
+#   make test   install, start the real servers, run every test (JUnit XML in build/junit.xml)
+#   make bench  side-by-side speed ratios -> bench/results.json
+#   make lint   ruff + mypy + import-linter contracts
+SHELL := /bin/bash
+PY ?= python3
+TORCH_VERSION ?= 2.15.0
+STAMP := build/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-unit lint typecheck bench infra-up infra-down clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@mkdir -p build
+	@# torch: install once (the registry's Linux wheel is the large CUDA build); never a second copy.
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,distributed]"
+	@touch $@
+
+run: install
+	$(PY) -m scalerl.cli run examples/quickstart.yaml --overwrite
+
+test: install infra-up
+	set -a; [ -f build/infra.env ] && source build/infra.env; set +a; \
+	$(PY) -m pytest --junitxml=build/junit.xml $(PYTEST_ARGS)
+
+test-unit: install
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: install
+	$(PY) -m ruff check services tests bench
+	$(PY) -m mypy
+	lint-imports
+
+typecheck: install
+	$(PY) -m mypy
+
+bench: install
+	$(PY) bench/run_bench.py --out bench/results.json
+
+infra-up: install
+	bash scripts/infra/up.sh
+
+infra-down:
+	bash scripts/infra/down.sh
+
+clean:
+	rm -rf build runs bench/results.json

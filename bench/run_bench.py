@@ -1,0 +1,169 @@
+"""`make bench`: speed ratios measured side by side in one run, written to bench/results.json.
+
+1. generator: our torch engine vs plain `model.generate` — same model, same prompts, same batch,
+   same number of new tokens (no early stop on either side), sampling at temperature 1.
+   Reported: tokens/s of each (generated tokens / wall seconds, median of repeats) and the ratio.
+2. learner: training tokens/s of `Learner.step` (completion tokens in the batch / step seconds).
+3. PipelineRL-k vs synchronous PPO-off-policy-k: the same quickstart spec and SFT start, trained for
+   the same number of steps in each mode. Reported: RL steps per hour of training wall time, and
+   pass-rate gain per device-hour ((final − initial mean@k) / training device-hours).
+
+Every number is measured on this machine in this run; nothing is copied from elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from scalerl.config import load_spec
+from scalerl.generator.engine import LengthControl, SamplingParams
+from scalerl.generator.role import encode_prompt
+from scalerl.generator.torch_engine import TorchEngine
+from scalerl.learner.learner import Learner
+from scalerl.messages import ScoredGroup
+from scalerl.runtime.embedded import EmbeddedRun
+from scalerl.runtime.setup import initial_model, make_task, make_verifier, seed_everything
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_generator(model, tok, prompts: list[list[int]], new_tokens: int, repeats: int) -> dict:
+    model.eval()
+    engine = TorchEngine(model, tok, fp32_head=True, seed=0)
+    never = 10**9  # no token id stops either side early
+    length = LengthControl(thinking_budget=new_tokens, answer_budget=1, think_close_id=never, eos_id=never)
+    ours_s = _median_time(lambda: engine.generate(prompts, SamplingParams(), length), repeats)
+
+    pad = tok.pad_token_id
+    P = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (P - len(p)) + p for p in prompts])
+    mask = (torch.arange(P)[None, :] >= torch.tensor([P - len(p) for p in prompts])[:, None]).long()
+
+    def hf() -> None:
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0,
+                           top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad,
+                           eos_token_id=None)
+
+    hf_s = _median_time(hf, repeats)
+    tokens = len(prompts) * new_tokens
+    return {"batch_rows": len(prompts), "new_tokens": new_tokens, "ours_tokens_per_s": tokens / ours_s,
+            "hf_generate_tokens_per_s": tokens / hf_s, "ratio_ours_over_hf": hf_s / ours_s}
+
+
+def bench_learner(spec, model, tok, groups: list[ScoredGroup], repeats: int) -> dict:
+    import copy
+
+    times, tokens = [], 0.0
+    for _ in range(repeats + 1):
+        learner = Learner(spec, copy.deepcopy(model), pad_id=tok.pad_token_id)
+        t0 = time.perf_counter()
+        stats = learner.step(groups)
+        times.append(time.perf_counter() - t0)
+        tokens = stats.get("tokens/train", 0.0)
+    step_s = statistics.median(times[1:])
+    return {"groups": len(groups), "train_tokens_per_step": tokens, "step_s": step_s,
+            "train_tokens_per_s": tokens / step_s}
+
+
+def bench_modes(spec_path: str, sft_dir: Path, steps: int, work: Path) -> dict:
+    out = {}
+    for mode in ("pipeline", "ppo"):
+        spec = load_spec(spec_path, [f"off_policy.mode={mode}", f"train.steps={steps}",
+                                     f"eval.every_steps={steps}", f"model.init_checkpoint={sft_dir}"])
+        s = EmbeddedRun(spec, work / mode, show_progress=False).run()
+        hours = s["train_wall_s"] / 3600
+        out[mode] = {"steps": s["steps"], "train_wall_s": s["train_wall_s"], "steps_per_hour": s["steps"] / hours,
+                     "initial_pass_rate": s["initial_pass_rate"], "final_pass_rate": s["final_pass_rate"],
+                     "compute_device_hours": s["compute"],
+                     "pass_rate_gain_per_device_hour": (s["final_pass_rate"] - s["initial_pass_rate"]) / s["compute"],
+                     "dropped_stale": s["dropped_stale"], "in_flight_swaps": s["in_flight_swaps"]}
+    out["steps_per_hour_ratio_pipeline_over_ppo"] = out["pipeline"]["steps_per_hour"] / out["ppo"]["steps_per_hour"]
+    ppo_gain = out["ppo"]["pass_rate_gain_per_device_hour"]
+    out["gain_per_device_hour_ratio_pipeline_over_ppo"] = (
+        out["pipeline"]["pass_rate_gain_per_device_hour"] / ppo_gain if ppo_gain > 0 else None)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench/results.json")
+    ap.add_argument("--spec", default="examples/quickstart.yaml")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mode-steps", type=int, default=60, help="RL steps per mode in the pipeline comparison")
+    args = ap.parse_args()
+
+    spec = load_spec(args.spec)
+    seed_everything(spec.seed)
+    torch.set_num_threads(spec.runtime.threads or torch.get_num_threads())
+    work = Path(tempfile.mkdtemp(prefix="scalerl-bench-"))
+    try:
+        task = make_task(spec)
+        print("bench: SFT warm start (shared by every measurement)...", file=sys.stderr)
+        model, tok, _ = initial_model(spec, task, work)
+        problems = task.problems("train")[: spec.train.prompts_per_step]
+        G = spec.generation.group_size
+        prompts = [encode_prompt(tok, p.prompt) for p in problems for _ in range(G)]
+        new_tokens = 40
+        print(f"bench: generator vs model.generate ({len(prompts)} rows x {new_tokens} tokens)...", file=sys.stderr)
+        gen = bench_generator(model, tok, prompts, new_tokens, args.repeats)
+
+        from scalerl.generator.role import length_control
+        from scalerl.messages import PromptTask, RolloutGroup
+
+        verifier = make_verifier(spec, task)
+        engine = TorchEngine(model, tok, seed=1)
+        comps = engine.generate(prompts, SamplingParams(), length_control(spec, tok))
+        groups = [verifier.score(RolloutGroup(PromptTask(p.id, 0, p.prompt, p.answer, G, "addition"),
+                                              prompts[i * G], comps[i * G:(i + 1) * G]))
+                  for i, p in enumerate(problems)]
+        print("bench: learner step...", file=sys.stderr)
+        spec_nofilter = spec.model_copy(deep=True)
+        spec_nofilter.loss.zero_variance_filter = False  # time the full batch
+        learn = bench_learner(spec_nofilter, model, tok, groups, args.repeats)
+        print(f"bench: PipelineRL vs PPO-off-policy, {args.mode_steps} steps each...", file=sys.stderr)
+        modes = bench_modes(args.spec, work / "sft", args.mode_steps, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    results = {
+        "machine": {"platform": platform.platform(), "cpu_threads": torch.get_num_threads(),
+                    "torch": torch.__version__, "cuda": torch.cuda.is_available()},
+        "units": {"tokens_per_s": "generated or trained tokens per wall second",
+                  "steps_per_hour": "RL optimizer steps per hour of training wall time (eval excluded)",
+                  "pass_rate_gain_per_device_hour": "(final - initial held-out mean@k) / device-hours"},
+        "generator": gen, "learner": learn, "pipeline_vs_sync": modes,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"generator: ours {gen['ours_tokens_per_s']:.0f} tok/s vs model.generate "
+          f"{gen['hf_generate_tokens_per_s']:.0f} tok/s -> ratio {gen['ratio_ours_over_hf']:.2f}x")
+    print(f"learner:   {learn['train_tokens_per_s']:.0f} train tok/s ({learn['step_s']:.2f} s/step)")
+    p, q = modes["pipeline"], modes["ppo"]
+    print(f"modes:     PipelineRL {p['steps_per_hour']:.0f} steps/h vs PPO-off-policy {q['steps_per_hour']:.0f} "
+          f"steps/h -> ratio {modes['steps_per_hour_ratio_pipeline_over_ppo']:.2f}x; gain/device-hour "
+          f"{p['pass_rate_gain_per_device_hour']:.2f} vs {q['pass_rate_gain_per_device_hour']:.2f}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Bus interface shared by the in-memory and Kafka transports.
+
+Ordering invariant (both transports): within one (topic, partition) records are delivered in offset
+order; `commit()` stores, for each partition, the offset of the *next* record to read, exactly as
+Kafka does. `positions()` returns the same mapping for what has been polled so far, so the learner can
+save it in a checkpoint and `seek()` back to it on restart.
+
+Example::
+
+    bus.publish("job.prompts", task, key=task.prompt_id)
+    c = bus.consumer(["job.prompts"], group="generators")
+    for rec in c.poll(timeout_s=0.1):
+        ...produce output...
+    c.commit()            # only after the output is produced
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+TOPIC_KINDS = ("prompts", "rollouts", "scored", "policy", "metrics", "dlq")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    """Per-job topic names: `<job>.<kind>`."""
+
+    job: str
+
+    @property
+    def prompts(self) -> str:
+        return f"{self.job}.prompts"
+
+    @property
+    def rollouts(self) -> str:
+        return f"{self.job}.rollouts"
+
+    @property
+    def scored(self) -> str:
+        return f"{self.job}.scored"
+
+    @property
+    def policy(self) -> str:
+        return f"{self.job}.policy"
+
+    @property
+    def metrics(self) -> str:
+        return f"{self.job}.metrics"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.job}.dlq"
+
+    def all(self) -> list[str]:
+        return [f"{self.job}.{k}" for k in TOPIC_KINDS]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One delivered message. `value` is the decoded message object."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: Any
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def position_key(self) -> str:
+        """"topic:partition", the key used in `positions()` / `seek()` mappings."""
+        return f"{self.topic}:{self.partition}"
+
+
+class Consumer(ABC):
+    """A member of a consumer group reading some topics."""
+
+    @abstractmethod
+    def poll(self, timeout_s: float = 0.0, max_records: int = 1000) -> list[Record]:
+        """Return the next records (possibly none after waiting up to `timeout_s`)."""
+
+    @abstractmethod
+    def commit(self, positions: dict[str, int] | None = None) -> None:
+        """Commit `positions` ("topic:partition" -> next offset), or everything polled so far."""
+
+    @abstractmethod
+    def positions(self) -> dict[str, int]:
+        """"topic:partition" -> offset of the next record this consumer will return."""
+
+    @abstractmethod
+    def seek(self, positions: dict[str, int]) -> None:
+        """Continue reading each partition from the given offset."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (leave the group)."""
+
+
+class Bus(ABC):
+    """A publish/subscribe log with consumer groups."""
+
+    @abstractmethod
+    def publish(self, topic: str, value: Any, *, key: str | None = None,
+                headers: dict[str, str] | None = None) -> None:
+        """Append `value` (a message from `scalerl.messages`) to `topic`."""
+
+    @abstractmethod
+    def consumer(self, topics: list[str], group: str) -> Consumer:
+        """Join consumer group `group` on `topics`; starts from the group's committed offsets."""
+
+    def ensure_topics(self, topics: list[str], partitions: int = 1) -> None:  # noqa: B027
+        """Create the topics if the transport needs it (Kafka); a no-op in memory."""
+
+    def flush(self) -> None:  # noqa: B027
+        """Block until every published message is durable."""
+
+    def close(self) -> None:  # noqa: B027
+        """Release connections."""
+
+
+def open_bus(url: str) -> Bus:
+    """Open a bus from its URL: `memory://` or `kafka://host:port[,host:port]`."""
+    if url.startswith("memory://"):
+        from scalerl.bus.memory import MemoryBus
+
+        return MemoryBus()
+    if url.startswith("kafka://"):
+        from scalerl.bus.kafka import KafkaBus  # type: ignore[import-not-found,unused-ignore]
+
+        return KafkaBus(url.removeprefix("kafka://"))
+    raise ValueError(f"bus URL {url!r}: expected memory:// or kafka://HOST:PORT")

@@ -1,0 +1,131 @@
+"""`scalerl` command line: run | sft | fit | compare.
+
+Entry points are thin: parse -> validate (exit 2 with one message naming the field) -> build -> run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+from scalerl.config import JobSpec, SpecError, load_spec
+
+EXIT_BAD_INPUT = 2
+
+
+def _fail(msg: str) -> int:
+    print(f"scalerl: error: {msg}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _load(args: argparse.Namespace) -> JobSpec:
+    from scalerl.runtime.setup import validate_resources
+
+    spec = load_spec(args.spec, args.set)
+    validate_resources(spec)
+    return spec
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        spec = _load(args)
+    except SpecError as exc:
+        return _fail(str(exc))
+    out = Path(args.out) if args.out else Path("runs") / spec.name
+    if out.exists() and any(out.iterdir()) and not (args.resume or args.overwrite):
+        return _fail(f"{out} already holds a run: pass --resume to continue it, --overwrite to replace it, "
+                     f"or --out DIR")
+    if args.overwrite and not args.resume:
+        shutil.rmtree(out, ignore_errors=True)
+    from scalerl.runtime.embedded import EmbeddedRun
+
+    summary = EmbeddedRun(spec, out, resume=args.resume, show_progress=not args.quiet).run()
+    _print_summary(out, summary)
+    return 0
+
+
+def _print_summary(out: Path, s: dict[str, object]) -> None:
+    def f(key: str, fmt: str = "{:.3f}") -> str:
+        v = s.get(key)
+        return fmt.format(v) if isinstance(v, int | float) else "n/a"
+
+    print(f"\nrun {s['name']}: {s['steps']} RL steps, {f('train_wall_s', '{:.0f}')} s of training "
+          f"= {f('compute', '{:.4f}')} device-hours")
+    print(f"  held-out pass rate (mean@k): {f('initial_pass_rate')} -> {f('final_pass_rate')}")
+    if s.get("A") is not None:
+        print(f"  fitted curve: A={f('A')} (asymptotic pass rate), B={f('B', '{:.2f}')} (exponent), "
+              f"C_mid={f('C_mid', '{:.4f}')} device-hours")
+    print(f"  metrics: {out / 'metrics.jsonl'}   train log: {out / 'train.jsonl'}")
+    print(f"  curve:   {out / 'curve.png'}")
+    print(f"  report:  {s.get('report', out / 'report.html')}")
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    try:
+        spec = _load(args)
+    except SpecError as exc:
+        return _fail(str(exc))
+    from scalerl.runtime.progress import Progress
+    from scalerl.runtime.setup import configure_threads, initial_model, make_task, seed_everything
+
+    out = Path(args.out)
+    if (out / "sft" / "config.json").exists() and not args.overwrite:
+        return _fail(f"{out / 'sft'} exists; pass --overwrite to retrain")
+    shutil.rmtree(out / "sft", ignore_errors=True)
+    seed_everything(spec.seed)
+    configure_threads(spec)
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"init_checkpoint": None})})
+    bar = Progress(not args.quiet).bar("SFT", spec.sft.steps, unit="step")
+    _, _, info = initial_model(spec, make_task(spec), out,
+                               on_sft_step=lambda s, loss: bar.update(1, loss=f"{loss:.3f}"))
+    bar.close()
+    print(json.dumps({"model": str(out / "sft"), **info}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scalerl", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def spec_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("spec", help="job spec YAML (see examples/quickstart.yaml)")
+        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field by dotted path, e.g. --set loss.type=dapo (repeatable)")
+        sp.add_argument("--quiet", action="store_true", help="no progress bars")
+        sp.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+
+    run = sub.add_parser("run", help="train a policy with RL (all roles in one process)")
+    spec_args(run)
+    run.add_argument("--out", help="run folder (default runs/<name>)")
+    run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    run.set_defaults(func=cmd_run)
+
+    sft = sub.add_parser("sft", help="supervised warm start on the task's gold chains of thought")
+    spec_args(sft)
+    sft.add_argument("--out", required=True, help="folder; the model is written to OUT/sft")
+    sft.set_defaults(func=cmd_sft)
+
+    try:
+        from scalerl.scaling.commands import register
+    except ImportError:  # pragma: no cover
+        pass
+    else:
+        register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

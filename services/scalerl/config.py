@@ -1,0 +1,297 @@
+"""`JobSpec`: the one validated config tree of a scalerl job. Its defaults *are* the ScaleRL recipe.
+
+Every ablation axis of the paper is a field, so the paper's comparisons are configs, not forks
+(scalerl-spec.md §4.5–4.6):
+
+| axis                      | field                                   | ScaleRL default          |
+|---------------------------|-----------------------------------------|--------------------------|
+| off-policy setup          | `off_policy.mode`, `off_policy.k`       | pipeline, k = 8          |
+| loss type                 | `loss.type`                             | cispo (ε_max = 5)        |
+| FP32 LM head              | `model.fp32_lm_head`                    | on                       |
+| loss aggregation          | `loss.aggregation`                      | prompt                   |
+| advantage normalisation   | `loss.advantage_normalization`          | batch                    |
+| zero-variance filtering   | `loss.zero_variance_filter`             | on (no refill)           |
+| curriculum (NPR)          | `curriculum.no_positive_resampling`     | on, threshold 0.9        |
+| length control            | `generation.length_control`             | interruption             |
+
+Validation happens once, at the edge (`load_spec`): unknown keys, wrong types and values are
+rejected with the dotted path of the field and what is allowed (`SpecError`). Nothing here reads the
+environment or touches the file system except `load_spec` reading the YAML it is given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+# The interruption phrase of the ScaleRL paper (v1 main text, scalerl-spec.md §2.9). It must match
+# exactly; the revision's wording differs ("...formulate an answer now.").
+SCALERL_INTERRUPTION_PHRASE = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
+
+
+class SpecError(ValueError):
+    """A job spec that cannot be run. `str()` is the one-line message shown to the user."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class TinyModelConfig(_Strict):
+    """Shape of the tiny Llama built from scratch when `model.path` is null (no downloads)."""
+
+    hidden_size: int = Field(128, ge=8, le=8192, description="Width of the residual stream.")
+    intermediate_size: int = Field(384, ge=8, le=32768, description="MLP width.")
+    num_layers: int = Field(4, ge=1, le=64, description="Transformer blocks.")
+    num_heads: int = Field(4, ge=1, le=128, description="Attention heads (hidden_size % heads == 0).")
+    max_positions: int = Field(512, ge=16, le=131072, description="Longest sequence in tokens.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads "
+                             f"({self.num_heads})")
+        return self
+
+
+class ModelConfig(_Strict):
+    path: str | None = Field(None, description="Local Hugging Face model folder; null builds the tiny model.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    init_checkpoint: str | None = Field(
+        None, description="Folder with an SFT'd model to start RL from; null runs SFT first (quickstart).")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Parameter/activation dtype of generator and learner.")
+    fp32_lm_head: bool = Field(
+        True, description="LM head and log-softmax in FP32 on generator and learner (ScaleRL §2.3).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available.")
+
+
+class TaskConfig(_Strict):
+    kind: Literal["addition", "multiplication", "countdown", "jsonl"] = Field(
+        "addition", description="Verifiable task family.")
+    digits: int = Field(3, ge=1, le=12, description="Operand digits (addition, multiplication).")
+    countdown_numbers: int = Field(4, ge=3, le=6, description="Numbers given in a Countdown problem.")
+    countdown_max_number: int = Field(25, ge=2, le=1000, description="Largest small number in Countdown.")
+    train_path: str | None = Field(None, description="JSONL training set (kind=jsonl).")
+    eval_path: str | None = Field(None, description="JSONL held-out set (kind=jsonl); default holds out.")
+    train_size: int = Field(20000, ge=1, le=10_000_000, description="Generated training prompts.")
+    eval_size: int = Field(200, ge=1, le=100_000, description="Held-out eval prompts.")
+    reward_correct: float = Field(1.0, description="Reward of a correct completion (ScaleRL: +1).")
+    reward_incorrect: float = Field(-1.0, description="Reward of an incorrect completion (ScaleRL: −1).")
+
+    @model_validator(mode="after")
+    def _jsonl_needs_path(self) -> TaskConfig:
+        if self.kind == "jsonl" and not self.train_path:
+            raise ValueError("task.train_path is required when task.kind is 'jsonl'")
+        return self
+
+
+class InterruptionConfig(_Strict):
+    """Forced interruption (ScaleRL §2.9): cut thinking at a random point inside `window_tokens`."""
+
+    phrase: str = Field(SCALERL_INTERRUPTION_PHRASE, min_length=1,
+                        description="Appended at the cut; tokens are masked out of the loss.")
+    window_tokens: tuple[int, int] = Field(
+        (10_240, 12_288), description="[lo, hi] thinking tokens; the cut point is uniform in it (paper: 10k–12k).")
+
+
+class LengthPenaltyConfig(_Strict):
+    """DAPO-style overlong penalty, added to correct traces only (ScaleRL App. A.11, Eq. 9)."""
+
+    max_tokens: int = Field(14_336, ge=1, description="L_max: length at which the penalty reaches −1.")
+    cache_tokens: int = Field(2_048, ge=1, description="L_cache: width of the penalty ramp.")
+
+
+class GenerationConfig(_Strict):
+    engine: Literal["torch", "vllm"] = Field("torch", description="vllm needs a GPU and `scalerl[vllm]`.")
+    group_size: int = Field(16, ge=1, le=1024, description="G completions per prompt (ScaleRL: 16).")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    thinking_budget_tokens: int = Field(12_288, ge=1, description="Max thinking tokens (ScaleRL: 12,288).")
+    answer_budget_tokens: int = Field(2_048, ge=1, description="Tokens allowed after </think> (ScaleRL: 2,048).")
+    length_control: Literal["interruption", "length_penalty"] = Field(
+        "interruption", description="ScaleRL uses interruptions; length_penalty is the loo-lp variant.")
+    interruption: InterruptionConfig = Field(default_factory=InterruptionConfig)
+    length_penalty: LengthPenaltyConfig = Field(default_factory=LengthPenaltyConfig)
+    prompts_per_batch: int = Field(
+        16, ge=1, le=100_000, description="Prompts the generator samples together (× G sequences).")
+
+    @model_validator(mode="after")
+    def _window_inside_budget(self) -> GenerationConfig:
+        lo, hi = self.interruption.window_tokens
+        if not 1 <= lo <= hi <= self.thinking_budget_tokens:
+            raise ValueError(
+                f"interruption.window_tokens [{lo}, {hi}] must satisfy 1 <= lo <= hi <= "
+                f"thinking_budget_tokens ({self.thinking_budget_tokens})")
+        return self
+
+
+class LossConfig(_Strict):
+    type: Literal["cispo", "grpo", "dapo", "gspo"] = Field("cispo", description="Policy loss (ScaleRL: CISPO).")
+    cispo_eps_max: float = Field(5.0, gt=0.0, description="Absolute cap on ρ for CISPO (paper: 4–8 equivalent).")
+    ppo_clip_low: float | None = Field(
+        None, ge=0.0, lt=1.0, description="PPO-style ε⁻ for grpo/dapo/gspo; null = loss's paper default.")
+    ppo_clip_high: float | None = Field(
+        None, ge=0.0, description="PPO-style ε⁺ for grpo/dapo/gspo; null = loss's paper default.")
+    aggregation: Literal["prompt", "sample", "token"] = Field(
+        "prompt", description="Loss normaliser (ScaleRL: prompt average, §2.4).")
+    advantage_normalization: Literal["batch", "group", "none"] = Field(
+        "batch", description="ScaleRL: batch-level std (§2.5); std taken after zero-variance filtering.")
+    zero_variance_filter: bool = Field(True, description="Drop all-equal-reward groups, no refill (§2.6).")
+
+    @model_validator(mode="after")
+    def _knobs_match_loss(self) -> LossConfig:
+        if self.type == "cispo" and (self.ppo_clip_low is not None or self.ppo_clip_high is not None):
+            raise ValueError("ppo_clip_low/ppo_clip_high do not apply to loss 'cispo' (use cispo_eps_max)")
+        return self
+
+
+class OffPolicyConfig(_Strict):
+    mode: Literal["pipeline", "ppo"] = Field(
+        "pipeline", description="pipeline = PipelineRL-k (in-flight weight pushes); ppo = PPO-off-policy-k.")
+    k: int = Field(8, ge=1, le=1024, description="Max off-policyness in policy versions (ScaleRL: 8).")
+
+
+class OptimConfig(_Strict):
+    lr: float = Field(5e-7, gt=0.0, le=1.0, description="Peak learning rate (ScaleRL: 5e-7 constant).")
+    warmup_steps: int = Field(100, ge=0, description="Linear warm-up steps, then constant (ScaleRL: 100).")
+    adam_eps: float = Field(1e-15, gt=0.0, description="AdamW ε (ScaleRL: 1e-15).")
+    weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay (ScaleRL: 0.01).")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW β1, β2.")
+    grad_clip_norm: float | None = Field(None, gt=0.0, description="Global grad-norm clip; null = off.")
+
+
+class TrainConfig(_Strict):
+    prompts_per_step: int = Field(48, ge=1, description="B prompt groups per optimizer step (ScaleRL: 48).")
+    steps: int = Field(1000, ge=0, description="RL optimizer steps.")
+    micro_batch_prompts: int | None = Field(
+        None, ge=1, description="Prompt groups per forward/backward; null = whole batch.")
+    checkpoint_every: int = Field(50, ge=1, description="Steps between checkpoints.")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+
+
+class CurriculumConfig(_Strict):
+    no_positive_resampling: bool = Field(True, description="Retire prompts with pass rate ≥ threshold (§2.7).")
+    npr_threshold: float = Field(0.9, gt=0.0, le=1.0, description="Historical pass rate that retires a prompt.")
+    max_inflight_prompts: int | None = Field(
+        None, ge=1, description="Prompts outstanding at once; null = 2 × prompts_per_step.")
+    limit_prompts: int | None = Field(None, ge=1, description="Use only the first N training prompts.")
+
+
+class EvalConfig(_Strict):
+    every_steps: int = Field(100, ge=1, description="Steps between evals (ScaleRL: 100).")
+    samples_per_prompt: int = Field(16, ge=1, le=1024, description="k of mean@k (ScaleRL: 16).")
+    temperature: float = Field(1.0, gt=0.0, description="Eval sampling temperature.")
+
+
+class SFTConfig(_Strict):
+    steps: int = Field(300, ge=0, description="SFT optimizer steps on gold chains of thought.")
+    batch_size: int = Field(64, ge=1, description="Sequences per SFT step.")
+    lr: float = Field(1e-3, gt=0.0, description="SFT learning rate (AdamW, cosine decay).")
+
+
+class RuntimeConfig(_Strict):
+    bus: str = Field("memory://", pattern=r"^(memory://|kafka://\S+)$", description="memory:// or kafka://HOST:PORT.")
+    store: str | None = Field(None, description="file:///path or s3://bucket/prefix; null = <out>/store.")
+    devices: int = Field(1, ge=1, description="Devices counted for compute (device-hours); a CPU machine is 1.")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; null = all cores.")
+
+
+class JobSpec(_Strict):
+    """A scalerl job. Field defaults reproduce ScaleRL; see the module docstring for the axes."""
+
+    name: str = Field("scalerl", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+                      description="Job name (DNS label: lowercase letters, digits, '-').")
+    seed: int = Field(0, ge=0, description="Seed of every RNG in the run.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @property
+    def max_inflight_prompts(self) -> int:
+        return self.curriculum.max_inflight_prompts or 2 * self.train.prompts_per_step
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    path = ".".join(str(p) for p in first["loc"]) or "<root>"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    extra = f" (and {err.error_count() - 1} more problem(s))" if err.error_count() > 1 else ""
+    value = first.get("input")
+    shown = "" if first["type"] in ("extra_forbidden", "missing") or isinstance(value, dict) \
+        else f" (got {value!r})"
+    return f"{path}: {msg}{shown}{extra}"
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        child = node.setdefault(k, {})
+        if not isinstance(child, dict):
+            raise SpecError(f"{dotted}: '{k}' is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """`["loss.type=dapo", "train.steps=10"]` -> [("loss.type", "dapo"), ("train.steps", 10)].
+
+    Values are parsed as YAML scalars/flow collections, so `true`, `3`, `1e-4`, `[1, 2]` work.
+    """
+    parsed = []
+    for item in overrides:
+        if "=" not in item:
+            raise SpecError(f"--set {item!r}: expected dotted.key=value")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        parsed.append((key.strip(), value))
+    return parsed
+
+
+def spec_from_dict(tree: dict[str, Any], overrides: list[str] | None = None) -> JobSpec:
+    tree = dict(tree)
+    for key, value in parse_overrides(overrides or []):
+        _set_dotted(tree, key, value)
+    try:
+        return JobSpec.model_validate(tree)
+    except ValidationError as exc:
+        raise SpecError(_format_error(exc)) from None
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
+    """Read and validate a YAML job spec; raises SpecError with a one-line message."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SpecError(f"cannot read job spec {p}: {exc.strerror or exc}") from None
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{p}: not valid YAML: {exc}") from None
+    if tree is None:
+        tree = {}
+    if not isinstance(tree, dict):
+        raise SpecError(f"{p}: the top level must be a mapping of fields, got {type(tree).__name__}")
+    return spec_from_dict(tree, overrides)
+
+
+def dump_spec(spec: JobSpec) -> str:
+    return str(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))

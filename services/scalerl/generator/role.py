@@ -1,0 +1,115 @@
+"""Generator role on the bus: `prompts` -> `rollouts`, with in-flight policy updates from `policy`.
+
+Between decode steps the engine asks `poll_policy()`; when a newer `PolicyVersion` has been
+announced, its weights are fetched from the store (checksum verified) and swapped in, keeping the KV
+cache (PipelineRL). Offsets of `prompts` are committed only after the rollouts are published, so a
+generator killed mid-batch leaves its prompts to be re-delivered.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from scalerl.bus import Bus, TopicNames
+from scalerl.bus.dlq import dead_letter
+from scalerl.config import JobSpec
+from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
+from scalerl.messages import PolicyVersion, PromptTask, RolloutGroup
+from scalerl.store import Store
+from scalerl.store.weights import load_weights
+
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """BOS (if the tokenizer has one) + the prompt's tokens, no other special tokens."""
+    ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    bos = tokenizer.bos_token_id
+    return [bos, *ids] if bos is not None else ids
+
+
+def length_control(spec: JobSpec, tokenizer: Any, *, interrupt: bool | None = None) -> LengthControl:
+    """The job's length rules in token ids (interruption unless `length_control: length_penalty`)."""
+    g = spec.generation
+    use_interrupt = g.length_control == "interruption" if interrupt is None else interrupt
+    phrase = tuple(tokenizer(g.interruption.phrase, add_special_tokens=False)["input_ids"])
+    close = tokenizer.convert_tokens_to_ids("</think>")
+    if close is None or close == tokenizer.unk_token_id:
+        raise ValueError("the tokenizer has no '</think>' token; add it as a special token")
+    return LengthControl(thinking_budget=g.thinking_budget_tokens, answer_budget=g.answer_budget_tokens,
+                         think_close_id=int(close), eos_id=int(tokenizer.eos_token_id),
+                         interruption_ids=phrase if use_interrupt else None,
+                         window=tuple(g.interruption.window_tokens))  # type: ignore[arg-type]
+
+
+class GeneratorRole:
+    def __init__(self, spec: JobSpec, engine: GenerationEngine, tokenizer: Any, bus: Bus, store: Store,
+                 topics: TopicNames, *, generator_id: str = "generator-0", group: str = "generators") -> None:
+        self.spec = spec
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.bus = bus
+        self.store = store
+        self.topics = topics
+        self.generator_id = generator_id
+        self.prompts = bus.consumer([topics.prompts], group)
+        self.policy = bus.consumer([topics.policy], f"{group}-{generator_id}-policy")
+        self.sampling = SamplingParams(spec.generation.temperature, spec.generation.top_p)
+        self.length = length_control(spec, tokenizer)
+        self.paused = threading.Event()  # set -> stop taking new work (evaluation in progress)
+        self.gen_tokens = 0
+        self.groups_out = 0
+
+    def poll_policy(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The newest announced policy, if newer than the engine's (called between decode steps)."""
+        latest: PolicyVersion | None = None
+        for rec in self.policy.poll(timeout_s=0.0):
+            if isinstance(rec.value, PolicyVersion):
+                latest = rec.value if latest is None or rec.value.version > latest.version else latest
+            else:
+                dead_letter(self.bus, self.topics.dlq, rec, "expected PolicyVersion")
+        if latest is None or latest.version <= self.engine.version:
+            return None
+        return latest.version, load_weights(self.store, latest)
+
+    def sync_policy(self) -> None:
+        """Load the newest announced weights now (between batches)."""
+        update = self.poll_policy()
+        if update is not None:
+            self.engine.load_weights(update[1], update[0])
+
+    def run_once(self, timeout_s: float = 0.0, in_flight: bool = True) -> int:
+        """Generate one batch of up to `prompts_per_batch` prompts; returns prompts handled."""
+        self.sync_policy()
+        records = self.prompts.poll(timeout_s=timeout_s, max_records=self.spec.generation.prompts_per_batch)
+        tasks: list[tuple[Any, PromptTask]] = []
+        for rec in records:
+            if isinstance(rec.value, PromptTask):
+                tasks.append((rec, rec.value))
+            else:
+                dead_letter(self.bus, self.topics.dlq, rec, f"expected PromptTask, got {type(rec.value).__name__}")
+        if tasks:
+            self._generate(tasks, in_flight)
+        if records:
+            self.bus.flush()
+            self.prompts.commit()
+        return len(records)
+
+    def _generate(self, tasks: list[tuple[Any, PromptTask]], in_flight: bool) -> None:
+        prompt_ids = [encode_prompt(self.tokenizer, t.prompt) for _, t in tasks]
+        flat = [p for p, (_, t) in zip(prompt_ids, tasks, strict=True) for _ in range(t.group_size)]
+        comps = self.engine.generate(flat, self.sampling, self.length,
+                                     policy_source=self.poll_policy if in_flight else None)
+        i = 0
+        for (rec, task), pids in zip(tasks, prompt_ids, strict=True):
+            group = comps[i:i + task.group_size]
+            i += task.group_size
+            self.gen_tokens += sum(len(c.token_ids) for c in group)
+            headers = dict(rec.headers)
+            headers["policy_version"] = str(max(c.max_version for c in group))
+            self.bus.publish(self.topics.rollouts,
+                             RolloutGroup(task=task, prompt_token_ids=pids, completions=group,
+                                          generator_id=self.generator_id),
+                             key=task.prompt_id, headers=headers)
+            self.groups_out += 1

@@ -1,0 +1,213 @@
+"""Batched sampling with a Hugging Face causal LM in plain torch (CPU or GPU).
+
+Per decode step every live row gets exactly one token, either sampled or forced (the interruption
+phrase). The loop keeps a KV cache (`DynamicCache`) across steps; a weight swap between steps copies
+the new tensors into the parameters in place and leaves the cache as it is (PipelineRL: the cache
+built under older weights is kept, ScaleRL §2.1).
+
+Legend: B = rows (prompts × G), P = padded prompt length, V = vocabulary.
+
+Departures / choices:
+1. The recorded log-prob is that of the temperature-scaled full distribution; with top_p < 1 the
+   sampler draws from the truncated one. The learner uses the same temperature, so with top_p = 1
+   (the default) the ratio is exactly 1 at step 0.
+2. Rows that finish keep being fed (their outputs are ignored) until every row is done, as
+   `model.generate` does; no continuous batching.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from scalerl.generator.engine import GenerationEngine, LengthControl, PolicySource, SamplingParams
+from scalerl.messages import Completion, FinishReason
+from scalerl.model.factory import lm_head_logits, trunk_of
+
+# Row phases of the length controller.
+THINKING, FORCED, ANSWER, DONE = 0, 1, 2, 3
+
+
+class TorchEngine(GenerationEngine):
+    def __init__(self, model: Any, tokenizer: Any, *, fp32_head: bool = True, seed: int = 0,
+                 version: int = 0) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.fp32_head = fp32_head
+        self.version = version
+        self.device = next(model.parameters()).device
+        self.rng = torch.Generator(device=self.device)
+        self.rng.manual_seed(seed)
+        self.swaps_in_flight = 0  # weight swaps that happened inside a generate() call
+
+    # -- weights ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        params = dict(self.model.named_parameters())
+        params.update(dict(self.model.named_buffers()))
+        missing = [k for k in params if k not in state_dict and not k.endswith("inv_freq")]
+        if missing:
+            raise KeyError(f"weights for version {version} lack {missing[:3]}...")
+        for name, tensor in state_dict.items():
+            if name in params:
+                params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+        self.version = version
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=False))
+
+    # -- RNG state (exact resume) ------------------------------------------------------------------
+    def rng_state(self) -> torch.Tensor:
+        return self.rng.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.rng.set_state(state)
+
+    # -- sampling ----------------------------------------------------------------------------------
+    def _sample(self, logits_BV: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (sampled token [B], temperature-scaled log-probs [B, V])."""
+        logp_BV = torch.log_softmax(logits_BV.float() / sampling.temperature, dim=-1)
+        probs_BV = logp_BV.exp()
+        if sampling.top_p < 1.0:
+            sorted_p, order = probs_BV.sort(dim=-1, descending=True)
+            outside = sorted_p.cumsum(-1) - sorted_p > sampling.top_p  # keep the token crossing top_p
+            sorted_p = sorted_p.masked_fill(outside, 0.0)
+            probs_BV = torch.zeros_like(probs_BV).scatter(-1, order, sorted_p)
+        tok_B = torch.multinomial(probs_BV, 1, generator=self.rng).squeeze(-1)
+        return tok_B, logp_BV
+
+    def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        pad = self.tokenizer.pad_token_id
+        P = max(len(p) for p in prompt_ids)
+        ids = torch.full((len(prompt_ids), P), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompt_ids), P), dtype=torch.long)
+        for i, p in enumerate(prompt_ids):
+            ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, P - len(p):] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
+                 *, policy_source: PolicySource | None = None) -> list[Completion]:
+        if not prompt_ids:
+            return []
+        B = len(prompt_ids)
+        dev = self.device
+        ids_BP, mask_BP = self._left_pad(prompt_ids)
+        max_pos = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        phrase = torch.tensor(length.interruption_ids or (), dtype=torch.long, device=dev)
+        max_steps = length.thinking_budget + len(phrase) + length.answer_budget
+        max_steps = min(max_steps, max_pos - ids_BP.shape[1])
+        if max_steps <= 0:
+            raise ValueError(f"prompt of {ids_BP.shape[1]} tokens leaves no room under {max_pos} positions")
+
+        # Per-row controller state.
+        phase = torch.full((B,), THINKING, dtype=torch.long, device=dev)
+        n_think = torch.zeros(B, dtype=torch.long, device=dev)
+        n_answer = torch.zeros(B, dtype=torch.long, device=dev)
+        forced_pos = torch.zeros(B, dtype=torch.long, device=dev)
+        interrupted = torch.zeros(B, dtype=torch.bool, device=dev)
+        truncated = torch.zeros(B, dtype=torch.bool, device=dev)
+        if length.interruption_ids:
+            lo, hi = length.window
+            cut_at = torch.randint(lo, hi + 1, (B,), generator=self.rng, device=dev)
+        else:
+            cut_at = torch.full((B,), length.thinking_budget, dtype=torch.long, device=dev)
+
+        steps_tok, steps_logp, steps_forced, steps_live, steps_version = [], [], [], [], []
+        trunk = trunk_of(self.model)
+        pos_B = mask_BP.sum(-1) - 1
+        out = trunk(input_ids=ids_BP, attention_mask=mask_BP,
+                    position_ids=(mask_BP.cumsum(-1) - 1).clamp(min=0), use_cache=True)
+        cache, hidden_BH = out.past_key_values, out.last_hidden_state[:, -1]
+        attn = mask_BP
+        for _ in range(max_steps):
+            live_B = phase != DONE
+            if not bool(live_B.any()):
+                break
+            tok_B, logp_BV = self._sample(lm_head_logits(self.model, hidden_BH, self.fp32_head), sampling)
+            # Forced rows take the next phrase token instead of the sampled one.
+            forced_B = phase == FORCED
+            if len(phrase):
+                tok_B = torch.where(forced_B, phrase[forced_pos.clamp(max=len(phrase) - 1)], tok_B)
+            logp_B = logp_BV.gather(-1, tok_B.unsqueeze(-1)).squeeze(-1)  # forced tokens: masked later
+            steps_tok.append(tok_B)
+            steps_logp.append(logp_B)
+            steps_forced.append(forced_B)
+            steps_live.append(live_B)
+            steps_version.append(self.version)
+            self._advance(phase, tok_B, live_B, forced_B, n_think, n_answer, forced_pos, cut_at,
+                          interrupted, truncated, length, len(phrase))
+            if not bool((phase != DONE).any()):
+                break
+            # Hot-swap between decode steps, keeping the KV cache.
+            if policy_source is not None:
+                update = policy_source()
+                if update is not None and update[0] > self.version:
+                    self.load_weights(update[1], update[0])
+                    self.swaps_in_flight += 1
+            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=dev)], dim=1)
+            pos_B = pos_B + 1
+            out = trunk(input_ids=tok_B.unsqueeze(-1), attention_mask=attn, position_ids=pos_B.unsqueeze(-1),
+                        past_key_values=cache, use_cache=True)
+            cache, hidden_BH = out.past_key_values, out.last_hidden_state[:, -1]
+        truncated |= phase != DONE  # ran out of positions
+        return self._collect(B, steps_tok, steps_logp, steps_forced, steps_live, steps_version,
+                             n_think, interrupted, truncated)
+
+    @staticmethod
+    def _advance(phase: torch.Tensor, tok: torch.Tensor, live: torch.Tensor, forced: torch.Tensor,
+                 n_think: torch.Tensor, n_answer: torch.Tensor, forced_pos: torch.Tensor,
+                 cut_at: torch.Tensor, interrupted: torch.Tensor, truncated: torch.Tensor,
+                 length: LengthControl, phrase_len: int) -> None:
+        """Move each row's state machine by the token it just emitted (all in place, vectorised)."""
+        thinking = live & (phase == THINKING)
+        answering = live & (phase == ANSWER)
+        is_eos = tok == length.eos_id
+        # THINKING: count; </think> -> ANSWER; EOS -> DONE; cut point -> FORCED (or truncate).
+        n_think += thinking.long()
+        closes = thinking & (tok == length.think_close_id)
+        stops = thinking & is_eos
+        at_cut = thinking & ~closes & ~stops & (n_think >= cut_at)
+        phase[closes] = ANSWER
+        phase[stops] = DONE
+        if phrase_len:
+            phase[at_cut] = FORCED
+            interrupted |= at_cut
+        else:
+            phase[at_cut] = DONE
+            truncated |= at_cut
+        # FORCED: advance through the phrase; at its end -> ANSWER.
+        forced_pos += forced.long()
+        phase[forced & (forced_pos >= phrase_len)] = ANSWER
+        # ANSWER: count; EOS -> DONE; budget -> DONE (truncated).
+        n_answer += answering.long()
+        phase[answering & is_eos] = DONE
+        over = answering & ~is_eos & (n_answer >= length.answer_budget)
+        phase[over] = DONE
+        truncated |= over
+
+    def _collect(self, B: int, steps_tok: list[torch.Tensor], steps_logp: list[torch.Tensor],
+                 steps_forced: list[torch.Tensor], steps_live: list[torch.Tensor], steps_version: list[int],
+                 n_think: torch.Tensor, interrupted: torch.Tensor, truncated: torch.Tensor) -> list[Completion]:
+        tok_SB = torch.stack(steps_tok).cpu()
+        logp_SB = torch.stack(steps_logp).cpu()
+        forced_SB = torch.stack(steps_forced).cpu()
+        live_SB = torch.stack(steps_live).cpu()
+        versions = torch.tensor(steps_version)
+        out = []
+        for b in range(B):
+            sel = live_SB[:, b]
+            toks = tok_SB[sel, b].tolist()
+            reason: FinishReason = "length" if truncated[b] else ("interrupted" if interrupted[b] else "stop")
+            out.append(Completion(
+                token_ids=toks,
+                logprobs=logp_SB[sel, b].tolist(),
+                versions=versions[sel].tolist(),
+                loss_mask=(~forced_SB[sel, b]).tolist(),
+                finish_reason=reason,
+                text=self.decode(toks),
+                thinking_tokens=int(n_think[b]),
+            ))
+        return out

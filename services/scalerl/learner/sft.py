@@ -1,0 +1,77 @@
+"""Supervised warm start on gold chains of thought (RL needs a non-zero starting pass rate).
+
+Each example is BOS + prompt + solution + EOS; the loss is the mean next-token cross-entropy over the
+solution and EOS tokens only (the prompt is context). AdamW with linear warm-up and cosine decay.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from scalerl.config import SFTConfig
+from scalerl.model.factory import sequence_logprobs
+
+
+def sft_examples(tokenizer: Any, pairs: list[tuple[str, str]]) -> list[tuple[list[int], int]]:
+    """(prompt, solution) -> (token ids, index of the first solution token)."""
+    out = []
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    for prompt, solution in pairs:
+        p = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        s = list(tokenizer(solution, add_special_tokens=False)["input_ids"])
+        head = [bos, *p] if bos is not None else p
+        out.append(([*head, *s, eos], len(head)))
+    return out
+
+
+def run_sft(model: Any, tokenizer: Any, pairs: list[tuple[str, str]], cfg: SFTConfig, *, seed: int,
+            fp32_head: bool = True, on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """Train in place for `cfg.steps` steps; returns the loss per step (nats/token)."""
+    examples = sft_examples(tokenizer, pairs)
+    if not examples:
+        raise ValueError("SFT needs problems with gold solutions (this task provides none)")
+    device = next(model.parameters()).device
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warm = max(1, cfg.steps // 20)
+
+    def lr_at(s: int) -> float:
+        if s < warm:
+            return (s + 1) / warm
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, cfg.steps - warm)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    rng = random.Random(seed)
+    pad = tokenizer.pad_token_id
+    losses = []
+    model.train()
+    for step in range(cfg.steps):
+        batch = [examples[rng.randrange(len(examples))] for _ in range(cfg.batch_size)]
+        L = max(len(ids) for ids, _ in batch) - 1
+        inp = torch.full((len(batch), L), pad, dtype=torch.long)
+        tgt = torch.full((len(batch), L), pad, dtype=torch.long)
+        att = torch.zeros((len(batch), L), dtype=torch.long)
+        msk = torch.zeros((len(batch), L), dtype=torch.bool)
+        for i, (ids, start) in enumerate(batch):
+            n = len(ids) - 1
+            inp[i, :n] = torch.tensor(ids[:-1])
+            tgt[i, :n] = torch.tensor(ids[1:])
+            att[i, :n] = 1
+            msk[i, start - 1:n] = True
+        logp, _ = sequence_logprobs(model, inp.to(device), att.to(device), tgt.to(device), fp32_head=fp32_head)
+        m = msk.to(device)
+        loss = -(logp * m).sum() / m.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss))
+        if on_step is not None:
+            on_step(step, losses[-1])
+    model.eval()
+    return losses

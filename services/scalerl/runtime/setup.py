@@ -1,0 +1,101 @@
+"""Building a job's parts from its spec: task, problems, verifier, model (with SFT warm start).
+
+`validate_resources` runs before anything is written, so a missing or malformed dataset is rejected
+with the field's dotted path just like a bad value in the YAML (exit status 2, output folder
+untouched).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from scalerl.config import JobSpec, SpecError
+from scalerl.learner.sft import run_sft
+from scalerl.model.factory import load_model_and_tokenizer, resolve_device, save_model_and_tokenizer
+from scalerl.tasks import DatasetError, Task, build_task, validate_jsonl
+from scalerl.verifier.verifier import Verifier
+
+log = logging.getLogger(__name__)
+
+
+def validate_resources(spec: JobSpec) -> None:
+    """Check every file the spec names; raise SpecError naming the field."""
+    t = spec.task
+    if t.kind == "jsonl":
+        for field in ("train_path", "eval_path"):
+            path = getattr(t, field)
+            if path is None:
+                continue
+            try:
+                validate_jsonl(path)
+            except DatasetError as exc:
+                raise SpecError(f"task.{field}: {exc}") from None
+    for field, path in (("model.path", spec.model.path), ("model.init_checkpoint", spec.model.init_checkpoint)):
+        if path is not None and not (Path(path) / "config.json").is_file():
+            raise SpecError(f"{field}: {path} is not a Hugging Face model folder (no config.json)")
+    if spec.generation.engine == "vllm" and not torch.cuda.is_available():
+        raise SpecError("generation.engine: 'vllm' needs a CUDA GPU; use 'torch' on this machine")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def configure_threads(spec: JobSpec) -> int:
+    n = spec.runtime.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(n)
+    return n
+
+
+def make_task(spec: JobSpec) -> Task:
+    t = spec.task
+    return build_task(t.kind, seed=spec.seed, train_size=t.train_size, eval_size=t.eval_size, digits=t.digits,
+                      countdown_numbers=t.countdown_numbers, countdown_max_number=t.countdown_max_number,
+                      train_path=t.train_path, eval_path=t.eval_path)
+
+
+def make_verifier(spec: JobSpec, task: Task) -> Verifier:
+    g = spec.generation
+    return Verifier(task, reward_correct=spec.task.reward_correct, reward_incorrect=spec.task.reward_incorrect,
+                    penalty=g.length_penalty if g.length_control == "length_penalty" else None)
+
+
+def initial_model(spec: JobSpec, task: Task, out_dir: Path,
+                  on_sft_step: Callable[[int, float], None] | None = None) -> tuple[Any, Any, dict[str, Any]]:
+    """The policy RL starts from: `init_checkpoint`, else SFT on the task's gold solutions.
+
+    SFT results are saved to `<out>/sft` and reused when present. Returns (model, tokenizer, info).
+    """
+    device = resolve_device(spec.model.device)
+    info: dict[str, Any] = {}
+    if spec.model.init_checkpoint is not None:
+        model, tok = load_model_and_tokenizer(spec.model, spec.seed, spec.model.init_checkpoint)
+        info["init"] = spec.model.init_checkpoint
+        return model.to(device), tok, info
+    sft_dir = out_dir / "sft"
+    if (sft_dir / "config.json").is_file():
+        model, tok = load_model_and_tokenizer(spec.model, spec.seed, sft_dir)
+        info["init"] = str(sft_dir)
+        return model.to(device), tok, info
+    model, tok = load_model_and_tokenizer(spec.model, spec.seed)
+    model.to(device)
+    pairs = [(p.prompt, p.solution) for p in task.problems("train") if p.solution]
+    if spec.sft.steps > 0 and pairs:
+        losses = run_sft(model, tok, pairs, spec.sft, seed=spec.seed, fp32_head=spec.model.fp32_lm_head,
+                         on_step=on_sft_step)
+        info.update(sft_steps=len(losses), sft_final_loss=losses[-1])
+        save_model_and_tokenizer(model, tok, sft_dir)
+        info["init"] = str(sft_dir)
+    elif spec.sft.steps > 0:
+        log.warning("task %s has no gold solutions: skipping SFT", spec.task.kind)
+    return model, tok, info

@@ -1,0 +1,143 @@
+"""Addition and multiplication with a digit-by-digit chain of thought a tiny model can learn.
+
+Both tasks write the computation the way it is done on paper, least-significant digit first, with
+the carry explicit, so every output character depends only on a few recent characters (what a
+character-level transformer with a few layers can learn from SFT alone, before RL):
+
+    addition        357+468=   <think>7+8+0=15,5+6+1=12,3+4+1=8</think>825
+    multiplication  357*8=     <think>7*8+0=56,5*8+5=45,3*8+4=28</think>2856
+
+Addition has one step "c+d+carry=sum" per digit position of the longer operand (a missing digit
+is 0). Multiplication has one step "c*m+carry=value" per digit of the first operand. The final
+carry, if any, only appears in the answer: the answer is that carry followed by the last digit of
+every step, read in reverse.
+
+Design choices:
+
+1. Operands are uniform in [0, 10**digits), so they have *up to* `digits` digits (no leading
+   zeros), as the quickstart has always drawn them.
+2. Multiplication's second operand is one digit in 2..9 (0 and 1 are trivial): the "harder family"
+   is longer carries (up to 8) and a different table, not a second partial-product stage.
+3. `is_correct` compares integers: spaces are ignored, anything that is not an optional sign
+   followed by at most `_MAX_ANSWER_DIGITS` digits is wrong.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from abc import abstractmethod
+
+from scalerl.tasks.base import (
+    Problem,
+    Split,
+    Task,
+    answer_after_think,
+    check_range,
+    check_split,
+    sample_disjoint,
+)
+
+_INTEGER = re.compile(r"[+-]?\d+")
+_MAX_ANSWER_DIGITS = 64  # int() of a huge string is quadratic; no answer here has more than 25 digits
+MAX_DIGITS = 12
+
+
+def parse_integer(text: str | None) -> int | None:
+    """`text` as an integer (whitespace ignored), or None if it is not one."""
+    if text is None:
+        return None
+    compact = "".join(text.split())
+    if len(compact) > _MAX_ANSWER_DIGITS + 1 or not _INTEGER.fullmatch(compact):
+        return None
+    return int(compact)
+
+
+def addition_solution(a: int, b: int) -> str:
+    """Gold completion for `a+b=`: `<think>` steps `c+d+carry=sum` from the units up `</think>` + sum."""
+    da, db = str(a)[::-1], str(b)[::-1]
+    steps, carry = [], 0
+    for i in range(max(len(da), len(db))):
+        c = int(da[i]) if i < len(da) else 0
+        d = int(db[i]) if i < len(db) else 0
+        total = c + d + carry
+        steps.append(f"{c}+{d}+{carry}={total}")
+        carry = total // 10
+    return f"<think>{','.join(steps)}</think>{a + b}"
+
+
+def multiplication_solution(a: int, m: int) -> str:
+    """Gold completion for `a*m=` (m one digit): steps `c*m+carry=value` from the units up + product."""
+    steps, carry = [], 0
+    for ch in reversed(str(a)):
+        value = int(ch) * m + carry
+        steps.append(f"{ch}*{m}+{carry}={value}")
+        carry = value // 10
+    return f"<think>{','.join(steps)}</think>{a * m}"
+
+
+class _IntegerTask(Task):
+    """Shared machinery: seeded disjoint sampling of operand pairs and integer verification."""
+
+    prefix: str
+    op: str
+
+    def __init__(self, *, digits: int, seed: int, train_size: int, eval_size: int) -> None:
+        self.digits = check_range("digits", digits, 1, MAX_DIGITS)
+        self.seed, self.train_size, self.eval_size = seed, train_size, eval_size
+        self.name = f"{self.prefix}{digits}"
+        self._cache: dict[Split, list[Problem]] | None = None
+
+    @abstractmethod
+    def _draw(self, rng: random.Random) -> tuple[int, int]:
+        """One random operand pair."""
+
+    @abstractmethod
+    def _solution(self, a: int, b: int) -> str:
+        """Gold completion for the pair; its text after `</think>` is the answer."""
+
+    def problems(self, split: Split) -> list[Problem]:
+        split = check_split(split)
+        if self._cache is None:
+            train, eval_ = sample_disjoint(self._draw, stream=f"{self.name}/{self.seed}",
+                                           train_size=self.train_size, eval_size=self.eval_size)
+            self._cache = {"train": self._build("train", train), "eval": self._build("eval", eval_)}
+        return list(self._cache[split])
+
+    def _build(self, split: Split, pairs: list[tuple[int, int]]) -> list[Problem]:
+        problems = []
+        for i, (a, b) in enumerate(pairs):
+            solution = self._solution(a, b)
+            answer = solution.rpartition("</think>")[2]
+            problems.append(Problem(id=f"{self.name}-{split}-{i:06d}", prompt=f"{a}{self.op}{b}=",
+                                    answer=answer, solution=solution))
+        return problems
+
+    def is_correct(self, completion: str, answer: str) -> bool:
+        got, want = parse_integer(answer_after_think(completion)), parse_integer(answer)
+        return got is not None and got == want
+
+
+class AdditionTask(_IntegerTask):
+    """`a+b=` with a, b uniform in [0, 10**digits); see the module docstring for the CoT."""
+
+    prefix, op = "add", "+"
+
+    def _draw(self, rng: random.Random) -> tuple[int, int]:
+        hi = 10**self.digits
+        return rng.randrange(hi), rng.randrange(hi)
+
+    def _solution(self, a: int, b: int) -> str:
+        return addition_solution(a, b)
+
+
+class MultiplicationTask(_IntegerTask):
+    """`a*m=` with a uniform in [0, 10**digits) and m in 2..9; see the module docstring for the CoT."""
+
+    prefix, op = "mul", "*"
+
+    def _draw(self, rng: random.Random) -> tuple[int, int]:
+        return rng.randrange(10**self.digits), rng.randrange(2, 10)
+
+    def _solution(self, a: int, b: int) -> str:
+        return multiplication_solution(a, b)

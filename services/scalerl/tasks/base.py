@@ -1,0 +1,135 @@
+"""The verifiable-task interface: a `Task` hands out `Problem`s and decides whether a completion is right.
+
+A task is two things the rest of the stack needs and nothing more:
+
+- **prompts with references** (`problems("train" | "eval")`): the curriculum owns them, the SFT stage
+  trains on `Problem.solution`, the evaluator scores the held-out split;
+- **a verifier** (`extract_answer` + `is_correct`): the verifier role turns a completion into a
+  reward with it. It must never raise on model output, however malformed.
+
+Conventions shared by every task:
+
+1. The model thinks inside `<think>...</think>` and writes its final answer after the **last**
+   `</think>` (the ScaleRL interruption phrase ends with `</think>`, so a cut completion still has
+   one). `answer_after_think` is that rule.
+2. `Problem.solution` is the gold completion for SFT, `"<think>...</think>" + answer text`, without
+   `<eos>` (the SFT code appends it) and without the prompt.
+3. Generated tasks draw train and eval problems from separate, seeded random streams
+   (`sample_disjoint`): eval is drawn first and every train draw that collides with an eval problem
+   is rejected, so no eval prompt appears in train, and the eval set does not change with
+   `train_size`.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+from scalerl.model.tokenizer import THINK_CLOSE
+
+Split = Literal["train", "eval"]
+SPLITS: tuple[Split, ...] = ("train", "eval")
+K = TypeVar("K", bound=Hashable)
+
+# Draws in a row that may be rejected as duplicates before we decide the problem space is exhausted.
+_MAX_REJECTS_IN_A_ROW = 2_000
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One prompt with its reference answer and gold solution."""
+
+    id: str
+    """Stable and unique within the task, e.g. `"add3-train-000017"`."""
+    prompt: str
+    """Text the model sees, after a `<bos>` the caller adds."""
+    answer: str
+    """Reference answer in canonical form (what `is_correct` compares against)."""
+    solution: str
+    """Gold completion for SFT: `"<think>...</think>" + final answer` (no `<eos>`); `""` if none."""
+
+
+class Task(ABC):
+    """A family of verifiable problems. Subclasses are cheap to build and pure after construction."""
+
+    name: str
+
+    @abstractmethod
+    def problems(self, split: Split) -> list[Problem]:
+        """All problems of `split`, deterministic given the task's seed; train ∩ eval prompts = ∅."""
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The final answer text after the last `</think>` (stripped); None if there is none."""
+        return answer_after_think(completion)
+
+    @abstractmethod
+    def is_correct(self, completion: str, answer: str) -> bool:
+        """The verifier's decision for `completion` against the reference `answer`. Never raises."""
+
+
+def answer_after_think(completion: str) -> str | None:
+    """Text after the last `</think>`, stripped; None when `</think>` is absent or nothing follows."""
+    _, sep, tail = completion.rpartition(THINK_CLOSE)
+    if not sep:
+        return None
+    tail = tail.strip()
+    return tail or None
+
+
+def check_split(split: str) -> Split:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    return split  # type: ignore[return-value]
+
+
+def check_range(name: str, value: int, lo: int, hi: int) -> int:
+    """`value` if `lo <= value <= hi` (and an int), else a ValueError naming the parameter."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def sample_disjoint(
+    draw: Callable[[random.Random], K], *, stream: str, train_size: int, eval_size: int
+) -> tuple[list[K], list[K]]:
+    """Draw `(train_keys, eval_keys)` with no key in both; eval keys are unique.
+
+    `draw(rng)` returns one random problem key. Eval comes from `Random(stream + "/eval")` and train
+    from `Random(stream + "/train")` (string seeds are hashed with SHA-512: stable across processes).
+    Train keys are unique too while the space allows; once `_MAX_REJECTS_IN_A_ROW` draws in a row
+    were duplicates, train repeats problems (tiny spaces such as 1-digit addition) but still never
+    takes an eval key. Raises ValueError when the space cannot hold `eval_size` distinct problems
+    plus at least one train problem.
+    """
+    eval_rng, train_rng = random.Random(f"{stream}/eval"), random.Random(f"{stream}/train")
+    eval_keys: dict[K, None] = {}  # insertion-ordered set
+    rejects = 0
+    while len(eval_keys) < eval_size:
+        key = draw(eval_rng)
+        if key in eval_keys:
+            rejects += 1
+            if rejects > _MAX_REJECTS_IN_A_ROW:
+                raise ValueError(f"eval_size={eval_size} is more than the {len(eval_keys)} distinct "
+                                 f"problems found for {stream!r}; lower eval_size or widen the task")
+            continue
+        rejects = 0
+        eval_keys[key] = None
+    train_keys: list[K] = []
+    seen: set[K] = set()
+    rejects, allow_repeats = 0, False
+    while len(train_keys) < train_size:
+        key = draw(train_rng)
+        if key in eval_keys or (key in seen and not allow_repeats):
+            rejects += 1
+            if rejects > _MAX_REJECTS_IN_A_ROW:
+                if not seen:
+                    raise ValueError(f"eval_size={eval_size} leaves no training problems for {stream!r}")
+                allow_repeats = True
+            continue
+        rejects = 0
+        seen.add(key)
+        train_keys.append(key)
+    return train_keys, list(eval_keys)

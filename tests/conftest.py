@@ -1,0 +1,44 @@
+"""Shared fixtures: a tiny model + tokenizer and small specs, so unit tests need no downloads."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from scalerl.model.tokenizer import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+@pytest.fixture
+def tiny_spec():
+    from scalerl.config import spec_from_dict
+
+    return spec_from_dict({
+        "name": "unit", "seed": 0,
+        "model": {"tiny": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 2,
+                           "max_positions": 128}},
+        "task": {"kind": "addition", "digits": 2, "train_size": 200, "eval_size": 8},
+        "sft": {"steps": 0},
+        "generation": {"group_size": 4, "thinking_budget_tokens": 24, "answer_budget_tokens": 6,
+                       "interruption": {"window_tokens": [16, 24]}, "prompts_per_batch": 4},
+        "optim": {"lr": 1e-3, "warmup_steps": 0},
+        "train": {"prompts_per_step": 4, "steps": 4, "checkpoint_every": 2},
+        "eval": {"every_steps": 2, "samples_per_prompt": 2},
+        "runtime": {"threads": 1},
+    })
+
+
+@pytest.fixture
+def tiny_model(tiny_spec, tokenizer):
+    from scalerl.model.factory import build_tiny_model
+
+    torch.manual_seed(0)
+    return build_tiny_model(tiny_spec.model, tokenizer, seed=0).eval()
