@@ -64,3 +64,7 @@ class GenerationEngine(ABC):
     @abstractmethod
     def decode(self, token_ids: list[int]) -> str:
         """Token ids -> text (special tokens kept, so `</think>` stays visible to the verifier)."""
+
+    def completion_text(self, token_ids: list[int], eos_id: int) -> str:
+        """The text the verifier reads: the completion without its closing EOS token."""
+        return self.decode(token_ids[:-1] if token_ids and token_ids[-1] == eos_id else token_ids)

@@ -154,7 +154,7 @@ class TorchEngine(GenerationEngine):
             cache, hidden_BH = out.past_key_values, out.last_hidden_state[:, -1]
         truncated |= phase != DONE  # ran out of positions
         return self._collect(B, steps_tok, steps_logp, steps_forced, steps_live, steps_version,
-                             n_think, interrupted, truncated)
+                             n_think, interrupted, truncated, length.eos_id)
 
     @staticmethod
     def _advance(phase: torch.Tensor, tok: torch.Tensor, live: torch.Tensor, forced: torch.Tensor,
@@ -190,7 +190,8 @@ class TorchEngine(GenerationEngine):
 
     def _collect(self, B: int, steps_tok: list[torch.Tensor], steps_logp: list[torch.Tensor],
                  steps_forced: list[torch.Tensor], steps_live: list[torch.Tensor], steps_version: list[int],
-                 n_think: torch.Tensor, interrupted: torch.Tensor, truncated: torch.Tensor) -> list[Completion]:
+                 n_think: torch.Tensor, interrupted: torch.Tensor, truncated: torch.Tensor,
+                 eos_id: int) -> list[Completion]:
         tok_SB = torch.stack(steps_tok).cpu()
         logp_SB = torch.stack(steps_logp).cpu()
         forced_SB = torch.stack(steps_forced).cpu()
@@ -207,7 +208,7 @@ class TorchEngine(GenerationEngine):
                 versions=versions[sel].tolist(),
                 loss_mask=(~forced_SB[sel, b]).tolist(),
                 finish_reason=reason,
-                text=self.decode(toks),
+                text=self.completion_text(toks, eos_id),
                 thinking_tokens=int(n_think[b]),
             ))
         return out

@@ -107,7 +107,8 @@ class VLLMEngine(GenerationEngine):
             truncated = True
         reason: FinishReason = "length" if truncated else ("interrupted" if r["interrupted"] else "stop")
         return Completion(token_ids=r["ids"], logprobs=r["lps"], versions=r["vers"], loss_mask=r["mask"],
-                          finish_reason=reason, text=self.decode(r["ids"]), thinking_tokens=think)
+                          finish_reason=reason, text=self.completion_text(r["ids"], length.eos_id),
+                          thinking_tokens=think)
 
     def _poll(self, policy_source: PolicySource | None) -> None:
         if policy_source is not None:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from scalerl.config import JobSpec
 from scalerl.learner.batch import TrainBatch, aggregation_units, assemble
 from scalerl.messages import ScoredGroup
-from scalerl.model.factory import sequence_logprobs
+from scalerl.model.factory import sequence_logprobs, trunk_of
 from scalerl.recipe import policy_loss
 
 
@@ -32,12 +32,15 @@ def world() -> tuple[int, int]:
 
 
 def shard_model(model: Any) -> None:
-    """FSDP2: shard each decoder layer, then the root (`fully_shard`)."""
+    """FSDP2 (`fully_shard`): each decoder layer, the trunk (embeddings, final norm), the LM head (its
+    own unit, so an FP32 head is sharded and gathered in float32), then the root."""
     from torch.distributed.fsdp import fully_shard
 
-    layers = getattr(getattr(model, model.base_model_prefix), "layers", [])
-    for layer in layers:
+    trunk = trunk_of(model)
+    for layer in getattr(trunk, "layers", []):
         fully_shard(layer)
+    fully_shard(trunk)
+    fully_shard(model.get_output_embeddings())
     fully_shard(model)
 
 

@@ -68,6 +68,8 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int, folder: str | Path | N
         model = torch.nn.Module.to(build_tiny_model(cfg, tokenizer, seed), dtype)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if cfg.fp32_lm_head:
+        keep_head_in_fp32(model)
     return model, tokenizer
 
 
@@ -85,13 +87,25 @@ def trunk_of(model: Any) -> torch.nn.Module:
     return trunk  # type: ignore[no-any-return]
 
 
+def keep_head_in_fp32(model: Any) -> None:
+    """Store the LM head's parameters in float32 (whatever the model's dtype): the FP32 head."""
+    model.get_output_embeddings().float()
+
+
 def lm_head_logits(model: Any, hidden: torch.Tensor, fp32_head: bool) -> torch.Tensor:
-    """Logits from the last hidden state. hidden: [..., H] -> [..., V] (float32 if `fp32_head`)."""
+    """Logits from the last hidden state. hidden: [..., H] -> [..., V] (float32 if `fp32_head`).
+
+    The head is called as a module (so FSDP's unshard hooks run); with `fp32_head` the hidden state is
+    cast up and the matmul runs in float32 against the float32 head from `keep_head_in_fp32`.
+    """
     head = model.get_output_embeddings()
     if not fp32_head:
         return head(hidden)  # type: ignore[no-any-return]
-    bias = head.bias.float() if getattr(head, "bias", None) is not None else None
-    return F.linear(hidden.float(), head.weight.float(), bias)
+    weight = head.weight
+    if weight.dtype != torch.float32:  # head not kept in fp32: upcast a copy (no FSDP here)
+        bias = head.bias.float() if getattr(head, "bias", None) is not None else None
+        return F.linear(hidden.float(), weight.float(), bias)
+    return head(hidden.float()).float()  # type: ignore[no-any-return]
 
 
 def sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,

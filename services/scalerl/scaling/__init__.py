@@ -1,0 +1,65 @@
+"""Predictable scaling: fit, bootstrap, forecast and compare RL compute–performance curves (spec §1).
+
+Pure math (numpy/scipy): nothing here reads or writes files except `scaling.commands`, the CLI edge.
+Compute is in device-hours throughout; pass rates are fractions in [0, 1].
+
+    from scalerl.scaling import curve_from_records, analyse_curve
+    analysis = analyse_curve(curve_from_records(records), max_compute=50.0)
+    analysis.fit.A, analysis.bootstrap.ci()["A"], analysis.forecasts
+
+Paper map: formula §1.1 → `curves.sigmoid`; fitting §1.3 → `fit.fit_sigmoid`; margins and comparison
+§1.4–1.5 → `curves.A_MARGIN`, `compare.compare_curves`; power law §1.7 → `fit.fit_power_law`;
+linearised efficiency §1.1 → `curves.linearised_efficiency`; bootstrap (ours) → `bootstrap`.
+"""
+
+from scalerl.scaling.analysis import CurveAnalysis, Forecast, Holdout, analyse_curve, default_forecast_compute
+from scalerl.scaling.bootstrap import Bootstrap, bootstrap_sigmoid
+from scalerl.scaling.compare import Comparison, RunComparison, compare_curves
+from scalerl.scaling.curves import (
+    A_MARGIN,
+    FitError,
+    PowerLawFit,
+    SigmoidFit,
+    linearised_efficiency,
+    power_law,
+    sigmoid,
+)
+from scalerl.scaling.data import (
+    MIN_POINTS,
+    Curve,
+    FitWindow,
+    curve_from_arrays,
+    curve_from_records,
+    fit_window,
+)
+from scalerl.scaling.fit import fit_power_law, fit_power_law_window, fit_sigmoid, fit_sigmoid_window
+
+__all__ = [
+    "A_MARGIN",
+    "MIN_POINTS",
+    "Bootstrap",
+    "Comparison",
+    "Curve",
+    "CurveAnalysis",
+    "FitError",
+    "FitWindow",
+    "Forecast",
+    "Holdout",
+    "PowerLawFit",
+    "RunComparison",
+    "SigmoidFit",
+    "analyse_curve",
+    "bootstrap_sigmoid",
+    "compare_curves",
+    "curve_from_arrays",
+    "curve_from_records",
+    "default_forecast_compute",
+    "fit_power_law",
+    "fit_power_law_window",
+    "fit_sigmoid",
+    "fit_sigmoid_window",
+    "fit_window",
+    "linearised_efficiency",
+    "power_law",
+    "sigmoid",
+]

@@ -1,0 +1,191 @@
+"""Ranking runs by the paper's comparison rule (spec §1.4–§1.5). Pure; no I/O.
+
+1. Fit every run on its own (same window and R0 rule for all).
+2. If every pair of A values lies within the margin (±0.02; pairwise ⇔ max − min ≤ 0.02), the ceilings
+   are indistinguishable: refit every run with A fixed to their mean and rank by B (larger B = more
+   compute-efficient at the same ceiling; the paper's LOO comparison). C_mid is reported, not ranked.
+3. Otherwise rank by A (the paper's priority: raise the ceiling first). Neighbours within the margin
+   are flagged as ties in the reason.
+
+B intervals come from a bootstrap at the A used for ranking (own A, or the shared A).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from scalerl.scaling.bootstrap import LEVEL, N_RESAMPLES, bootstrap_sigmoid
+from scalerl.scaling.curves import A_MARGIN, FitError, SigmoidFit
+from scalerl.scaling.data import Curve, FitWindow, fit_window
+from scalerl.scaling.fit import fit_sigmoid_window
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RunComparison:
+    """One row of the ranking table."""
+
+    name: str
+    rank: int
+    """1 = best."""
+    fit: SigmoidFit
+    """The run's own fit."""
+    shared_fit: SigmoidFit | None
+    """The refit at the shared A (only when the rule is "shared_A")."""
+    B_ci: tuple[float, float] | None
+    """Bootstrap interval of B at the A used for ranking (None when n_bootstrap == 0)."""
+    A_ci: tuple[float, float] | None
+    """Bootstrap interval of the run's own A."""
+    reason: str
+    curve: Curve
+    window: FitWindow
+
+    @property
+    def ranked_fit(self) -> SigmoidFit:
+        """The fit whose parameters the rank is based on."""
+        return self.shared_fit or self.fit
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Comparison:
+    """The ranking. rows are ordered best first."""
+
+    rows: tuple[RunComparison, ...]
+    rule: str
+    """"shared_A" (ranked by B at the shared A) or "A" (ranked by A)."""
+    shared_a: float | None
+    a_spread: float
+    """max(A) − min(A) over the runs' own fits."""
+    margin: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "shared_A": self.shared_a,
+            "a_spread": self.a_spread,
+            "margin": self.margin,
+            "runs": [
+                {
+                    "name": r.name,
+                    "rank": r.rank,
+                    "A": r.fit.A,
+                    "B": r.fit.B,
+                    "C_mid": r.fit.C_mid,
+                    "R0": r.fit.R0,
+                    "r2": r.fit.r2,
+                    "n_points": r.fit.n_points,
+                    "A_ci": None if r.A_ci is None else list(r.A_ci),
+                    "shared_B": None if r.shared_fit is None else r.shared_fit.B,
+                    "shared_C_mid": None if r.shared_fit is None else r.shared_fit.C_mid,
+                    "B_ci": None if r.B_ci is None else list(r.B_ci),
+                    "reason": r.reason,
+                }
+                for r in self.rows
+            ],
+        }
+
+
+def compare_curves(
+    runs: Sequence[tuple[str, Curve]],
+    *,
+    margin: float = A_MARGIN,
+    r0: float | None = None,
+    min_compute: float = 0.0,
+    max_compute: float | None = None,
+    n_bootstrap: int = N_RESAMPLES,
+    seed: int = 0,
+    level: float = LEVEL,
+) -> Comparison:
+    """Rank named curves by the paper's rule (module docstring). Raises FitError naming the failing run."""
+    if len(runs) < 2:
+        raise FitError(f"a comparison needs at least two runs, got {len(runs)}.")
+    wins: list[FitWindow] = []
+    fits: list[SigmoidFit] = []
+    for name, curve in runs:
+        try:
+            win = fit_window(curve, r0=r0, min_compute=min_compute, max_compute=max_compute)
+            wins.append(win)
+            fits.append(fit_sigmoid_window(win))
+        except FitError as e:
+            raise FitError(f"run {name!r}: {e}") from None
+    a = np.array([f.A for f in fits])
+    spread = float(a.max() - a.min())
+    shared = spread <= margin + 1e-12
+    shared_a = float(a.mean()) if shared else None
+    shared_fits: list[SigmoidFit | None] = [
+        fit_sigmoid_window(w, fixed_a=shared_a) if shared_a is not None else None for w in wins
+    ]
+    a_cis: list[tuple[float, float] | None] = []
+    b_cis: list[tuple[float, float] | None] = []
+    for i, (win, curve) in enumerate(zip(wins, (c for _, c in runs), strict=True)):
+        if not n_bootstrap:
+            a_cis.append(None)
+            b_cis.append(None)
+            continue
+        r0_rates = curve.starting_prompt_rates()
+        own = bootstrap_sigmoid(win, fits[i], n_resamples=n_bootstrap, seed=seed, level=level, r0_prompt_rates=r0_rates)
+        a_cis.append(own.interval("A"))
+        sf = shared_fits[i]
+        if sf is None:
+            b_cis.append(own.interval("B"))
+        else:
+            b = bootstrap_sigmoid(
+                win,
+                sf,
+                n_resamples=n_bootstrap,
+                seed=seed,
+                level=level,
+                r0_prompt_rates=r0_rates,
+                fixed_a=shared_a,
+            )
+            b_cis.append(b.interval("B"))
+    key = [(sf.B if sf is not None else f.A) for f, sf in zip(fits, shared_fits, strict=True)]
+    order = sorted(range(len(runs)), key=lambda i: -key[i])
+    rows = []
+    for rank, i in enumerate(order, start=1):
+        reason = _reason(rank, i, order, fits, shared_fits, [n for n, _ in runs], margin)
+        rows.append(
+            RunComparison(
+                name=runs[i][0],
+                rank=rank,
+                fit=fits[i],
+                shared_fit=shared_fits[i],
+                B_ci=b_cis[i],
+                A_ci=a_cis[i],
+                reason=reason,
+                curve=runs[i][1],
+                window=wins[i],
+            )
+        )
+    return Comparison(
+        rows=tuple(rows),
+        rule="shared_A" if shared else "A",
+        shared_a=shared_a,
+        a_spread=spread,
+        margin=margin,
+    )
+
+
+def _reason(
+    rank: int,
+    i: int,
+    order: list[int],
+    fits: list[SigmoidFit],
+    shared_fits: list[SigmoidFit | None],
+    names: list[str],
+    margin: float,
+) -> str:
+    best = order[0]
+    sf, sb = shared_fits[i], shared_fits[best]
+    if sf is not None and sb is not None:
+        return "highest B at the shared A" if rank == 1 else f"B {sb.B - sf.B:.3f} lower at the shared A"
+    f = fits[i]
+    text = "highest A" if rank == 1 else f"A {fits[best].A - f.A:.3f} lower"
+    if rank > 1:
+        above = order[rank - 2]
+        if abs(fits[above].A - f.A) <= margin:
+            text += f"; within ±{margin:g} of {names[above]!r}: a tie on A, compare the two alone to rank by B"
+    return text

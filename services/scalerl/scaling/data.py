@@ -1,0 +1,247 @@
+"""Measured pass-rate curves: extraction from metric records and validation for fitting (no file I/O).
+
+A record is a mapping as in `runs/<name>/metrics.jsonl` (or a CSV row from another framework):
+
+- records with a `kind` other than `"eval"` (train steps, fit records) are skipped;
+- an eval record (`kind == "eval"`) must carry both columns, else it is an error;
+- a record without `kind` is used when it has both columns and skipped otherwise (CSV exports from
+  other loggers leave the eval column empty on non-eval rows).
+
+`prompt_pass_rates` (one pass rate per held-out prompt, the same prompt order in every record) is kept
+when every used record has it with the same length and its mean matches `pass_rate`; it lets the
+bootstrap resample prompts instead of points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from scalerl.scaling.curves import FitError, FloatArray
+
+MIN_POINTS = 4
+"""Three parameters are fitted (A, B, C_mid), so a fit needs at least one more point than that."""
+_PROMPT_MEAN_TOL = 1e-3  # mean(prompt_pass_rates) vs pass_rate: rounding in the logger, not a mismatch
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Curve:
+    """A measured curve, sorted by compute.
+
+    compute: [N] ≥ 0 (device-hours when the column is `compute`); pass_rate: [N] in [0, 1];
+    prompt_pass_rates: [N, P] per-prompt pass rates, or None when not every record has them.
+    """
+
+    compute: FloatArray
+    pass_rate: FloatArray
+    prompt_pass_rates: FloatArray | None = None
+
+    def __len__(self) -> int:
+        return int(self.compute.shape[0])
+
+    def starting_pass_rate(self) -> float:
+        """R0 as measured: the mean pass rate of the record(s) at the smallest compute (step 0)."""
+        return float(np.mean(self.pass_rate[self.compute == self.compute.min()]))
+
+    def starting_prompt_rates(self) -> FloatArray | None:
+        """[P] per-prompt rates at the smallest compute (for a prompt bootstrap of R0), or None."""
+        if self.prompt_pass_rates is None:
+            return None
+        rows = self.prompt_pass_rates[self.compute == self.compute.min()]
+        return np.asarray(rows.mean(axis=0), dtype=np.float64)
+
+
+def curve_from_arrays(
+    compute: Any, pass_rate: Any, prompt_pass_rates: Any = None, *, x: str = "compute", y: str = "pass_rate"
+) -> Curve:
+    """Validate arrays (compute: [N], pass_rate: [N], prompt_pass_rates: [N, P] or None) into a Curve."""
+    c = np.asarray(compute, dtype=np.float64).reshape(-1)
+    r = np.asarray(pass_rate, dtype=np.float64).reshape(-1)
+    if c.shape != r.shape or c.size == 0:
+        raise FitError(
+            f"compute has {c.size} values and pass_rate {r.size}; a fit needs two equally long, non-empty lists."
+        )
+    _validate(c, r, x=x, y=y)
+    order = np.argsort(c, kind="stable")
+    m = None
+    if prompt_pass_rates is not None:
+        m = np.asarray(prompt_pass_rates, dtype=np.float64)
+        if m.ndim != 2 or m.shape[0] != c.size:
+            raise FitError(f"prompt_pass_rates has shape {m.shape}; expected [{c.size}, n_prompts].")
+        m = m[order]
+    return Curve(compute=c[order], pass_rate=r[order], prompt_pass_rates=m)
+
+
+def _number(rec: Mapping[str, Any], key: str, where: str) -> float:
+    v = rec[key]
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise FitError(f"{where}: {key!r} is {v!r}, not a number. Every eval record needs numeric {key!r}.")
+    return float(v)
+
+
+def curve_from_records(records: Sequence[Mapping[str, Any]], *, x: str = "compute", y: str = "pass_rate") -> Curve:
+    """Build a validated `Curve` from metric records (see the module docstring for which are used).
+
+    Raises FitError when no record has both columns, or a used value is NaN, infinite, negative
+    (compute) or outside [0, 1] (pass rate).
+    """
+    xs: list[float] = []
+    ys: list[float] = []
+    prompts: list[Any] = []
+    for i, rec in enumerate(records, start=1):
+        kind = rec.get("kind")
+        where = f"record {i}" + (f" (step {rec['step']})" if "step" in rec else "")
+        if kind is not None and kind != "eval":
+            continue
+        missing = [k for k in (x, y) if rec.get(k) is None]
+        if missing:
+            if kind == "eval":
+                raise FitError(
+                    f"{where} is an eval record without {' and '.join(map(repr, missing))}. Eval records "
+                    f"need both {x!r} and {y!r}; choose other columns with --x/--y."
+                )
+            continue
+        xv, yv = _number(rec, x, where), _number(rec, y, where)
+        _validate(np.array([xv]), np.array([yv]), x=x, y=y, where=where)
+        xs.append(xv)
+        ys.append(yv)
+        prompts.append(rec.get("prompt_pass_rates"))
+    if not xs:
+        raise FitError(
+            f"no eval records with both {x!r} and {y!r} were found. The fit needs eval records such as "
+            f'{{"kind": "eval", "{x}": 0.5, "{y}": 0.42}} (or CSV columns {x},{y}).'
+        )
+    compute = np.asarray(xs, dtype=np.float64)
+    rate = np.asarray(ys, dtype=np.float64)
+    order = np.argsort(compute, kind="stable")
+    matrix = _prompt_matrix(prompts, rate) if y == "pass_rate" else None
+    return Curve(
+        compute=compute[order],
+        pass_rate=rate[order],
+        prompt_pass_rates=None if matrix is None else matrix[order],
+    )
+
+
+def _validate(compute: FloatArray, rate: FloatArray, *, x: str, y: str, where: str = "") -> None:
+    """Raise FitError on NaN/inf, negative compute or a pass rate outside [0, 1]; `where` names the
+    record (else the position in the arrays is given)."""
+
+    def at(i: int) -> str:
+        return where or f"value {i + 1}"
+
+    for name, arr in ((x, compute), (y, rate)):
+        bad = np.flatnonzero(~np.isfinite(arr))
+        if bad.size:
+            raise FitError(
+                f"{at(int(bad[0]))}: {name!r} is {arr[bad[0]]} (NaN or infinite). A fit needs finite numbers; "
+                "remove or repair that record."
+            )
+    if (compute < 0).any():
+        i = int(np.flatnonzero(compute < 0)[0])
+        raise FitError(
+            f"{at(i)}: {x!r} is negative ({compute[i]:g}). Compute must be ≥ 0 (device-hours since the start "
+            "of RL; 0 only for the step-0 eval)."
+        )
+    if ((rate < 0) | (rate > 1)).any():
+        i = int(np.flatnonzero((rate < 0) | (rate > 1))[0])
+        raise FitError(
+            f"{at(i)}: {y!r} is {rate[i]:g}, outside [0, 1]. The sigmoid models a pass rate (a fraction, "
+            "e.g. mean@k); rescale percentages to fractions."
+        )
+
+
+def _prompt_matrix(prompts: list[Any], rate: FloatArray) -> FloatArray | None:
+    if any(not isinstance(p, list | tuple) or len(p) < 2 for p in prompts):
+        return None
+    if len({len(p) for p in prompts}) != 1:
+        return None
+    try:
+        m = np.asarray(prompts, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    if not np.isfinite(m).all() or (m < 0).any() or (m > 1).any():
+        return None
+    if np.abs(m.mean(axis=1) - rate).max() > _PROMPT_MEAN_TOL:
+        return None
+    return m
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FitWindow:
+    """The points of a curve that enter the sum of squares, and R0.
+
+    mask: [N] bool over the curve; compute, pass_rate: [n] the selected points; prompt_pass_rates:
+    [n, P] or None; r0: float; r0_is_measured: whether R0 came from the data (True) or was given;
+    r0_count: how many records R0 averages (records at the smallest compute).
+    """
+
+    mask: np.ndarray
+    compute: FloatArray
+    pass_rate: FloatArray
+    prompt_pass_rates: FloatArray | None
+    r0: float
+    r0_is_measured: bool
+    r0_count: int = 1
+
+
+def fit_window(
+    curve: Curve,
+    *,
+    r0: float | None = None,
+    min_compute: float = 0.0,
+    max_compute: float | None = None,
+    require_gain: bool = True,
+) -> FitWindow:
+    """Select the points to fit and fix R0; raise FitError when they cannot support a fit.
+
+    Points at compute 0 inform R0 only (the sigmoid is R0 there for every A, B, C_mid). Points below
+    `min_compute` (the paper drops ~1.5k GPU-hours, §1.3) or above `max_compute` (fit early, forecast
+    later) are left out of the sum of squares but R0 still comes from the first record.
+    """
+    if r0 is None:
+        r0_value, measured = curve.starting_pass_rate(), True
+    else:
+        if not (math.isfinite(r0) and 0.0 <= r0 < 1.0):
+            raise FitError(f"R0 = {r0!r} is not a pass rate in [0, 1). Give the step-0 pass rate.")
+        r0_value, measured = float(r0), False
+    if max_compute is not None and max_compute <= min_compute:
+        raise FitError(
+            f"the fit window is empty: max_compute {max_compute:g} ≤ min_compute {min_compute:g}. "
+            "Give a max_compute above min_compute."
+        )
+    hi = np.inf if max_compute is None else max_compute
+    mask = (curve.compute > 0) & (curve.compute >= min_compute) & (curve.compute <= hi)
+    n = int(mask.sum())
+    if n < MIN_POINTS:
+        raise FitError(
+            f"only {n} usable point(s) (compute > 0, within [{min_compute:g}, {hi:g}]) out of {len(curve)}. "
+            f"The sigmoid has 3 free parameters, so the fit needs at least {MIN_POINTS} points; evaluate "
+            "more often, train longer, or widen the min/max compute window."
+        )
+    c = curve.compute[mask]
+    if np.unique(c).size < 3 or c.max() / c.min() < 1.0 + 1e-9:
+        raise FitError(
+            f"the {n} points have no spread in compute (values {np.unique(c)[:5].tolist()}). A curve needs "
+            "eval points at at least 3 different compute values."
+        )
+    y = curve.pass_rate[mask]
+    if require_gain and y.max() <= r0_value:
+        raise FitError(
+            f"no point rises above R0 = {r0_value:.4g} (best {y.max():.4g}). The saturating curve "
+            "models a gain over the starting pass rate; there is no gain to fit yet."
+        )
+    p = None if curve.prompt_pass_rates is None else curve.prompt_pass_rates[mask]
+    n0 = int((curve.compute == curve.compute.min()).sum())
+    return FitWindow(
+        mask=mask,
+        compute=c,
+        pass_rate=y,
+        prompt_pass_rates=p,
+        r0=r0_value,
+        r0_is_measured=measured,
+        r0_count=n0,
+    )

@@ -1,0 +1,175 @@
+"""`scalerl fit` / `scalerl compare` through `commands.register` on our own parser (no console script)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scalerl.scaling import commands
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser(prog="scalerl")
+    commands.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    rc = args.func(args)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_fit_json_has_the_documented_keys(make_run, capsys) -> None:
+    run = make_run("a")
+    rc, out, err = run_cli(["fit", str(run / "metrics.jsonl"), "--json", "--bootstrap", "50"], capsys)
+    assert rc == 0, err
+    d = json.loads(out)  # exactly one JSON object
+    assert {"A", "B", "C_mid", "R0", "n_points", "sse", "r2", "ci", "predictions", "power_law"} <= set(d)
+    assert set(d["ci"]) == {"A", "B", "C_mid"} and all(len(v) == 2 for v in d["ci"].values())
+    assert abs(d["A"] - 0.61) <= 0.02
+    last = 4 * 2542.0
+    assert [p["compute"] for p in d["predictions"]] == pytest.approx([last, 2 * last, 4 * last])
+    assert all(p["lo"] <= p["pass_rate"] <= p["hi"] for p in d["predictions"])
+    assert set(d["power_law"]) >= {"A", "B", "D"}
+
+
+def test_fit_human_output_and_plot(make_run, tmp_path, capsys) -> None:
+    run = make_run("b")
+    png = tmp_path / "fit.png"
+    argv = [
+        "fit",
+        str(run),
+        "--max-compute",
+        "5084",
+        "--predict",
+        "10168,20000",
+        "--plot",
+        str(png),
+        "--points",
+    ]
+    rc, out, _ = run_cli(argv, capsys)
+    assert rc == 0
+    for text in ("device-hours", "A ", "R²", "paper margin ±0.02", "Forecast", "Power law", "Held-out check"):
+        assert text in out, text
+    assert "20000" in out or "2e+04" in out
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_fit_reads_csv_with_other_columns(tmp_path, synth_curve, capsys) -> None:
+    c, y, _ = synth_curve(0.645, 1.70, 10909.0, seed=1)
+    lines = ["step,gpu_hours,eval/acc,loss"]
+    for i, (ci, yi) in enumerate(zip(c, y, strict=True)):
+        lines.append(f"{i},{ci},{yi},0.1")
+        lines.append(f"{i}.5,{ci + 1},,0.1")  # a training row without an eval value
+    path = tmp_path / "export.csv"
+    path.write_text("\n".join(lines) + "\n")
+    rc, out, err = run_cli(["fit", str(path), "--x", "gpu_hours", "--y", "eval/acc", "--json"], capsys)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert abs(d["A"] - 0.645) <= 0.02 and d["n_points"] == c.size - 1
+
+
+def _bad_input(tmp_path: Path, kind: str) -> Path:
+    p = tmp_path / "m.jsonl"
+    recs = [{"kind": "eval", "step": i, "compute": float(i), "pass_rate": 0.3 + 0.02 * i} for i in range(8)]
+    if kind == "few":
+        recs = recs[:3]
+    elif kind == "nan":
+        recs[3]["pass_rate"] = float("nan")
+    elif kind == "range":
+        recs[3]["pass_rate"] = 42.0
+    elif kind == "column":
+        del recs[3]["pass_rate"]
+    elif kind == "json":
+        p.write_text('{"kind": "eval", "compute": 0, "pass_rate": 0.3}\n{oops\n{"kind": "eval"}\n')
+        return p
+    elif kind == "missing":
+        return tmp_path / "nope.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return p
+
+
+@pytest.mark.parametrize(
+    ("kind", "needle"),
+    [
+        ("few", "at least 4 points"),
+        ("nan", "NaN"),
+        ("range", "outside [0, 1]"),
+        ("column", "without 'pass_rate'"),
+        ("json", "not valid JSON"),
+        ("missing", "does not exist"),
+    ],
+)
+def test_fit_bad_input_exits_2_with_a_message(tmp_path, capsys, kind, needle) -> None:
+    rc, out, err = run_cli(["fit", str(_bad_input(tmp_path, kind))], capsys)
+    assert rc == 2
+    assert needle in err
+    assert "Traceback" not in err and out == ""
+    assert err.count("\n") == 1  # one paragraph
+
+
+def test_fit_bad_predict_is_an_argparse_error(make_run, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        run_cli(["fit", str(make_run("c")), "--predict", "soon"], capsys)
+    assert e.value.code == 2
+
+
+def test_compare_json_and_plot(make_run, tmp_path, capsys) -> None:
+    a = make_run("loo-dapo", A=0.605, B=1.6, seed=1)
+    b = make_run("scalerl", A=0.610, B=2.4, seed=2)
+    png = tmp_path / "cmp.png"
+    rc, out, err = run_cli(["compare", str(a), str(b), "--json", "--plot", str(png), "--bootstrap", "30"], capsys)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["rule"] == "shared_A"
+    assert [r["name"] for r in d["runs"]] == ["scalerl", "loo-dapo"]
+    assert png.read_bytes().startswith(PNG_MAGIC)
+    rc, out, _ = run_cli(["compare", str(a), str(b), "--bootstrap", "0"], capsys)
+    assert rc == 0 and "ranked by B" in out and "loo-dapo" in out
+
+
+def test_compare_bad_run_exits_2(make_run, tmp_path, capsys) -> None:
+    rc, _, err = run_cli(["compare", str(make_run("ok")), str(tmp_path / "ghost")], capsys)
+    assert rc == 2 and "does not exist" in err
+
+
+def test_fit_of_a_few_hundred_points_is_quick(tmp_path, synth_curve, capsys) -> None:
+    c, y, _ = synth_curve(0.61, 1.92, 2542.0, seed=0, n=300)
+    p = tmp_path / "big.jsonl"
+    p.write_text(
+        "".join(
+            json.dumps({"kind": "eval", "compute": float(a), "pass_rate": float(b)}) + "\n"
+            for a, b in zip(c, y, strict=True)
+        )
+    )
+    t = time.perf_counter()
+    rc, _, _ = run_cli(["fit", str(p), "--json"], capsys)
+    assert rc == 0 and time.perf_counter() - t < 5.0
+
+
+def test_module_entry_point_runs_in_a_subprocess(make_run) -> None:
+    run = make_run("sub")
+    res = subprocess.run(
+        [sys.executable, "-m", "scalerl.scaling.commands", "fit", str(run), "--bootstrap", "0", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert np.isfinite(json.loads(res.stdout)["A"])
+    bad = subprocess.run(
+        [sys.executable, "-m", "scalerl.scaling.commands", "fit", str(run / "missing.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
