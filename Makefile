@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.15.0
 STAMP := build/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-unit lint typecheck bench infra-up infra-down clean
+.PHONY: install run test test-unit lint typecheck bench infra-up infra-build infra-down clean
 
 install: $(STAMP)
 
@@ -23,9 +23,12 @@ $(STAMP): pyproject.toml
 run: install
 	$(PY) -m scalerl.cli run examples/quickstart.yaml --overwrite
 
+# The real Kafka broker and MinIO server are built (cached in $$SCALERL_CACHE, ~/.cache/scalerl) and
+# started first; the infrastructure tests fail, never skip, when CI is set and they cannot start.
 test: install infra-up
-	set -a; [ -f build/infra.env ] && source build/infra.env; set +a; \
-	$(PY) -m pytest --junitxml=build/junit.xml $(PYTEST_ARGS)
+	set -a; source build/infra.env; set +a; \
+	$(PY) -m pytest -m "not gpu" --junitxml=build/junit.xml $(PYTEST_ARGS); rc=$$?; \
+	bash scripts/infra/down.sh >/dev/null 2>&1 || true; exit $$rc
 
 test-unit: install
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
@@ -43,6 +46,9 @@ bench: install
 
 infra-up: install
 	bash scripts/infra/up.sh
+
+infra-build:
+	bash scripts/infra/up.sh --build-only
 
 infra-down:
 	bash scripts/infra/down.sh

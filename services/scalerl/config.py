@@ -275,9 +275,15 @@ def spec_from_dict(tree: dict[str, Any], overrides: list[str] | None = None) -> 
         raise SpecError(_format_error(exc)) from None
 
 
-def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
-    """Read and validate a YAML job spec; raises SpecError with a one-line message."""
-    p = Path(path)
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _read_tree(p: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The YAML mapping in `p`, with `extends: other.yaml` (relative to `p`) merged underneath."""
     try:
         text = p.read_text()
     except OSError as exc:
@@ -290,7 +296,24 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
         tree = {}
     if not isinstance(tree, dict):
         raise SpecError(f"{p}: the top level must be a mapping of fields, got {type(tree).__name__}")
-    return spec_from_dict(tree, overrides)
+    parent = tree.pop("extends", None)
+    if parent is None:
+        return tree
+    if not isinstance(parent, str):
+        raise SpecError(f"extends: expected a path to another job spec, got {parent!r}")
+    base_path = (p.parent / parent).resolve()
+    if base_path in seen:
+        raise SpecError(f"extends: {p} extends itself through {base_path}")
+    return _merge(_read_tree(base_path, (*seen, p.resolve())), tree)
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
+    """Read and validate a YAML job spec; raises SpecError with a one-line message.
+
+    A spec may start with `extends: base.yaml` (a path relative to it): the base is read first and
+    this file's fields are merged over it, section by section.
+    """
+    return spec_from_dict(_read_tree(Path(path)), overrides)
 
 
 def dump_spec(spec: JobSpec) -> str:

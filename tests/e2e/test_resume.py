@@ -9,17 +9,18 @@ import pytest
 
 from scalerl.config import spec_from_dict
 from scalerl.runtime.embedded import EmbeddedRun
+from scalerl.runtime.setup import initial_model, make_task
 
 
-def _spec(steps: int):
+def _spec(steps: int, init: str | None = None):
     return spec_from_dict({
         "name": "resume", "seed": 3,
-        "model": {"tiny": {"hidden_size": 48, "intermediate_size": 96, "num_layers": 2, "num_heads": 2,
-                           "max_positions": 96}},
-        "task": {"kind": "addition", "digits": 1, "train_size": 60, "eval_size": 6},
-        "sft": {"steps": 40, "batch_size": 32, "lr": 0.003},
-        "generation": {"group_size": 4, "thinking_budget_tokens": 16, "answer_budget_tokens": 4,
-                       "interruption": {"window_tokens": [12, 16]}, "prompts_per_batch": 4},
+        "model": {"tiny": {"hidden_size": 64, "intermediate_size": 192, "num_layers": 2, "num_heads": 2,
+                           "max_positions": 96}, "init_checkpoint": init},
+        "task": {"kind": "addition", "digits": 2, "train_size": 400, "eval_size": 8},
+        "sft": {"steps": 300, "batch_size": 32, "lr": 0.003},
+        "generation": {"group_size": 4, "thinking_budget_tokens": 32, "answer_budget_tokens": 6,
+                       "interruption": {"window_tokens": [28, 32]}, "prompts_per_batch": 4},
         "off_policy": {"mode": "ppo", "k": 1},
         "optim": {"lr": 1e-3, "warmup_steps": 2},
         "train": {"prompts_per_step": 4, "steps": steps, "checkpoint_every": 2},
@@ -35,9 +36,13 @@ def _steps(path):
 
 @pytest.mark.timeout(300)
 def test_resume_matches_uninterrupted_run(tmp_path):
-    full = EmbeddedRun(_spec(4), tmp_path / "full", show_progress=False).run()
-    EmbeddedRun(_spec(2), tmp_path / "cut", show_progress=False).run()
-    resumed = EmbeddedRun(_spec(4), tmp_path / "cut", resume=True, show_progress=False).run()
+    # One SFT warm start (pass rate ~0.3, so groups have mixed rewards), shared by both runs.
+    base = _spec(4)
+    initial_model(base, make_task(base), tmp_path / "warm")
+    init = str(tmp_path / "warm" / "sft")
+    full = EmbeddedRun(_spec(4, init), tmp_path / "full", show_progress=False).run()
+    EmbeddedRun(_spec(2, init), tmp_path / "cut", show_progress=False).run()
+    resumed = EmbeddedRun(_spec(4, init), tmp_path / "cut", resume=True, show_progress=False).run()
     a, b = _steps(tmp_path / "full"), _steps(tmp_path / "cut")
     assert [r["step"] for r in a] == [1, 2, 3, 4] and [r["step"] for r in b] == [1, 2, 3, 4]
     for ra, rb in zip(a, b, strict=True):

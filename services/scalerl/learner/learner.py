@@ -85,7 +85,8 @@ class Learner:
                 stats["optim/grad_norm"] = float(norm)
             self.optimizer.step()
         stats["optim/lr"] = float(self.scheduler.get_last_lr()[0])
-        self.scheduler.step()
+        if asm.batch is not None:  # the LR schedule counts optimizer updates, not empty steps
+            self.scheduler.step()
         self.version += 1
         stats["time/step_s"] = time.perf_counter() - t0
         return stats

@@ -68,3 +68,13 @@ def test_unreadable_and_non_mapping_files(tmp_path):
     broken.write_text("a: [1, 2\n")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_spec(broken)
+
+
+def test_extends_merges_sections(tmp_path):
+    (tmp_path / "base.yaml").write_text("name: base\nloss:\n  type: dapo\n  aggregation: token\ntrain:\n  steps: 9\n")
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\nname: child\nloss:\n  aggregation: sample\n")
+    s = load_spec(tmp_path / "child.yaml")
+    assert (s.name, s.loss.type, s.loss.aggregation, s.train.steps) == ("child", "dapo", "sample", 9)
+    (tmp_path / "loop.yaml").write_text("extends: loop.yaml\n")
+    with pytest.raises(SpecError, match="extends itself"):
+        load_spec(tmp_path / "loop.yaml")

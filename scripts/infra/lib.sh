@@ -1,0 +1,363 @@
+# shellcheck shell=bash
+# Shared helpers for scripts/infra/{up,down,restart_kafka}.sh. Sourced, never run.
+#
+# Layout
+#   cache (outside the checkout, reused across clones):  ${SCALERL_CACHE:-$HOME/.cache/scalerl}
+#     kafka-<version>-<pomhash>/libs/*.jar     broker runtime jars fetched by Maven
+#     bin/minio-<pseudo-version>               MinIO server built with `go install`
+#   state (inside the checkout, git-ignored):            build/infra/
+#     kafka/{server.properties,log4j2.properties,data/,kafka.log,pid,port,cport}
+#     minio/{data/,minio.log,pid,port,credentials}
+#   build/infra.env                                      what clients and tests read
+
+set -euo pipefail
+
+INFRA_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$INFRA_DIR/../.." && pwd)"
+CACHE="${SCALERL_CACHE:-$HOME/.cache/scalerl}"
+STATE="$REPO_ROOT/build/infra"
+ENV_FILE="$REPO_ROOT/build/infra.env"
+
+# ---- pinned versions ------------------------------------------------------------------------------
+# Kafka and its logging backend are pinned in kafka/pom.xml; this must match <kafka.version> there.
+KAFKA_VERSION="4.1.1"
+MAVEN_DEP_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+# MinIO's repository is archived and only has RELEASE.* tags, so it is pinned by pseudo-version.
+# The pseudo-version of RELEASE.2025-10-15T17-29-55Z (v0.0.0-20251015172955-9e49d5e7a648) is refused
+# by the module proxy reachable here ("not available"); this is the newest commit it serves.
+MINIO_MODULE="github.com/minio/minio"
+MINIO_VERSION="${SCALERL_MINIO_VERSION:-v0.0.0-20260212201848-7aac2a2c5b7c}"
+
+KAFKA_HEAP="${SCALERL_KAFKA_HEAP:--Xmx512m}"
+KAFKA_JVM_OPTS="${SCALERL_KAFKA_JVM_OPTS:--Xms128m -XX:+UseG1GC -XX:MaxGCPauseMillis=20}"
+KAFKA_READY_TIMEOUT="${SCALERL_KAFKA_READY_TIMEOUT:-120}"
+MINIO_READY_TIMEOUT="${SCALERL_MINIO_READY_TIMEOUT:-60}"
+STOP_GRACE="${SCALERL_STOP_GRACE:-20}"
+
+log() { printf '[infra %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+now() { date +%s.%N; }
+elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}s')" "$1" "$(now)"; }
+
+kafka_home() {
+    local h
+    h="$(sha256sum "$INFRA_DIR/kafka/pom.xml" | cut -c1-10)"
+    echo "$CACHE/kafka-$KAFKA_VERSION-$h"
+}
+minio_bin() { echo "$CACHE/bin/minio-$MINIO_VERSION"; }
+
+# A free TCP port on 127.0.0.1 (the kernel picks it; racy only against other port pickers).
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# True when nothing listens on 127.0.0.1:$1 and we may bind it.
+port_free() {
+    python3 - "$1" <<'PY'
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)
+PY
+}
+
+# The port stored in $1 if it is still free, else a new free one.
+reuse_or_pick_port() {
+    local file="$1" p=""
+    [[ -s "$file" ]] && p="$(cat "$file")"
+    if [[ -n "$p" ]] && port_free "$p"; then echo "$p"; else free_port; fi
+}
+
+# pid_alive PID PATTERN: the process exists and its command line contains PATTERN (guards against
+# a recycled PID belonging to something else).
+pid_alive() {
+    local pid="$1" pattern="$2"
+    [[ -n "$pid" ]] || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$pattern"
+}
+
+read_pid() { if [[ -s "$1" ]]; then cat "$1"; fi; }
+
+# stop_pid PID PATTERN NAME [signal]: SIGTERM (or the given signal), wait $STOP_GRACE s, then SIGKILL.
+stop_pid() {
+    local pid="$1" pattern="$2" name="$3" sig="${4:-TERM}" t0
+    pid_alive "$pid" "$pattern" || return 0
+    t0="$(now)"
+    log "$name: sending SIG$sig to pid $pid"
+    kill -s "$sig" "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + STOP_GRACE))
+    while pid_alive "$pid" "$pattern" && ((SECONDS < deadline)); do sleep 0.2; done
+    if pid_alive "$pid" "$pattern"; then
+        log "$name: still running after ${STOP_GRACE}s, sending SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+        while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    fi
+    log "$name: stopped in $(elapsed "$t0")"
+}
+
+# spawn PIDFILE LOGFILE CMD...: start CMD in its own session (so it outlives this shell and the
+# caller's process group), stdout+stderr appended to LOGFILE; the PID written is CMD's own.
+spawn() {
+    local pidfile="$1" logfile="$2"
+    shift 2
+    rm -f "$pidfile"
+    printf '\n===== %s starting: %s\n' "$(date -Is)" "$*" >>"$logfile"
+    # shellcheck disable=SC2016
+    setsid bash -c 'echo $$ > "$0"; exec "$@"' "$pidfile" "$@" >>"$logfile" 2>&1 </dev/null &
+    local _
+    for _ in $(seq 1 50); do [[ -s "$pidfile" ]] && return 0; sleep 0.1; done
+    die "could not start $1 (no pid file $pidfile); see $logfile"
+}
+
+with_build_lock() {
+    mkdir -p "$CACHE"
+    exec 9>"$CACHE/.build.lock"
+    if ! flock -n 9; then
+        log "another build holds $CACHE/.build.lock; waiting"
+        flock 9
+    fi
+    "$@"
+    flock -u 9
+}
+
+# ---- Kafka ----------------------------------------------------------------------------------------
+
+kafka_pattern() { echo "$STATE/kafka/server.properties"; }
+
+_build_kafka() {
+    local home libs tmp t0
+    home="$(kafka_home)"
+    libs="$home/libs"
+    [[ -f "$home/.complete" ]] && return 0
+    command -v mvn >/dev/null || die "mvn (Maven) is required to fetch the Kafka jars"
+    t0="$(now)"
+    log "kafka: fetching Kafka $KAFKA_VERSION jars with Maven into $libs (cold build)"
+    tmp="$home.tmp.$$"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    local repo=()
+    [[ -z "${SCALERL_MAVEN_REPO:-}" ]] || repo=("-Dmaven.repo.local=$SCALERL_MAVEN_REPO")
+    mvn -B -q "${repo[@]}" -f "$INFRA_DIR/kafka/pom.xml" "$MAVEN_DEP_PLUGIN:copy-dependencies" \
+        -DincludeScope=runtime -DoutputDirectory="$tmp/libs" >"$tmp/mvn.log" 2>&1 \
+        || { cat "$tmp/mvn.log" >&2; die "Maven could not fetch the Kafka jars (log above)"; }
+    ls "$tmp/libs/kafka_2.13-$KAFKA_VERSION.jar" >/dev/null \
+        || die "kafka_2.13-$KAFKA_VERSION.jar missing: is <kafka.version> in kafka/pom.xml $KAFKA_VERSION?"
+    rm -rf "$home"
+    mv "$tmp" "$home"
+    touch "$home/.complete"
+    log "kafka: jars fetched in $(elapsed "$t0") ($(du -sh "$libs" | cut -f1))"
+}
+build_kafka() {
+    if [[ -f "$(kafka_home)/.complete" ]]; then
+        log "kafka: using cached jars $(kafka_home)/libs"
+    else
+        with_build_lock _build_kafka
+    fi
+}
+
+write_kafka_config() {
+    local port="$1" cport="$2" d="$STATE/kafka"
+    mkdir -p "$d/data"
+    cat >"$d/server.properties" <<EOF
+# generated by scripts/infra/up.sh: single-node KRaft broker for tests, loopback only
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$d/data
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+# a restarted broker re-registers only once its previous session expired (fast restarts in tests)
+broker.session.timeout.ms=3000
+broker.heartbeat.interval.ms=500
+auto.create.topics.enable=true
+delete.topic.enable=true
+# 16 MiB records (rollout groups); topics set their own max.message.bytes too
+message.max.bytes=16777216
+replica.fetch.max.bytes=16777216
+socket.request.max.bytes=104857600
+num.network.threads=2
+num.io.threads=4
+num.recovery.threads.per.data.dir=1
+log.retention.hours=168
+EOF
+    cat >"$d/log4j2.properties" <<'EOF'
+status = warn
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+# WARN keeps the log small and the start fast (INFO logs every partition, every start);
+# the few INFO lines below mark the start-up milestones.
+rootLogger.level = WARN
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.raftserver.name = kafka.server.KafkaRaftServer
+logger.raftserver.level = INFO
+logger.broker.name = kafka.server.BrokerServer
+logger.broker.level = INFO
+logger.logmanager.name = kafka.log.LogManager
+logger.logmanager.level = INFO
+EOF
+    echo "$port" >"$d/port"
+    echo "$cport" >"$d/cport"
+}
+
+format_kafka_if_needed() {
+    local d="$STATE/kafka" libs cid
+    libs="$(kafka_home)/libs"
+    [[ -f "$d/data/meta.properties" ]] && return 0
+    cid="$(java -cp "$libs/*" kafka.tools.StorageTool random-uuid 2>>"$d/kafka.log" | tail -1)"
+    [[ -n "$cid" ]] || die "kafka: StorageTool random-uuid failed; see $d/kafka.log"
+    log "kafka: formatting $d/data (cluster id $cid)"
+    java -cp "$libs/*" -Dlog4j2.configurationFile="$d/log4j2.properties" kafka.tools.StorageTool \
+        format -t "$cid" -c "$d/server.properties" >>"$d/kafka.log" 2>&1 \
+        || die "kafka: StorageTool format failed; see $d/kafka.log"
+}
+
+start_kafka() {
+    local d="$STATE/kafka" libs
+    libs="$(kafka_home)/libs"
+    command -v java >/dev/null || die "java (17+) is required for Kafka"
+    format_kafka_if_needed
+    # shellcheck disable=SC2086 # KAFKA_JVM_OPTS is a list of flags
+    spawn "$d/pid" "$d/kafka.log" java "$KAFKA_HEAP" $KAFKA_JVM_OPTS \
+        -Djava.awt.headless=true -Dlog4j2.configurationFile="$d/log4j2.properties" \
+        -Dkafka.logs.dir="$d" -cp "$libs/*" kafka.Kafka "$d/server.properties"
+}
+
+kafka_ready() {
+    python3 "$INFRA_DIR/probe.py" kafka "127.0.0.1:$(cat "$STATE/kafka/port")" --log "$STATE/kafka/kafka.log"
+}
+
+wait_kafka() {
+    local d="$STATE/kafka" t0="$1" deadline=$((SECONDS + KAFKA_READY_TIMEOUT))
+    while ((SECONDS < deadline)); do
+        if ! pid_alive "$(read_pid "$d/pid")" "$(kafka_pattern)"; then
+            tail -n 30 "$d/kafka.log" >&2 || true
+            die "kafka exited during startup; see $d/kafka.log"
+        fi
+        if kafka_ready 2>/dev/null; then
+            log "kafka: ready on 127.0.0.1:$(cat "$d/port") in $(elapsed "$t0") (pid $(cat "$d/pid"))"
+            return 0
+        fi
+        sleep 0.5
+    done
+    tail -n 30 "$d/kafka.log" >&2 || true
+    die "kafka not ready after ${KAFKA_READY_TIMEOUT}s; see $d/kafka.log"
+}
+
+# ---- MinIO ----------------------------------------------------------------------------------------
+
+minio_pattern() { echo "$STATE/minio/data"; }
+
+_build_minio() {
+    local bin tmp t0
+    bin="$(minio_bin)"
+    [[ -x "$bin" ]] && return 0
+    command -v go >/dev/null || die "go is required to build MinIO"
+    t0="$(now)"
+    log "minio: building $MINIO_MODULE@$MINIO_VERSION with go install (cold build: minutes on 2 cores)"
+    tmp="$CACHE/bin/.minio-build.$$"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    CGO_ENABLED=0 GOTOOLCHAIN=local GOBIN="$tmp" GOFLAGS=-trimpath \
+        go install "$MINIO_MODULE@$MINIO_VERSION" >"$tmp/go.log" 2>&1 \
+        || { tail -n 40 "$tmp/go.log" >&2; die "go install of MinIO failed (log above)"; }
+    mv "$tmp/minio" "$bin"
+    rm -rf "$tmp"
+    log "minio: built in $(elapsed "$t0") ($(du -sh "$bin" | cut -f1))"
+}
+build_minio() {
+    if [[ -x "$(minio_bin)" ]]; then
+        log "minio: using cached binary $(minio_bin)"
+    else
+        with_build_lock _build_minio
+    fi
+}
+
+minio_credentials() {
+    local f="$STATE/minio/credentials"
+    if [[ ! -s "$f" ]]; then
+        mkdir -p "$STATE/minio"
+        (umask 077 && printf 'S3_ACCESS_KEY=scalerl\nS3_SECRET_KEY=%s\n' \
+            "$(python3 -c 'import secrets; print(secrets.token_hex(16))')" >"$f")
+    fi
+    # shellcheck disable=SC1090
+    source "$f"
+}
+
+start_minio() {
+    local d="$STATE/minio" port="$1"
+    mkdir -p "$d/data"
+    echo "$port" >"$d/port"
+    minio_credentials
+    MINIO_ROOT_USER="$S3_ACCESS_KEY" MINIO_ROOT_PASSWORD="$S3_SECRET_KEY" MINIO_BROWSER=off \
+        MINIO_UPDATE=off MINIO_CI_CD=on MINIO_REGION=us-east-1 \
+        spawn "$d/pid" "$d/minio.log" "$(minio_bin)" server "$d/data" \
+        --address "127.0.0.1:$port" --console-address "127.0.0.1:$(free_port)"
+}
+
+minio_ready() {
+    python3 "$INFRA_DIR/probe.py" minio "http://127.0.0.1:$(cat "$STATE/minio/port")"
+}
+
+wait_minio() {
+    local d="$STATE/minio" t0="$1" deadline=$((SECONDS + MINIO_READY_TIMEOUT))
+    while ((SECONDS < deadline)); do
+        if ! pid_alive "$(read_pid "$d/pid")" "$(minio_pattern)"; then
+            tail -n 30 "$d/minio.log" >&2 || true
+            die "minio exited during startup; see $d/minio.log"
+        fi
+        if minio_ready 2>/dev/null; then
+            log "minio: ready on 127.0.0.1:$(cat "$d/port") in $(elapsed "$t0") (pid $(cat "$d/pid"))"
+            return 0
+        fi
+        sleep 0.3
+    done
+    tail -n 30 "$d/minio.log" >&2 || true
+    die "minio not ready after ${MINIO_READY_TIMEOUT}s; see $d/minio.log"
+}
+
+# ---- env file -------------------------------------------------------------------------------------
+
+write_env() {
+    minio_credentials
+    mkdir -p "$(dirname "$ENV_FILE")"
+    local tmp="$ENV_FILE.tmp.$$"
+    cat >"$tmp" <<EOF
+# written by scripts/infra/up.sh on $(date -Is); sourceable by sh, read by tests/integration/conftest.py
+KAFKA_BOOTSTRAP=127.0.0.1:$(cat "$STATE/kafka/port")
+KAFKA_CONTROLLER_PORT=$(cat "$STATE/kafka/cport")
+KAFKA_VERSION=$KAFKA_VERSION
+KAFKA_PID=$(read_pid "$STATE/kafka/pid")
+KAFKA_LOG=$STATE/kafka/kafka.log
+KAFKA_DATA=$STATE/kafka/data
+S3_ENDPOINT=http://127.0.0.1:$(cat "$STATE/minio/port")
+S3_ACCESS_KEY=$S3_ACCESS_KEY
+S3_SECRET_KEY=$S3_SECRET_KEY
+S3_REGION=us-east-1
+MINIO_VERSION=$MINIO_VERSION
+MINIO_PID=$(read_pid "$STATE/minio/pid")
+MINIO_LOG=$STATE/minio/minio.log
+MINIO_DATA=$STATE/minio/data
+EOF
+    chmod 600 "$tmp"
+    mv "$tmp" "$ENV_FILE"
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Build (once, cached outside the checkout) and start the real test infrastructure on 127.0.0.1:
+#   - a single-node KRaft Kafka broker (jars fetched by Maven, run with Java 17)
+#   - a MinIO S3 server (built with `go install`)
+# then write build/infra.env (KAFKA_BOOTSTRAP, S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION,
+# PIDs and log paths). Idempotent: a server that is already running and healthy is reused.
+#
+# Usage: scripts/infra/up.sh [--build-only] [kafka|minio ...]
+#   no service named: both.  --build-only: fetch/build into the cache, start nothing.
+# Env: SCALERL_CACHE (default ~/.cache/scalerl), SCALERL_KAFKA_READY_TIMEOUT (120),
+#      SCALERL_MINIO_READY_TIMEOUT (60), SCALERL_KAFKA_HEAP (-Xmx512m), SCALERL_KAFKA_JVM_OPTS,
+#      SCALERL_MAVEN_REPO (a Maven local repository other than ~/.m2/repository).
+# shellcheck source=scripts/infra/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+build_only=0
+services=()
+for arg in "$@"; do
+    case "$arg" in
+        --build-only) build_only=1 ;;
+        kafka | minio) services+=("$arg") ;;
+        -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+        *) die "unknown argument $arg (expected --build-only, kafka, minio)" ;;
+    esac
+done
+((${#services[@]})) || services=(kafka minio)
+want() { [[ " ${services[*]} " == *" $1 "* ]]; }
+
+T0="$(now)"
+mkdir -p "$STATE/kafka" "$STATE/minio"
+
+want kafka && build_kafka
+want minio && build_minio
+if ((build_only)); then
+    log "build done in $(elapsed "$T0")"
+    exit 0
+fi
+
+# Start what is not already running; both start in parallel, then we wait for each.
+kafka_t0="" minio_t0=""
+if want kafka; then
+    pid="$(read_pid "$STATE/kafka/pid")"
+    if pid_alive "$pid" "$(kafka_pattern)" && kafka_ready 2>/dev/null; then
+        log "kafka: already running and healthy on 127.0.0.1:$(cat "$STATE/kafka/port") (pid $pid)"
+    else
+        stop_pid "$pid" "$(kafka_pattern)" kafka # running but unhealthy: restart it
+        port="$(reuse_or_pick_port "$STATE/kafka/port")"
+        cport="$(reuse_or_pick_port "$STATE/kafka/cport")"
+        [[ "$port" != "$cport" ]] || cport="$(free_port)"
+        write_kafka_config "$port" "$cport"
+        kafka_t0="$(now)"
+        log "kafka: starting on 127.0.0.1:$port (controller $cport), log $STATE/kafka/kafka.log"
+        start_kafka
+    fi
+fi
+if want minio; then
+    pid="$(read_pid "$STATE/minio/pid")"
+    if pid_alive "$pid" "$(minio_pattern)" && minio_ready 2>/dev/null; then
+        log "minio: already running and healthy on 127.0.0.1:$(cat "$STATE/minio/port") (pid $pid)"
+    else
+        stop_pid "$pid" "$(minio_pattern)" minio
+        port="$(reuse_or_pick_port "$STATE/minio/port")"
+        minio_t0="$(now)"
+        log "minio: starting on 127.0.0.1:$port, log $STATE/minio/minio.log"
+        start_minio "$port"
+    fi
+fi
+[[ -z "$minio_t0" ]] || wait_minio "$minio_t0" # MinIO is up in about a second, the JVM takes longer
+[[ -z "$kafka_t0" ]] || wait_kafka "$kafka_t0"
+
+if [[ -s "$STATE/kafka/port" && -s "$STATE/minio/port" ]]; then
+    write_env
+    log "up in $(elapsed "$T0"); wrote $ENV_FILE"
+else
+    log "up in $(elapsed "$T0"); $ENV_FILE not written (start both services for it)"
+fi

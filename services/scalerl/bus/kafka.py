@@ -1,0 +1,439 @@
+"""Kafka transport for the bus (kafka-python 3.x), used in distributed mode (`kafka://host:port`).
+
+Producer: idempotent (`enable_idempotence=True`, `acks=all`), values are `scalerl.messages.encode`d
+bytes, keys are the utf-8 prompt ids (so a prompt group stays on one partition), headers are
+(str, bytes) pairs: `schema` (messages.SCHEMA_VERSION) plus whatever the caller passes (traceparent,
+policy version, ...). Batches are compressed with zstd, else lz4, else gzip (whichever codec is
+installed). `publish` is asynchronous; `flush()` returns once every published record is acknowledged
+by all in-sync replicas, and raises if any of them failed.
+
+Consumer: a group member (`subscribe`, group-managed assignment) with `enable_auto_commit=False` and
+`auto_offset_reset="earliest"`; it starts from the group's committed offsets.
+- A record whose bytes do not decode (any error from `messages.decode`) is copied, raw, to the job's
+  dead-letter topic (`<prefix>.dlq`, prefix = the topic name before its last ".") with a `reason`
+  header and `original_topic` / `original_partition` / `original_offset` headers (the original
+  headers are kept too), flushed, and skipped: its offset counts as consumed. `poll` never raises on
+  bad data. Records read from the dead-letter topic itself are never re-routed.
+- `seek()` works at any time. Choice: we keep group-managed assignment (so several generators can
+  share a topic) and route seeks through a rebalance listener: a seek for a partition this member
+  owns is applied at once; a seek for a partition it does not own yet (e.g. right after creation,
+  before the first poll has joined the group) is kept pending and applied in
+  `on_partitions_assigned`, i.e. before anything is fetched for it. So a learner that restores
+  positions from a checkpoint and then polls reads exactly from those offsets.
+- `positions()` are those of the records returned so far (and of seeks), plus the current fetch
+  position of owned partitions nothing was returned from yet; partitions revoked by a rebalance are
+  dropped (their new owner starts from the committed offset: at-least-once, downstream dedups).
+- `commit()` is synchronous. A commit rejected because the group rebalanced (CommitFailedError) is
+  logged and dropped: the records will be delivered again to the partition's new owner.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import errors as kafka_errors
+from kafka.admin import OffsetSpec
+from kafka.codec import has_lz4, has_zstd
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.structs import OffsetAndMetadata
+
+from scalerl.bus.base import Bus, Consumer, Record
+from scalerl.messages import SCHEMA_VERSION, decode, encode
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+_REASON_MAX = 1000
+
+
+def dlq_topic(topic: str) -> str:
+    """The dead-letter topic of `topic`: "<job>.rollouts" -> "<job>.dlq"."""
+    prefix = topic.rsplit(".", 1)[0] if "." in topic else topic
+    return f"{prefix}.dlq"
+
+
+def _compression() -> str:
+    if has_zstd():
+        return "zstd"
+    if has_lz4():
+        return "lz4"
+    return "gzip"
+
+
+def _tp(position_key: str) -> TopicPartition:
+    topic, _, part = position_key.rpartition(":")
+    if not topic or not part.isdigit():
+        raise ValueError(f"position key {position_key!r}: expected 'topic:partition'")
+    return TopicPartition(topic, int(part))
+
+
+def _key(tp: Any) -> str:
+    return f"{tp.topic}:{tp.partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """A record as stored in Kafka (undecoded): what the dead-letter topic holds."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes] = field(default_factory=dict)
+
+
+class KafkaBus(Bus):
+    """Bus over a Kafka cluster. `bootstrap` is "host:port[,host:port...]"."""
+
+    def __init__(self, bootstrap: str, *, client_id: str = "scalerl",
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 replication_factor: int | None = None, compression: str | None = None,
+                 request_timeout_s: float = 30.0) -> None:
+        self.bootstrap = [b.strip() for b in bootstrap.split(",") if b.strip()]
+        if not self.bootstrap:
+            raise ValueError("KafkaBus: empty bootstrap address")
+        self.client_id = client_id
+        self.max_message_bytes = max_message_bytes
+        self.replication_factor = replication_factor
+        self.compression = compression or _compression()
+        self.request_timeout_ms = int(request_timeout_s * 1000)
+        self._lock = threading.Lock()
+        self._producer: Any = None
+        self._admin: Any = None
+        self._pending: list[Any] = []
+        self._known_topics: set[str] = set()
+
+    # ---- clients (created lazily, shared) ---------------------------------------------------------
+
+    def _get_producer(self) -> Any:
+        with self._lock:
+            if self._producer is None:
+                self._producer = KafkaProducer(
+                    bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}-producer",
+                    enable_idempotence=True, acks="all", compression_type=self.compression,
+                    max_request_size=self.max_message_bytes, linger_ms=2,
+                    request_timeout_ms=self.request_timeout_ms)
+            return self._producer
+
+    def _get_admin(self) -> Any:
+        with self._lock:
+            if self._admin is None:
+                self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap,
+                                               client_id=f"{self.client_id}-admin",
+                                               request_timeout_ms=self.request_timeout_ms)
+            return self._admin
+
+    # ---- topics -----------------------------------------------------------------------------------
+
+    def _default_replication(self) -> int:
+        if self.replication_factor is not None:
+            return self.replication_factor
+        brokers = self._get_admin().describe_cluster().get("brokers") or []
+        return max(1, min(3, len(brokers)))
+
+    def partitions(self, topic: str) -> list[int]:
+        """The partition ids of `topic` (empty if it does not exist)."""
+        for t in self._get_admin().describe_topics([topic]):
+            if t.get("name") == topic and t.get("error_code", 0) == 0:
+                return sorted(p["partition_index"] for p in t.get("partitions") or [])
+        return []
+
+    def ensure_topics(self, topics: list[str], partitions: int = 1) -> None:
+        """Create missing topics (idempotent; an existing topic with fewer partitions is grown to
+        `partitions`, never shrunk) with `max.message.bytes`, and wait until every partition has a
+        leader."""
+        topics = list(dict.fromkeys(topics))
+        if not topics:
+            return
+        admin = self._get_admin()
+        rf = self._default_replication()
+        spec = {t: {"num_partitions": partitions, "replication_factor": rf,
+                    "configs": {"max.message.bytes": str(self.max_message_bytes)}} for t in topics}
+        result = admin.create_topics(spec, timeout_ms=self.request_timeout_ms, raise_errors=False)
+        for t in result.get("topics", []):
+            code = t.get("error_code", 0)
+            if code not in (0, kafka_errors.TopicAlreadyExistsError.errno):
+                raise kafka_errors.for_code(code)(f"create topic {t.get('name')}: {t.get('error_message')}")
+        admin.wait_for_topics(topics, timeout_ms=self.request_timeout_ms)
+        grow = {t: partitions for t in topics if len(self.partitions(t)) < partitions}
+        if grow:
+            admin.create_partitions(grow, timeout_ms=self.request_timeout_ms)
+            admin.wait_for_topics(list(grow), timeout_ms=self.request_timeout_ms)
+        with self._lock:
+            self._known_topics.update(topics)
+
+    def delete_topics(self, topics: list[str]) -> None:
+        """Delete topics (missing ones are ignored), e.g. when a job is torn down."""
+        existing = set(self._get_admin().list_topics())
+        doomed = [t for t in dict.fromkeys(topics) if t in existing]
+        if doomed:
+            self._get_admin().delete_topics(doomed, timeout_ms=self.request_timeout_ms)
+        with self._lock:
+            self._known_topics.difference_update(topics)
+
+    def list_topics(self, prefix: str = "") -> list[str]:
+        """Names of the topics that start with `prefix`, sorted."""
+        return sorted(t for t in self._get_admin().list_topics() if t.startswith(prefix))
+
+    def _ensure_dlq(self, topic: str) -> None:
+        if topic not in self._known_topics:
+            self.ensure_topics([topic], partitions=1)
+
+    # ---- produce ----------------------------------------------------------------------------------
+
+    def publish(self, topic: str, value: Any, *, key: str | None = None,
+                headers: dict[str, str] | None = None) -> None:
+        hdrs = [("schema", str(SCHEMA_VERSION).encode())]
+        hdrs += [(k, str(v).encode()) for k, v in (headers or {}).items() if k != "schema"]
+        self.publish_raw(topic, encode(value), key=key.encode() if key is not None else None,
+                         headers=hdrs)
+
+    def publish_raw(self, topic: str, data: bytes, *, key: bytes | None = None,
+                    headers: list[tuple[str, bytes]] | None = None) -> None:
+        """Append undecoded bytes (the dead-letter path; tests use it to inject bad records)."""
+        fut = self._get_producer().send(topic, value=data, key=key, headers=list(headers or []))
+        with self._lock:
+            self._pending.append(fut)
+            if len(self._pending) > 10_000:  # publishers that rarely flush: drop acknowledged ones
+                self._pending = [f for f in self._pending if not f.succeeded()]
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Block until everything published is acknowledged (acks=all); raise the first failure."""
+        with self._lock:
+            producer = self._producer
+            pending, self._pending = self._pending, []
+        if producer is None:
+            return
+        producer.flush(timeout=timeout_s)
+        for fut in pending:
+            if not fut.is_done:
+                raise kafka_errors.KafkaTimeoutError("flush: a record is still in flight")
+            if fut.failed():
+                raise fut.exception
+
+    # ---- consume ----------------------------------------------------------------------------------
+
+    def consumer(self, topics: list[str], group: str) -> KafkaBusConsumer:
+        return KafkaBusConsumer(self, list(topics), group)
+
+    def _raw_consumer(self, **extra: Any) -> Any:
+        return KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                             auto_offset_reset="earliest",
+                             max_partition_fetch_bytes=self.max_message_bytes,
+                             fetch_max_bytes=max(52428800, self.max_message_bytes),
+                             request_timeout_ms=self.request_timeout_ms, **extra)
+
+    def read_raw(self, topic: str, timeout_s: float = 10.0) -> list[RawRecord]:
+        """Every record currently in `topic` (all partitions, undecoded, no consumer group), read
+        up to the end offsets taken at the call; returns early once they are reached."""
+        parts = [TopicPartition(topic, p) for p in self.partitions(topic)]
+        if not parts:
+            return []
+        c = self._raw_consumer(group_id=None, client_id=f"{self.client_id}-reader")
+        try:
+            c.assign(parts)
+            c.seek_to_beginning(*parts)
+            end = c.end_offsets(parts)
+            out: list[RawRecord] = []
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and any(c.position(tp) < end[tp] for tp in parts):
+                for tp, recs in c.poll(timeout_ms=200).items():
+                    out += [RawRecord(tp.topic, tp.partition, r.offset, r.key, r.value,
+                                      {k: v or b"" for k, v in r.headers or []}) for r in recs]
+            return sorted(out, key=lambda r: (r.partition, r.offset))
+        finally:
+            c.close(autocommit=False)
+
+    # ---- offsets / lag ----------------------------------------------------------------------------
+
+    def committed(self, group: str, topic: str) -> dict[int, int]:
+        """partition -> committed next offset of `group` on `topic` (partitions never committed are
+        absent)."""
+        admin = self._get_admin()
+        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        while True:
+            try:
+                offsets = admin.list_group_offsets(group).get(group, {})
+                break
+            except (kafka_errors.CoordinatorNotAvailableError,
+                    kafka_errors.CoordinatorLoadInProgressError):
+                # the offsets topic is created on first use; its coordinator may not be up yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        return {tp.partition: om.offset for tp, om in offsets.items()
+                if tp.topic == topic and om is not None and om.offset is not None and om.offset >= 0}
+
+    def lag(self, group: str, topic: str) -> int:
+        """Records of `topic` not yet committed by `group`: Σ over partitions (end offset − committed
+        offset); a partition the group never committed counts from its earliest offset."""
+        parts = [TopicPartition(topic, p) for p in self.partitions(topic)]
+        if not parts:
+            return 0
+        admin = self._get_admin()
+        end = admin.list_partition_offsets({tp: OffsetSpec.LATEST for tp in parts})
+        start = admin.list_partition_offsets({tp: OffsetSpec.EARLIEST for tp in parts})
+        committed = self.committed(group, topic)
+        total = 0
+        for tp in parts:
+            done = committed.get(tp.partition, start[tp].offset)
+            total += max(0, end[tp].offset - max(done, start[tp].offset))
+        return total
+
+    def close(self) -> None:
+        """Flush (bounded by the request timeout), then close the clients; never raises."""
+        try:
+            self.flush(timeout_s=self.request_timeout_ms / 1000)
+        except kafka_errors.KafkaError as exc:
+            log.warning("close: records not acknowledged may be lost: %s", exc)
+        finally:
+            with self._lock:
+                producer, admin = self._producer, self._admin
+                self._producer = self._admin = None
+            if producer is not None:
+                producer.close(timeout=5)
+            if admin is not None:
+                admin.close()
+
+
+class _SeekOnAssign(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Applies pending seeks when partitions are assigned; forgets positions of revoked ones.
+    Runs on the consumer's IO thread: it only touches in-memory state (no blocking IO)."""
+
+    def __init__(self, owner: KafkaBusConsumer) -> None:
+        self.owner = owner
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        with self.owner._state_lock:
+            for tp in revoked:
+                self.owner._pos.pop(tp, None)
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        with self.owner._state_lock:
+            for tp in assigned:
+                off = self.owner._pending_seeks.pop(tp, None)
+                if off is not None:
+                    self.owner._kc.seek(tp, off)
+                    self.owner._pos[tp] = off
+
+
+class KafkaBusConsumer(Consumer):
+    """A consumer-group member; see the module docstring for the semantics."""
+
+    def __init__(self, bus: KafkaBus, topics: list[str], group: str) -> None:
+        self._bus = bus
+        self._topics = topics
+        self._group = group
+        self._state_lock = threading.RLock()
+        self._pos: dict[Any, int] = {}  # TopicPartition -> next offset to return
+        self._pending_seeks: dict[Any, int] = {}
+        self._kc = bus._raw_consumer(
+            group_id=group, client_id=f"{bus.client_id}-{group}-{uuid.uuid4().hex[:6]}")
+        self._kc.subscribe(topics=topics, listener=_SeekOnAssign(self))
+
+    # ---- poll -------------------------------------------------------------------------------------
+
+    def poll(self, timeout_s: float = 0.0, max_records: int = 1000) -> list[Record]:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        out: list[Record] = []
+        while True:
+            remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            batch = self._kc.poll(timeout_ms=remaining_ms, max_records=max_records)
+            dead = 0
+            for tp, recs in batch.items():
+                for r in recs:
+                    rec = self._convert(tp, r)
+                    with self._state_lock:
+                        self._pos[tp] = r.offset + 1
+                    if rec is None:
+                        dead += 1
+                    else:
+                        out.append(rec)
+            if dead:
+                # the dead letters are durable before their offsets can be committed
+                self._bus.flush(timeout_s=self._bus.request_timeout_ms / 1000)
+            if out or time.monotonic() >= deadline:
+                return out
+
+    def _convert(self, tp: Any, r: Any) -> Record | None:
+        headers = {k: (v or b"").decode("utf-8", "replace") for k, v in r.headers or []}
+        key = r.key.decode("utf-8", "replace") if r.key is not None else None
+        try:
+            if r.value is None:
+                raise ValueError("record has no value (tombstone)")
+            value = decode(r.value)
+        except Exception as exc:  # never raise on bad data: MessageError, but also anything else
+            self._dead_letter(tp, r, f"{type(exc).__name__}: {exc}")
+            return None
+        return Record(tp.topic, tp.partition, r.offset, key, value, headers)
+
+    def _dead_letter(self, tp: Any, r: Any, reason: str) -> None:
+        target = dlq_topic(tp.topic)
+        log.warning("undecodable record %s:%d@%d -> %s: %s", tp.topic, tp.partition, r.offset,
+                    target, reason)
+        if target == tp.topic:
+            return  # a bad record in the dead-letter topic itself: skip it, never loop
+        headers = [(k, v or b"") for k, v in r.headers or []
+                   if k not in ("reason", "original_topic", "original_partition", "original_offset")]
+        headers += [("reason", reason[:_REASON_MAX].encode()),
+                    ("original_topic", tp.topic.encode()),
+                    ("original_partition", str(tp.partition).encode()),
+                    ("original_offset", str(r.offset).encode())]
+        self._bus._ensure_dlq(target)
+        self._bus.publish_raw(target, r.value if r.value is not None else b"", key=r.key,
+                              headers=headers)
+
+    # ---- offsets ----------------------------------------------------------------------------------
+
+    def positions(self) -> dict[str, int]:
+        with self._state_lock:
+            pos = dict(self._pos)
+            pending = dict(self._pending_seeks)
+        for tp in self._kc.assignment():
+            if tp not in pos:
+                try:
+                    pos[tp] = self._kc.position(tp, timeout_ms=5000)
+                except Exception as exc:  # position unknown yet (offsets still being fetched)
+                    log.debug("position(%s) unavailable: %s", tp, exc)
+        pos.update(pending)
+        return {_key(tp): off for tp, off in pos.items() if off is not None}
+
+    def commit(self, positions: dict[str, int] | None = None) -> None:
+        if positions is None:
+            with self._state_lock:
+                offsets = dict(self._pos)
+        else:
+            offsets = {_tp(k): v for k, v in positions.items()}
+        if not offsets:
+            return
+        try:
+            self._kc.commit({tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()})
+        except kafka_errors.CommitFailedError as exc:
+            log.warning("commit of %s rejected after a group rebalance (will be re-delivered): %s",
+                        {_key(tp): o for tp, o in offsets.items()}, exc)
+
+    def seek(self, positions: dict[str, int]) -> None:
+        with self._state_lock:
+            assigned = self._kc.assignment()
+            for k, off in positions.items():
+                tp = _tp(k)
+                if tp.topic not in self._topics:
+                    continue
+                try:
+                    if tp not in assigned:
+                        raise ValueError("not assigned yet")
+                    self._kc.seek(tp, off)
+                    self._pending_seeks.pop(tp, None)
+                except ValueError:  # not ours (yet), or revoked by a concurrent rebalance
+                    self._pending_seeks[tp] = off
+                self._pos[tp] = off
+
+    def close(self) -> None:
+        self._kc.close(autocommit=False)

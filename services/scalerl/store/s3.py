@@ -1,0 +1,142 @@
+"""S3 store (MinIO or any S3 API) for distributed mode: `s3://bucket/prefix`.
+
+Objects live at `<prefix>/<key>` in the bucket. `put_bytes` is one PUT request (objects up to 5 GiB;
+larger ones go up as a multipart upload), and S3 makes an object visible only once that request
+completes, so a reader never sees half an object. Each object carries the sha256 of its bytes in its
+user metadata (`x-amz-meta-sha256`); `get_bytes` verifies it when present and raises StoreError on a
+mismatch, as it does for a missing object.
+
+`S3Store.from_url("s3://bucket/prefix")` takes the endpoint and keys from the environment:
+S3_ENDPOINT (e.g. http://127.0.0.1:9000; https:// means TLS), S3_ACCESS_KEY, S3_SECRET_KEY and
+optionally S3_REGION (default us-east-1). The bucket is created if it does not exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+from minio import Minio
+from minio.error import S3Error
+
+from scalerl.store.base import Store, StoreError
+
+SHA256_META = "sha256"
+_SINGLE_PUT_MAX = 5 * 1024**3  # S3's limit for one PUT
+_MIN_PART = 5 * 1024**2
+_MULTIPART_PART = 512 * 1024**2
+_MISSING = ("NoSuchKey", "NoSuchObject", "NoSuchBucket", "NoSuchVersion")
+
+
+def _split_endpoint(endpoint: str, secure: bool | None) -> tuple[str, bool]:
+    """"http://host:port" -> ("host:port", False); a bare "host:port" keeps `secure` (default False)."""
+    if "://" in endpoint:
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"S3 endpoint {endpoint!r}: expected http(s)://host[:port]")
+        if parts.path not in ("", "/"):
+            raise ValueError(f"S3 endpoint {endpoint!r}: must not have a path")
+        return parts.netloc, parts.scheme == "https" if secure is None else secure
+    return endpoint, bool(secure)
+
+
+class S3Store(Store):
+    def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, prefix: str = "",
+                 secure: bool | None = None, region: str = "us-east-1", *,
+                 create_bucket: bool = True, client: Any = None) -> None:
+        host, tls = _split_endpoint(endpoint, secure)
+        if not bucket:
+            raise ValueError("S3Store: bucket name is empty")
+        self.endpoint = host
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.region = region
+        self.client: Any = client or Minio(host, access_key=access_key, secret_key=secret_key,
+                                           secure=tls, region=region)
+        if create_bucket:
+            self._ensure_bucket()
+
+    @classmethod
+    def from_url(cls, url: str) -> S3Store:
+        parts = urlsplit(url)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise ValueError(f"store URL {url!r}: expected s3://bucket[/prefix]")
+        env: dict[str, str] = {}
+        for name in ("S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY"):
+            value = os.environ.get(name, "")
+            if not value:
+                raise StoreError(f"{url}: environment variable {name} is not set (the S3 store reads "
+                                 "S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY and optionally S3_REGION)")
+            env[name] = value
+        return cls(env["S3_ENDPOINT"], env["S3_ACCESS_KEY"], env["S3_SECRET_KEY"], bucket=parts.netloc,
+                   prefix=parts.path, region=os.environ.get("S3_REGION") or "us-east-1")
+
+    def _ensure_bucket(self) -> None:
+        if self.client.bucket_exists(self.bucket):
+            return
+        try:
+            self.client.make_bucket(self.bucket, location=self.region)
+        except S3Error as exc:  # created concurrently by another process
+            if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise
+
+    def _name(self, key: str) -> str:
+        if not key or key.startswith("/") or any(p in ("", ".", "..") for p in key.split("/")):
+            raise StoreError(f"invalid key {key!r}: expected a relative 'a/b/c' path")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    # ---- Store ------------------------------------------------------------------------------------
+
+    def put_bytes(self, key: str, data: bytes) -> str:
+        name = self._name(key)
+        n = len(data)
+        part_size = min(max(n, _MIN_PART), _SINGLE_PUT_MAX) if n <= _SINGLE_PUT_MAX else _MULTIPART_PART
+        self.client.put_object(self.bucket, name, io.BytesIO(data), n, part_size=part_size,
+                               content_type="application/octet-stream",
+                               metadata={SHA256_META: hashlib.sha256(data).hexdigest()})
+        return self.uri(key)
+
+    def get_bytes(self, key: str) -> bytes:
+        name = self._name(key)
+        try:
+            resp = self.client.get_object(self.bucket, name)
+        except S3Error as exc:
+            if exc.code in _MISSING:
+                raise StoreError(f"no object {self.uri(key)}") from exc
+            raise StoreError(f"{self.uri(key)}: {exc.code}: {exc.message}") from exc
+        try:
+            data = bytes(resp.read())
+            expected = resp.headers.get(f"x-amz-meta-{SHA256_META}")
+        finally:
+            resp.close()
+            resp.release_conn()
+        if expected:
+            digest = hashlib.sha256(data).hexdigest()
+            if digest != expected:
+                raise StoreError(f"checksum mismatch for {self.uri(key)}: sha256 {digest} != stored "
+                                 f"{expected} (object corrupted or overwritten without metadata)")
+        return data
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.stat_object(self.bucket, self._name(key))
+        except S3Error as exc:
+            if exc.code in _MISSING:
+                return False
+            raise
+        return True
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = f"{self.prefix}/" if self.prefix else ""
+        objs = self.client.list_objects(self.bucket, prefix=base + prefix, recursive=True)
+        return sorted(o.object_name[len(base):] for o in objs if not o.is_dir)
+
+    def delete(self, key: str) -> None:
+        self.client.remove_object(self.bucket, self._name(key))  # S3 deletes are idempotent
+
+    def uri(self, key: str) -> str:
+        base = f"s3://{self.bucket}/{self.prefix}/" if self.prefix else f"s3://{self.bucket}/"
+        return base + key
