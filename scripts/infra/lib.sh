@@ -77,7 +77,10 @@ pid_alive() {
     local pid="$1" pattern="$2"
     [[ -n "$pid" ]] || return 1
     kill -0 "$pid" 2>/dev/null || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$pattern"
+    # No `tr | grep -q` pipeline: under pipefail, grep -q exiting early can SIGPIPE tr and fail it.
+    local cmdline
+    cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
+    [[ "$cmdline" == *"$pattern"* ]]
 }
 
 read_pid() { if [[ -s "$1" ]]; then cat "$1"; fi; }
