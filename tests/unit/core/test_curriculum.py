@@ -29,7 +29,7 @@ def test_flow_control_and_epochs():
     rest = cur.next_tasks()
     # epoch 0 has 5 prompts: 4 issued, 1 left, then epoch 1 starts
     assert [t.epoch for t in rest] == [0, 1, 1]
-    assert sorted(seen + [rest[0].prompt_id]) == [f"p{i}" for i in range(5)]
+    assert sorted([*seen, rest[0].prompt_id]) == [f"p{i}" for i in range(5)]
 
 
 def test_npr_retires_from_the_next_epoch_only():
