@@ -109,10 +109,11 @@ class TorchEngine(GenerationEngine):
         forced_pos = torch.zeros(B, dtype=torch.long, device=dev)
         interrupted = torch.zeros(B, dtype=torch.bool, device=dev)
         truncated = torch.zeros(B, dtype=torch.bool, device=dev)
-        if length.interruption_ids:
-            lo, hi = length.window
-            cut_at = torch.randint(lo, hi + 1, (B,), generator=self.rng, device=dev)
-        else:
+        # Cut points are drawn under every length rule, so the sampling stream (and a paired comparison
+        # of recipes from one checkpoint) does not depend on whether interruptions are on.
+        lo, hi = length.window
+        cut_at = torch.randint(lo, hi + 1, (B,), generator=self.rng, device=dev)
+        if not length.interruption_ids:
             cut_at = torch.full((B,), length.thinking_budget, dtype=torch.long, device=dev)
 
         steps_tok, steps_logp, steps_forced, steps_live, steps_version = [], [], [], [], []

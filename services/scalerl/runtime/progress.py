@@ -24,6 +24,13 @@ class _Bar:
             self._bar.close()
 
 
+def quiet_third_party_bars() -> None:
+    """Hide transformers' own bars ("Loading weights", "Writing model shards"): ours say what runs."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 class Progress:
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled

@@ -188,9 +188,16 @@ def compare_command(args: argparse.Namespace) -> int:
     return _guarded("compare", _compare, args)
 
 
+_METRICS_SUFFIXES = frozenset({".jsonl", ".json", ".csv"})
+
+
 def _compare(args: argparse.Namespace) -> int:
     runs: list[tuple[str, Curve]] = []
     for path in args.runs:
+        if path.is_file() and path.suffix.lower() not in _METRICS_SUFFIXES:  # e.g. a glob caught compare.png
+            print(f"scalerl compare: skipping {path}: not a run folder or a metrics file "
+                  f"({', '.join(sorted(_METRICS_SUFFIXES))})", file=sys.stderr)
+            continue
         _, curve = _load_curve(path, args.x, args.y)
         runs.append((_unique(run_name(path), [n for n, _ in runs]), curve))
     cmp = compare_curves(
@@ -208,6 +215,10 @@ def _compare(args: argparse.Namespace) -> int:
         print(json.dumps(json_safe(cmp.to_dict()), allow_nan=False))
     else:
         print(format_comparison(cmp))
+        unbounded = [r.name for r in cmp.rows if r.fit.A >= 0.999]
+        if unbounded:
+            print(f"\n  warning: A sits at its bound 1.0 for {', '.join(unbounded)}: those curves have not bent "
+                  "over yet, so A is not identified and the ranking rests on extrapolation; train longer.")
         if args.plot is not None:
             print(f"\nplot written to {args.plot}")
     return EXIT_OK
