@@ -1,7 +1,7 @@
 """End to end, embedded: the held-out pass rate rises under the default recipe (PipelineRL-8, CISPO).
 
-The quickstart spec, shortened: SFT warm start, then 100 RL steps (the full quickstart runs 500). On
-the development machine this run went 0.42 -> 0.58 (mean@4 on 100 held-out prompts).
+The quickstart spec, shortened: SFT warm start, then 100 RL steps (the full quickstart runs 600). On
+the development machine the full quickstart passed 0.41 -> 0.55 at step 100 (mean@8, 100 held-out prompts).
 """
 
 from __future__ import annotations
