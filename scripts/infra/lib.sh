@@ -249,22 +249,26 @@ kafka_ready() {
     python3 "$INFRA_DIR/probe.py" kafka "127.0.0.1:$(cat "$STATE/kafka/port")" --log "$STATE/kafka/kafka.log"
 }
 
-wait_kafka() {
-    local d="$STATE/kafka" t0="$1" deadline=$((SECONDS + KAFKA_READY_TIMEOUT))
+# wait_ready NAME T0 TIMEOUT_S POLL_S: until NAME_ready succeeds; fail early if the process died.
+wait_ready() {
+    local name="$1" t0="$2" timeout="$3" poll="$4" d="$STATE/$1"
+    local deadline=$((SECONDS + timeout))
     while ((SECONDS < deadline)); do
-        if ! pid_alive "$(read_pid "$d/pid")" "$(kafka_pattern)"; then
-            tail -n 30 "$d/kafka.log" >&2 || true
-            die "kafka exited during startup; see $d/kafka.log"
+        if ! pid_alive "$(read_pid "$d/pid")" "$("${name}_pattern")"; then
+            tail -n 30 "$d/$name.log" >&2 || true
+            die "$name exited during startup; see $d/$name.log"
         fi
-        if kafka_ready 2>/dev/null; then
-            log "kafka: ready on 127.0.0.1:$(cat "$d/port") in $(elapsed "$t0") (pid $(cat "$d/pid"))"
+        if "${name}_ready" 2>/dev/null; then
+            log "$name: ready on 127.0.0.1:$(cat "$d/port") in $(elapsed "$t0") (pid $(cat "$d/pid"))"
             return 0
         fi
-        sleep 0.5
+        sleep "$poll"
     done
-    tail -n 30 "$d/kafka.log" >&2 || true
-    die "kafka not ready after ${KAFKA_READY_TIMEOUT}s; see $d/kafka.log"
+    tail -n 30 "$d/$name.log" >&2 || true
+    die "$name not ready after ${timeout}s; see $d/$name.log"
 }
+
+wait_kafka() { wait_ready kafka "$1" "$KAFKA_READY_TIMEOUT" 0.5; }
 
 # ---- MinIO ----------------------------------------------------------------------------------------
 
@@ -321,22 +325,7 @@ minio_ready() {
     python3 "$INFRA_DIR/probe.py" minio "http://127.0.0.1:$(cat "$STATE/minio/port")"
 }
 
-wait_minio() {
-    local d="$STATE/minio" t0="$1" deadline=$((SECONDS + MINIO_READY_TIMEOUT))
-    while ((SECONDS < deadline)); do
-        if ! pid_alive "$(read_pid "$d/pid")" "$(minio_pattern)"; then
-            tail -n 30 "$d/minio.log" >&2 || true
-            die "minio exited during startup; see $d/minio.log"
-        fi
-        if minio_ready 2>/dev/null; then
-            log "minio: ready on 127.0.0.1:$(cat "$d/port") in $(elapsed "$t0") (pid $(cat "$d/pid"))"
-            return 0
-        fi
-        sleep 0.3
-    done
-    tail -n 30 "$d/minio.log" >&2 || true
-    die "minio not ready after ${MINIO_READY_TIMEOUT}s; see $d/minio.log"
-}
+wait_minio() { wait_ready minio "$1" "$MINIO_READY_TIMEOUT" 0.3; }
 
 # ---- env file -------------------------------------------------------------------------------------
 

@@ -43,11 +43,13 @@ def main() -> None:
         comps = gen.generate([pids] * 4, SamplingParams(), length_control(spec, tok))
         rewards = [1.0 if (i + j) % 3 == 0 else -1.0 for j in range(4)]
         groups.append(ScoredGroup(RolloutGroup(task, pids, comps), rewards, [r > 0 for r in rewards]))
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     learner = Learner(spec, model, pad_id=tok.pad_token_id)
     stats = learner.step(groups)
     full = learner.full_state_dict()
     if learner.rank == 0:
-        torch.save({"state": full, "loss": stats["loss/value"], "world": learner.world_size}, sys.argv[1])
+        torch.save({"state": full, "initial": initial, "loss": stats["loss/value"], "world": learner.world_size},
+                   sys.argv[1])
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from scalerl.bus import TopicNames, open_bus
 from scalerl.bus.base import Bus, Consumer
+from scalerl.bus.dlq import dead_letter
 from scalerl.config import JobSpec, dump_spec
 from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted
 from scalerl.evaluation import evaluate_mean_at_k
@@ -179,6 +180,7 @@ class EmbeddedRun:
             for rec in recs:
                 g = rec.value
                 if not isinstance(g, ScoredGroup):
+                    dead_letter(self.bus, self.topics.dlq, rec, f"expected ScoredGroup, got {type(g).__name__}")
                     continue
                 if Curriculum.key(g.rollout.task) not in self.curriculum.pending:
                     self.counters["duplicates"] += 1
@@ -286,10 +288,14 @@ class EmbeddedRun:
             self._checkpoint()
         return self._finish(first, last)
 
+    def _eval_due(self) -> bool:
+        v = self.learner.version
+        return v % self.spec.eval.every_steps == 0 or v == self.spec.train.steps
+
     def _maybe_eval_and_checkpoint(self, phase_end: bool = True) -> dict[str, Any] | None:
         v = self.learner.version
         rec = None
-        if v % self.spec.eval.every_steps == 0 or v == self.spec.train.steps:
+        if self._eval_due():
             self.clock.stop()
             rec = self._evaluate()
             self.clock.start()
@@ -320,7 +326,7 @@ class EmbeddedRun:
             self._publish()
             self._top_up()
             self._log_step(stats, bar)
-            if self.learner.version % spec.eval.every_steps == 0 or self.learner.version == spec.train.steps:
+            if self._eval_due():
                 paused.set()
                 for w in self.workers:
                     w.idle.wait()
