@@ -35,12 +35,19 @@ from scalerl.runtime.embedded import EmbeddedRun
 from scalerl.runtime.setup import initial_model, make_task, make_verifier, seed_everything
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _median_time(fn, repeats: int) -> float:
     fn()  # warm-up
     times = []
     for _ in range(repeats):
+        _sync()
         t0 = time.perf_counter()
         fn()
+        _sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -56,6 +63,7 @@ def bench_generator(model, tok, prompts: list[list[int]], new_tokens: int, repea
     P = max(len(p) for p in prompts)
     ids = torch.tensor([[pad] * (P - len(p)) + p for p in prompts])
     mask = (torch.arange(P)[None, :] >= torch.tensor([P - len(p) for p in prompts])[:, None]).long()
+    ids, mask = ids.to(model.device), mask.to(model.device)
 
     def hf() -> None:
         with torch.no_grad():
@@ -75,8 +83,10 @@ def bench_learner(spec, model, tok, groups: list[ScoredGroup], repeats: int) -> 
     times, tokens = [], 0.0
     for _ in range(repeats + 1):
         learner = Learner(spec, copy.deepcopy(model), pad_id=tok.pad_token_id)
+        _sync()
         t0 = time.perf_counter()
         stats = learner.step(groups)
+        _sync()
         times.append(time.perf_counter() - t0)
         tokens = stats.get("tokens/train", 0.0)
     step_s = statistics.median(times[1:])
@@ -84,10 +94,10 @@ def bench_learner(spec, model, tok, groups: list[ScoredGroup], repeats: int) -> 
             "train_tokens_per_s": tokens / step_s}
 
 
-def bench_modes(spec_path: str, sft_dir: Path, steps: int, work: Path) -> dict:
+def bench_modes(spec_path: str, overrides: list[str], sft_dir: Path, steps: int, work: Path) -> dict:
     out = {}
     for mode in ("pipeline", "ppo"):
-        spec = load_spec(spec_path, [f"off_policy.mode={mode}", f"train.steps={steps}",
+        spec = load_spec(spec_path, [*overrides, f"off_policy.mode={mode}", f"train.steps={steps}",
                                      f"eval.every_steps={steps}", f"model.init_checkpoint={sft_dir}"])
         s = EmbeddedRun(spec, work / mode, show_progress=False).run()
         hours = s["train_wall_s"] / 3600
@@ -109,9 +119,13 @@ def main() -> int:
     ap.add_argument("--spec", default="examples/quickstart.yaml")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--mode-steps", type=int, default=60, help="RL steps per mode in the pipeline comparison")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="spec override, as for `scalerl run` (e.g. model.dtype=bfloat16)")
+    ap.add_argument("--new-tokens", type=int, default=40, help="tokens generated per row in the generator bench")
+    ap.add_argument("--prompts", type=int, default=0, help="prompts in the generator bench (0: prompts_per_step)")
     args = ap.parse_args()
 
-    spec = load_spec(args.spec)
+    spec = load_spec(args.spec, args.overrides)
     seed_everything(spec.seed)
     torch.set_num_threads(spec.runtime.threads or torch.get_num_threads())
     work = Path(tempfile.mkdtemp(prefix="scalerl-bench-"))
@@ -119,10 +133,10 @@ def main() -> int:
         task = make_task(spec)
         print("bench: SFT warm start (shared by every measurement)...", file=sys.stderr)
         model, tok, _ = initial_model(spec, task, work)
-        problems = task.problems("train")[: spec.train.prompts_per_step]
+        problems = task.problems("train")[: args.prompts or spec.train.prompts_per_step]
         G = spec.generation.group_size
         prompts = [encode_prompt(tok, p.prompt) for p in problems for _ in range(G)]
-        new_tokens = 40
+        new_tokens = args.new_tokens
         print(f"bench: generator vs model.generate ({len(prompts)} rows x {new_tokens} tokens)...", file=sys.stderr)
         gen = bench_generator(model, tok, prompts, new_tokens, args.repeats)
 
@@ -140,13 +154,15 @@ def main() -> int:
         spec_nofilter.loss.zero_variance_filter = False  # time the full batch
         learn = bench_learner(spec_nofilter, model, tok, groups, args.repeats)
         print(f"bench: PipelineRL vs PPO-off-policy, {args.mode_steps} steps each...", file=sys.stderr)
-        modes = bench_modes(args.spec, work / "sft", args.mode_steps, work)
+        modes = bench_modes(args.spec, args.overrides, work / "sft", args.mode_steps, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     results = {
         "machine": {"platform": platform.platform(), "cpu_threads": torch.get_num_threads(),
-                    "torch": torch.__version__, "cuda": torch.cuda.is_available()},
+                    "torch": torch.__version__, "cuda": torch.cuda.is_available(),
+                    "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                    "overrides": args.overrides},
         "units": {"tokens_per_s": "generated or trained tokens per wall second",
                   "steps_per_hour": "RL optimizer steps per hour of training wall time (eval excluded)",
                   "pass_rate_gain_per_device_hour": "(final - initial held-out mean@k) / device-hours"},

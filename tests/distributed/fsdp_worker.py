@@ -1,6 +1,8 @@
-"""Run under `torchrun --nproc_per_node N`: one learner step with FSDP2 on CPU (gloo), full weights to argv[1].
+"""Run under `torchrun --nproc_per_node N`: one learner step, full weights to argv[1].
 
-With N = 1 no process group is created, so the same script gives the single-process reference.
+argv[2] is the device (`cpu`: gloo, `cuda`: nccl, one GPU per rank) and argv[3] is `fsdp` (create a
+process group, so the learner shards with FSDP2 even when N = 1) or `plain` (no process group: the
+single-process reference). Rollouts are generated on CPU with a fixed seed, identical on every rank.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from scalerl.model.tokenizer import build_char_tokenizer
 
 
 def main() -> None:
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        dist.init_process_group("gloo")
+    out, device, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    if mode == "fsdp":
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     torch.set_num_threads(1)
     spec = spec_from_dict({
         "model": {"tiny": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 2,
@@ -44,12 +49,13 @@ def main() -> None:
         rewards = [1.0 if (i + j) % 3 == 0 else -1.0 for j in range(4)]
         groups.append(ScoredGroup(RolloutGroup(task, pids, comps), rewards, [r > 0 for r in rewards]))
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.to(device)
     learner = Learner(spec, model, pad_id=tok.pad_token_id)
     stats = learner.step(groups)
     full = learner.full_state_dict()
     if learner.rank == 0:
-        torch.save({"state": full, "initial": initial, "loss": stats["loss/value"], "world": learner.world_size},
-                   sys.argv[1])
+        torch.save({"state": full, "initial": initial, "loss": stats["loss/value"], "world": learner.world_size,
+                    "sharded": learner.sharded}, out)
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -12,9 +12,10 @@ import torch
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 
 
-def _run(nproc: int, out: Path) -> dict:
+def run_worker(nproc: int, out: Path, device: str = "cpu", mode: str = "fsdp") -> dict:
+    """One learner step under torchrun (see fsdp_worker.py); returns what rank 0 saved."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(WORKER), str(out)]
+           str(WORKER), str(out), device, mode]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     return torch.load(out)
@@ -22,13 +23,19 @@ def _run(nproc: int, out: Path) -> dict:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
-def test_fsdp_two_ranks_match_single_process(tmp_path):
-    single = _run(1, tmp_path / "one.pt")
-    sharded = _run(2, tmp_path / "two.pt")
-    assert (single["world"], sharded["world"]) == (1, 2)
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_fsdp_matches_single_process(tmp_path, nproc):
+    single = run_worker(1, tmp_path / "one.pt", mode="plain")
+    sharded = run_worker(nproc, tmp_path / "fsdp.pt", mode="fsdp")
+    assert_same_step(single, sharded, world=nproc)
+
+
+def assert_same_step(single: dict, sharded: dict, *, world: int, rtol: float = 1e-4, atol: float = 1e-6) -> None:
+    assert (single["world"], single["sharded"]) == (1, False)
+    assert (sharded["world"], sharded["sharded"]) == (world, True)
     assert sharded["loss"] == pytest.approx(single["loss"], abs=1e-5)
     assert set(single["state"]) == set(sharded["state"])
     for name, ref in single["state"].items():
-        torch.testing.assert_close(sharded["state"][name], ref, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(sharded["state"][name], ref, rtol=rtol, atol=atol, msg=name)
     # The step changed the weights, so the comparison above is not between two untouched models.
     assert not torch.equal(single["state"]["lm_head.weight"], single["initial"]["lm_head.weight"])

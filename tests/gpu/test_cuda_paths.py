@@ -51,3 +51,19 @@ def test_learner_step_on_cuda(tiny_spec, tokenizer):
     stats = Learner(tiny_spec, model, pad_id=tokenizer.pad_token_id).step([group])
     assert stats["batch/effective"] == 1.0
     assert not torch.equal(before, model.lm_head.weight.detach())
+
+
+def test_fsdp_on_one_cuda_device_matches_plain(tmp_path):
+    """FSDP2 over one GPU (nccl, world 1) takes the same step as the unsharded learner on that GPU."""
+    import importlib.util
+    from pathlib import Path
+
+    src = Path(__file__).parents[1] / "distributed" / "test_fsdp_learner.py"
+    mod_spec = importlib.util.spec_from_file_location("fsdp_helpers", src)
+    assert mod_spec and mod_spec.loader
+    helpers = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(helpers)
+    run_worker, assert_same_step = helpers.run_worker, helpers.assert_same_step
+    plain = run_worker(1, tmp_path / "plain.pt", device="cuda", mode="plain")
+    fsdp = run_worker(1, tmp_path / "fsdp.pt", device="cuda", mode="fsdp")
+    assert_same_step(plain, fsdp, world=1, rtol=1e-3, atol=1e-5)  # TF32 / kernel choice on the GPU

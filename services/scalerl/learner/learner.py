@@ -51,7 +51,9 @@ class Learner:
         self.pad_id = pad_id
         self.version = version  # = optimizer steps taken
         self.rank, self.world_size = world()
-        if self.world_size > 1:
+        # Shard whenever a process group exists (FSDP on one device too), never without one.
+        self.sharded = dist.is_available() and dist.is_initialized()
+        if self.sharded:
             shard_model(model)
         o = spec.optim
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.adam_eps,
@@ -144,7 +146,7 @@ class Learner:
     # -- state -------------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded model weights on CPU (a collective under FSDP: every rank must call it)."""
-        if self.world_size > 1:
+        if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True,
