@@ -191,6 +191,18 @@ def _validate(obj: Any) -> None:
         raise MessageError("PromptTask: group_size must be >= 1")
 
 
+def validate(msg: Any) -> None:
+    """Apply `decode`'s validation rules to a message and the messages inside it (for other codecs,
+    e.g. scalerl.rpc.convert's protobuf one); raises MessageError."""
+    if isinstance(msg, ScoredGroup):
+        validate(msg.rollout)
+    if isinstance(msg, RolloutGroup):
+        validate(msg.task)
+        for c in msg.completions:
+            validate(c)
+    _validate(msg)
+
+
 def decode(data: bytes, expected: type | None = None) -> Any:
     """Inverse of `encode`; raises MessageError (never anything else) on bad input."""
     try:

@@ -1,7 +1,8 @@
 """Kafka transport for the bus (kafka-python 3.x), used in distributed mode (`kafka://host:port`).
 
-Producer: idempotent (`enable_idempotence=True`, `acks=all`), values are `scalerl.messages.encode`d
-bytes, keys are the utf-8 prompt ids (so a prompt group stays on one partition), headers are
+Producer: idempotent (`enable_idempotence=True`, `acks=all`), values are protobuf `scalerl.v1.Envelope`
+bytes (`scalerl.rpc.convert.encode_envelope`; `decode_envelope` also reads the legacy JSON of
+`messages.encode`), keys are the utf-8 prompt ids (so a prompt group stays on one partition), headers are
 (str, bytes) pairs: `schema` (messages.SCHEMA_VERSION) plus whatever the caller passes (traceparent,
 policy version, ...). Batches are compressed with zstd, else lz4, else gzip (whichever codec is
 installed). `publish` is asynchronous; `flush()` returns once every published record is acknowledged
@@ -9,7 +10,7 @@ by all in-sync replicas, and raises if any of them failed.
 
 Consumer: a group member (`subscribe`, group-managed assignment) with `enable_auto_commit=False` and
 `auto_offset_reset="earliest"`; it starts from the group's committed offsets.
-- A record whose bytes do not decode (any error from `messages.decode`) is copied, raw, to the job's
+- A record whose bytes do not decode (any error from `decode_envelope`) is copied, raw, to the job's
   dead-letter topic (`<prefix>.dlq`, prefix = the topic name before its last ".") with a `reason`
   header and `original_topic` / `original_partition` / `original_offset` headers (the original
   headers are kept too), flushed, and skipped: its offset counts as consumed. `poll` never raises on
@@ -44,7 +45,9 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.structs import OffsetAndMetadata
 
 from scalerl.bus.base import Bus, Consumer, Record
-from scalerl.messages import SCHEMA_VERSION, decode, encode
+from scalerl.messages import SCHEMA_VERSION
+from scalerl.rpc.convert import decode_envelope as decode
+from scalerl.rpc.convert import encode_envelope as encode
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +98,7 @@ class KafkaBus(Bus):
     def __init__(self, bootstrap: str, *, client_id: str = "scalerl",
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  replication_factor: int | None = None, compression: str | None = None,
-                 request_timeout_s: float = 30.0) -> None:
+                 request_timeout_s: float = 30.0, session_timeout_s: float = 10.0) -> None:
         self.bootstrap = [b.strip() for b in bootstrap.split(",") if b.strip()]
         if not self.bootstrap:
             raise ValueError("KafkaBus: empty bootstrap address")
@@ -104,6 +107,9 @@ class KafkaBus(Bus):
         self.replication_factor = replication_factor
         self.compression = compression or _compression()
         self.request_timeout_ms = int(request_timeout_s * 1000)
+        # A dead group member's partitions move to the others after this long (the client default, 45 s,
+        # stalls a pipeline for most of a minute when a generator is killed).
+        self.session_timeout_ms = int(session_timeout_s * 1000)
         self._lock = threading.Lock()
         self._producer: Any = None
         self._admin: Any = None
@@ -228,7 +234,9 @@ class KafkaBus(Bus):
                              auto_offset_reset="earliest",
                              max_partition_fetch_bytes=self.max_message_bytes,
                              fetch_max_bytes=max(52428800, self.max_message_bytes),
-                             request_timeout_ms=self.request_timeout_ms, **extra)
+                             request_timeout_ms=self.request_timeout_ms,
+                             session_timeout_ms=self.session_timeout_ms,
+                             heartbeat_interval_ms=max(100, self.session_timeout_ms // 4), **extra)
 
     def read_raw(self, topic: str, timeout_s: float = 10.0) -> list[RawRecord]:
         """Every record currently in `topic` (all partitions, undecoded, no consumer group), read

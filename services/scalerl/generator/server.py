@@ -1,0 +1,214 @@
+"""The generator's gRPC service (`scalerl.v1.Generator`): Generate, UpdateWeights, Status.
+
+Generate samples with the engine's current weights and the job's defaults (sampling and length rules
+of `generation`, as the bus role uses them: `role.encode_prompt`, `role.length_control`); a request
+may override temperature, top_p, the budgets and interruption. UpdateWeights fetches an announced
+`PolicyVersion` from the store (checksum verified, `store.weights.load_weights`) and loads it.
+
+Decisions:
+1. One lock (`engine_lock`, pass the bus role's own to share it) serialises every use of the engine:
+   a Generate never sees a half-loaded swap and never interleaves with the role loop's batches. The
+   weights are fetched outside the lock (seconds from S3), only the copy into the model is inside.
+2. UpdateWeights loads any announcement that differs from the last one it loaded, a lower version
+   included (as the bus role does: a learner restarted from a checkpoint announces its versions
+   again); the same announcement twice is acknowledged with `swapped = false` (idempotent retries).
+3. A thinking budget below the job's interruption window narrows the window to fit the budget
+   ([min(lo, budget), min(hi, budget)]).
+4. Errors: a bad request -> INVALID_ARGUMENT naming the field; no store -> FAILED_PRECONDITION; a
+   missing weights object -> NOT_FOUND; a checksum mismatch -> DATA_LOSS; weights that do not fit the
+   model -> INVALID_ARGUMENT. The loaded version is unchanged after any of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import grpc
+
+from scalerl.config import JobSpec
+from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
+from scalerl.generator.role import encode_prompt, length_control
+from scalerl.messages import MessageError, PolicyVersion
+from scalerl.rpc.convert import from_proto, to_proto
+from scalerl.rpc.gen.scalerl.v1 import services_pb2 as spb
+from scalerl.rpc.gen.scalerl.v1 import services_pb2_grpc as sgrpc
+from scalerl.rpc.server import abort, status_reply
+from scalerl.store.base import Store, StoreError
+from scalerl.store.weights import load_weights
+from scalerl.telemetry.metrics import RoleMetrics
+
+MAX_SAMPLES_PER_PROMPT = 1024
+MAX_BUDGET_TOKENS = 1 << 20
+_COUNTERS = ("tokens_generated", "groups_generated", "requests_served", "weight_updates")
+
+
+def _store_error_code(exc: StoreError) -> grpc.StatusCode:
+    text = str(exc)
+    if "checksum" in text:
+        return grpc.StatusCode.DATA_LOSS
+    if text.startswith("no object"):
+        return grpc.StatusCode.NOT_FOUND
+    return grpc.StatusCode.FAILED_PRECONDITION
+
+
+class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
+    service_name = "scalerl.v1.Generator"
+
+    def __init__(self, engine: GenerationEngine, tokenizer: Any, spec: JobSpec, *, store: Store | None = None,
+                 generator_id: str = "generator-0", metrics: RoleMetrics | None = None,
+                 ready: Callable[[], bool] | None = None,
+                 status_fn: Callable[[], Mapping[str, Any]] | None = None,
+                 engine_lock: threading.Lock | None = None, max_rows: int = 4096) -> None:
+        """status_fn: the bus role's counters (tokens_generated, groups_generated are added to this
+        servicer's own; any other GeneratorStatus field it returns is taken as is)."""
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.spec = spec
+        self.store = store
+        self.generator_id = generator_id
+        self.metrics = metrics
+        self.ready = ready or (lambda: True)
+        self.status_fn = status_fn
+        self.engine_lock = engine_lock or threading.Lock()
+        self.max_rows = max_rows
+        self.vocab_size = len(tokenizer)
+        self.sampling = SamplingParams(spec.generation.temperature, spec.generation.top_p)
+        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._counts_lock = threading.Lock()
+        self.loaded: PolicyVersion | None = None  # the last announcement UpdateWeights loaded
+
+    def register(self, server: grpc.Server) -> None:
+        sgrpc.add_GeneratorServicer_to_server(self, server)
+
+    def _count(self, **inc: int) -> None:
+        with self._counts_lock:
+            for k, v in inc.items():
+                self._counts[k] += v
+
+    # ---- Generate ---------------------------------------------------------------------------------
+
+    def _prompt_ids(self, request: Any) -> list[list[int]]:
+        if not request.prompts:
+            raise ValueError("prompts: at least one prompt is required")
+        out = []
+        for i, p in enumerate(request.prompts):
+            kind = p.WhichOneof("prompt")
+            if kind is None:
+                raise ValueError(f"prompts[{i}]: set text or token_ids")
+            if kind == "text":
+                out.append(encode_prompt(self.tokenizer, p.text))
+                continue
+            ids = list(p.token_ids.ids)
+            if not ids:
+                raise ValueError(f"prompts[{i}].token_ids: empty")
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompts[{i}].token_ids: {bad[:3]} outside the vocabulary 0..{self.vocab_size - 1}")
+            out.append(ids)
+        return out
+
+    def _options(self, request: Any, rows: int) -> tuple[int, SamplingParams, LengthControl]:
+        n = request.samples_per_prompt if request.HasField("samples_per_prompt") else 1
+        if not 1 <= n <= MAX_SAMPLES_PER_PROMPT:
+            raise ValueError(f"samples_per_prompt: must be in 1..{MAX_SAMPLES_PER_PROMPT}, got {n}")
+        if rows * n > self.max_rows:
+            raise ValueError(f"prompts x samples_per_prompt = {rows * n} rows, more than this server's "
+                             f"max_rows {self.max_rows}")
+        temperature = request.temperature if request.HasField("temperature") else self.sampling.temperature
+        if not 0.0 <= temperature <= 10.0:
+            raise ValueError(f"temperature: must be in [0, 10] (0 = greedy), got {temperature}")
+        top_p = request.top_p if request.HasField("top_p") else self.sampling.top_p
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p: must be in (0, 1], got {top_p}")
+        interrupt = request.interruption if request.HasField("interruption") else None
+        length = length_control(self.spec, self.tokenizer, interrupt=interrupt)
+        think = request.thinking_budget_tokens if request.HasField("thinking_budget_tokens") else length.thinking_budget
+        answer = request.answer_budget_tokens if request.HasField("answer_budget_tokens") else length.answer_budget
+        for name, value in (("thinking_budget_tokens", think), ("answer_budget_tokens", answer)):
+            if not 1 <= value <= MAX_BUDGET_TOKENS:
+                raise ValueError(f"{name}: must be in 1..{MAX_BUDGET_TOKENS}, got {value}")
+        lo, hi = length.window
+        length = dataclasses.replace(length, thinking_budget=think, answer_budget=answer,
+                                     window=(min(lo, think), min(hi, think)))
+        return n, SamplingParams(temperature, top_p), length
+
+    def Generate(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC name)
+        try:
+            prompts = self._prompt_ids(request)
+            n, sampling, length = self._options(request, len(prompts))
+        except ValueError as exc:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        flat = [p for p in prompts for _ in range(n)]
+        t0 = time.perf_counter()
+        with self.engine_lock:
+            try:
+                comps = self.engine.generate(flat, sampling, length)
+            except ValueError as exc:  # e.g. a prompt that leaves no room under the model's positions
+                abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            version = self.engine.version
+        elapsed_s = time.perf_counter() - t0
+        tokens = sum(len(c.token_ids) for c in comps)
+        self._count(tokens_generated=tokens, groups_generated=len(prompts), requests_served=1)
+        if self.metrics is not None:
+            self.metrics.tokens.inc(tokens)
+            self.metrics.step_seconds.observe(elapsed_s)
+        response = spb.GenerateResponse(policy_version=version)
+        for i, ids in enumerate(prompts):
+            result = response.results.add()
+            result.prompt_token_ids.extend(ids)
+            result.completions.extend(to_proto(c) for c in comps[i * n:(i + 1) * n])
+        return response
+
+    # ---- UpdateWeights ----------------------------------------------------------------------------
+
+    def UpdateWeights(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC name)
+        try:
+            pv: PolicyVersion = from_proto(request)
+        except MessageError as exc:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if pv.version < 0:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"version: must be >= 0, got {pv.version}")
+        store = self.store
+        if store is None:
+            abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+                  "this generator has no object store to fetch weights from (start it with a store)")
+        if pv == self.loaded:
+            return spb.UpdateWeightsResponse(previous_version=pv.version, policy_version=pv.version, swapped=False)
+        t0 = time.perf_counter()
+        try:
+            state_dict = load_weights(store, pv)
+        except StoreError as exc:
+            abort(context, _store_error_code(exc), str(exc))
+        with self.engine_lock:
+            previous = self.engine.version
+            if pv == self.loaded:  # a concurrent call with the same announcement got there first
+                return spb.UpdateWeightsResponse(previous_version=previous, policy_version=previous, swapped=False)
+            try:
+                self.engine.load_weights(state_dict, pv.version)
+            except (KeyError, RuntimeError, ValueError) as exc:
+                abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"weights of version {pv.version} do not fit "
+                      f"the model: {exc}")
+            self.loaded = pv
+        load_s = time.perf_counter() - t0
+        self._count(weight_updates=1)
+        if self.metrics is not None:
+            self.metrics.policy_version.set(pv.version)
+        return spb.UpdateWeightsResponse(previous_version=previous, policy_version=pv.version, swapped=True,
+                                         load_seconds=load_s)
+
+    # ---- Status -----------------------------------------------------------------------------------
+
+    def Status(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC name)
+        with self._counts_lock:
+            own = dict(self._counts)
+        extra = dict(self.status_fn()) if self.status_fn is not None else {}
+        for k in _COUNTERS:
+            if k in extra:
+                own[k] += int(extra.pop(k))
+        msg = spb.GeneratorStatus(role="generator", id=self.generator_id, ready=bool(self.ready()),
+                                  policy_version=self.engine.version, **own)
+        return status_reply(msg, lambda: extra, context)

@@ -1,0 +1,146 @@
+"""Small clients of the role services, speaking scalerl.messages dataclasses.
+
+    with GeneratorClient("127.0.0.1:50051") as gen:
+        completions = gen.generate(["12+34="], n=4, temperature=1.0)   # prompt-major: 4 for prompt 0
+    with VerifierClient(target) as ver:
+        scored = ver.score(rollout)                                      # == Verifier.score(rollout)
+
+Every call goes through the tracing interceptor (a CLIENT span whose `traceparent` travels in the
+metadata) and has a deadline (`timeout_s`). A failed call raises `grpc.RpcError` (`.code()`,
+`.details()`), e.g. INVALID_ARGUMENT naming the bad field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from scalerl.messages import Completion, PolicyVersion, RolloutGroup, ScoredGroup
+from scalerl.rpc.convert import from_proto, status_dict, to_proto
+from scalerl.rpc.gen.scalerl.v1 import services_pb2 as spb
+from scalerl.rpc.gen.scalerl.v1 import services_pb2_grpc as sgrpc
+from scalerl.rpc.server import DEFAULT_MAX_MESSAGE_BYTES, grpc_options
+from scalerl.telemetry.tracing import ClientTracingInterceptor
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """A Generate answer: per prompt, the ids it was conditioned on and its n completions."""
+
+    prompt_token_ids: list[list[int]]
+    completions: list[list[Completion]]
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class WeightUpdate:
+    previous_version: int
+    policy_version: int
+    swapped: bool
+    load_seconds: float
+
+
+class _Client:
+    def __init__(self, target: str, *, timeout_s: float = 120.0,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        if not target:
+            raise ValueError("target: expected host:port, got an empty string")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.target = target
+        self.timeout_s = timeout_s
+        self._raw = grpc.insecure_channel(target, options=grpc_options(max_message_bytes))
+        self.channel = grpc.intercept_channel(self._raw, ClientTracingInterceptor())
+
+    def wait_ready(self, timeout_s: float = 10.0) -> None:
+        """Block until the channel is connected; grpc.FutureTimeoutError after `timeout_s`."""
+        grpc.channel_ready_future(self._raw).result(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _prompt(p: str | Sequence[int]) -> Any:
+    if isinstance(p, str):
+        return spb.GeneratePrompt(text=p)
+    return spb.GeneratePrompt(token_ids=spb.TokenIds(ids=list(p)))
+
+
+class GeneratorClient(_Client):
+    def __init__(self, target: str, **kw: Any) -> None:
+        super().__init__(target, **kw)
+        self.stub = sgrpc.GeneratorStub(self.channel)
+
+    def generate_groups(self, prompts: Sequence[str | Sequence[int]], n: int = 1, *,
+                        temperature: float | None = None, top_p: float | None = None,
+                        thinking_budget_tokens: int | None = None, answer_budget_tokens: int | None = None,
+                        interruption: bool | None = None) -> Generated:
+        """Sample `n` completions per prompt (text, or exact token ids); None = the job's setting."""
+        request = spb.GenerateRequest(prompts=[_prompt(p) for p in prompts], samples_per_prompt=n)
+        if temperature is not None:
+            request.temperature = temperature
+        if top_p is not None:
+            request.top_p = top_p
+        if thinking_budget_tokens is not None:
+            request.thinking_budget_tokens = thinking_budget_tokens
+        if answer_budget_tokens is not None:
+            request.answer_budget_tokens = answer_budget_tokens
+        if interruption is not None:
+            request.interruption = interruption
+        response = self.stub.Generate(request, timeout=self.timeout_s)
+        return Generated([list(r.prompt_token_ids) for r in response.results],
+                         [[from_proto(c) for c in r.completions] for r in response.results],
+                         response.policy_version)
+
+    def generate(self, prompts: Sequence[str | Sequence[int]], n: int = 1, **options: Any) -> list[Completion]:
+        """The completions of `generate_groups`, flat and prompt-major (prompt i's at [i*n, (i+1)*n))."""
+        return [c for group in self.generate_groups(prompts, n, **options).completions for c in group]
+
+    def update_weights(self, policy: PolicyVersion) -> WeightUpdate:
+        r = self.stub.UpdateWeights(to_proto(policy), timeout=self.timeout_s)
+        return WeightUpdate(r.previous_version, r.policy_version, r.swapped, r.load_seconds)
+
+    def status(self) -> dict[str, Any]:
+        return status_dict(self.stub.Status(spb.StatusRequest(), timeout=self.timeout_s))
+
+
+class VerifierClient(_Client):
+    def __init__(self, target: str, **kw: Any) -> None:
+        super().__init__(target, **kw)
+        self.stub = sgrpc.VerifierStub(self.channel)
+
+    def score(self, rollout: RolloutGroup) -> ScoredGroup:
+        r = self.stub.Score(spb.ScoreRequest(rollout=to_proto(rollout)), timeout=self.timeout_s)
+        return ScoredGroup(rollout=rollout, rewards=list(r.rewards), correct=list(r.correct))
+
+    def status(self) -> dict[str, Any]:
+        return status_dict(self.stub.Status(spb.StatusRequest(), timeout=self.timeout_s))
+
+
+class LearnerClient(_Client):
+    def __init__(self, target: str, **kw: Any) -> None:
+        super().__init__(target, **kw)
+        self.stub = sgrpc.LearnerStub(self.channel)
+
+    def status(self) -> dict[str, Any]:
+        return status_dict(self.stub.Status(spb.StatusRequest(), timeout=self.timeout_s))
+
+
+class CurriculumClient(_Client):
+    def __init__(self, target: str, **kw: Any) -> None:
+        super().__init__(target, **kw)
+        self.stub = sgrpc.CurriculumStub(self.channel)
+
+    def status(self) -> dict[str, Any]:
+        return status_dict(self.stub.Status(spb.StatusRequest(), timeout=self.timeout_s))

@@ -1,0 +1,60 @@
+"""Prometheus metrics of one role, on a CollectorRegistry of its own (several roles can share a
+process, e.g. in tests or `scalerl run --distributed`, without clashing on the global registry).
+
+Names are `scalerl_<role>_<what>_<unit>` (Prometheus conventions: counters end in `_total`, times in
+`_seconds`):
+
+attribute -> metric (type): meaning
+- tokens -> scalerl_<role>_tokens_total (counter): tokens generated (generator) or trained (learner);
+  tokens/s is `rate()` of it.
+- groups_in / groups_out -> scalerl_<role>_groups_in_total / _groups_out_total (counters): records
+  consumed (prompt tasks, rollout or scored groups) / produced.
+- queue_lag -> scalerl_<role>_queue_lag_messages{topic} (gauge): records of an input topic not yet
+  committed by the role's consumer group.
+- staleness -> scalerl_<role>_policy_staleness_versions (gauge): newest policy version minus the one
+  in use (generator) or of the data trained on (learner).
+- policy_version -> scalerl_<role>_policy_version (gauge): loaded (generator) or published (learner).
+- step_seconds -> scalerl_<role>_step_seconds (histogram): one unit of work: a generation batch, a
+  scoring batch, an optimizer step.
+- ready -> scalerl_<role>_ready (gauge): 1 while /readyz answers 200, else 0.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+ROLES = ("generator", "verifier", "learner", "curriculum")
+# From a 5 ms scoring batch to a 10 min optimizer step of a large model.
+STEP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class RoleMetrics:
+    """The metrics of one role (see the module docstring), registered on `registry` (default: a new one)."""
+
+    def __init__(self, role: str, registry: CollectorRegistry | None = None) -> None:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        self.role = role
+        self.registry = registry if registry is not None else CollectorRegistry()
+        p, r = f"scalerl_{role}", self.registry
+        self.tokens = Counter(f"{p}_tokens", "Tokens generated (generator) or trained (learner); "
+                              "rate() gives tokens/s.", registry=r)
+        self.groups_in = Counter(f"{p}_groups_in", "Records consumed (prompt tasks, rollout or scored "
+                                 "groups).", registry=r)
+        self.groups_out = Counter(f"{p}_groups_out", "Records produced (rollout or scored groups, "
+                                  "prompt tasks, policy versions).", registry=r)
+        self.queue_lag = Gauge(f"{p}_queue_lag_messages", "Records of an input topic not yet committed "
+                               "by this role's consumer group.", ["topic"], registry=r)
+        self.staleness = Gauge(f"{p}_policy_staleness_versions", "Newest policy version minus the one "
+                               "in use (generator) or of the data trained on (learner).", registry=r)
+        self.policy_version = Gauge(f"{p}_policy_version", "Policy version loaded (generator) or "
+                                    "published (learner).", registry=r)
+        self.step_seconds = Histogram(f"{p}_step_seconds", "Duration of one unit of work: a generation "
+                                      "batch, a scoring batch, an optimizer step.", buckets=STEP_BUCKETS_S,
+                                      registry=r)
+        self.ready = Gauge(f"{p}_ready", "1 while the role is ready (/readyz answers 200), else 0.",
+                           registry=r)
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text exposition format."""
+        return bytes(generate_latest(self.registry))

@@ -1,0 +1,283 @@
+"""The role servers on loopback, through real gRPC: Generate equals the torch engine called directly on
+the same seed; UpdateWeights through the real MinIO changes the served policy and the outputs; Score
+equals Verifier.score; Learner/Curriculum Status come from their callables; health says SERVING,
+reflection lists the four services; a graceful stop lets the call in progress finish."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from scalerl.config import LengthPenaltyConfig
+from scalerl.curriculum.server import CurriculumServicer
+from scalerl.generator.engine import SamplingParams
+from scalerl.generator.role import encode_prompt, length_control
+from scalerl.generator.server import GeneratorServicer
+from scalerl.generator.torch_engine import TorchEngine
+from scalerl.learner.server import LearnerServicer
+from scalerl.messages import Completion, PolicyVersion, PromptTask, RolloutGroup
+from scalerl.rpc.client import CurriculumClient, GeneratorClient, LearnerClient, VerifierClient
+from scalerl.rpc.convert import to_proto
+from scalerl.rpc.gen.scalerl.v1 import services_pb2 as spb
+from scalerl.rpc.server import serve_grpc
+from scalerl.store.base import open_store
+from scalerl.store.weights import publish_weights
+from scalerl.tasks.registry import build_task
+from scalerl.telemetry.metrics import RoleMetrics
+from scalerl.verifier.server import VerifierServicer
+from scalerl.verifier.verifier import Verifier
+
+LOOPBACK = "127.0.0.1"
+
+
+class SignallingLock:
+    """A lock that says when someone starts waiting for it (to hold a call in progress on purpose)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.waiting = threading.Event()
+
+    def __enter__(self) -> None:
+        self.waiting.set()
+        self.lock.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lock.release()
+
+
+@pytest.fixture
+def engines(tiny_model: torch.nn.Module, tokenizer: Any) -> tuple[TorchEngine, TorchEngine]:
+    """Two engines with the same weights and seed: one behind the server, one called directly."""
+    return (TorchEngine(copy.deepcopy(tiny_model), tokenizer, seed=0),
+            TorchEngine(copy.deepcopy(tiny_model), tokenizer, seed=0))
+
+
+def _served(*servicers: Any) -> Iterator[tuple[Any, str]]:
+    server, port = serve_grpc(0, *servicers, host=LOOPBACK)
+    try:
+        yield server, f"{LOOPBACK}:{port}"
+    finally:
+        server.stop(grace_s=1.0)
+
+
+def test_generate_equals_the_engine_called_directly(engines, tokenizer, tiny_spec) -> None:
+    served, direct = engines
+    metrics = RoleMetrics("generator")
+    for _, target in _served(GeneratorServicer(served, tokenizer, tiny_spec, metrics=metrics)):
+        with GeneratorClient(target) as client:
+            # 1) text prompts, the job's sampling and length rules, n = 3
+            prompts = ["12+34=", "5+6="]
+            got = client.generate_groups(prompts, n=3)
+            ids = [encode_prompt(tokenizer, p) for p in prompts]
+            want = direct.generate([p for p in ids for _ in range(3)],
+                                   SamplingParams(tiny_spec.generation.temperature, tiny_spec.generation.top_p),
+                                   length_control(tiny_spec, tokenizer))
+            assert got.prompt_token_ids == ids
+            assert [c for g in got.completions for c in g] == want  # token ids, logprobs (bit-exact), text, ...
+            assert [len(g) for g in got.completions] == [3, 3]
+            assert got.policy_version == 0 and all(v == 0 for c in want for v in c.versions)
+
+            # 2) token-id prompt with every override; the 10-token thinking budget narrows the job's
+            #    [16, 24] interruption window to [10, 10], interruption off -> truncation
+            prompt = encode_prompt(tokenizer, "7+8=")
+            got2 = client.generate([prompt], n=2, temperature=0.7, top_p=0.9, thinking_budget_tokens=10,
+                                   answer_budget_tokens=4, interruption=False)
+            rules = dataclasses.replace(length_control(tiny_spec, tokenizer, interrupt=False),
+                                        thinking_budget=10, answer_budget=4, window=(10, 10))
+            want2 = direct.generate([prompt, prompt], SamplingParams(0.7, 0.9), rules)
+            assert got2 == want2
+            assert all(len(c.token_ids) <= 10 + 4 for c in got2)
+
+            tokens = sum(len(c.token_ids) for c in want + want2)
+            assert client.status() == {"role": "generator", "id": "generator-0", "ready": True, "policy_version": 0,
+                                       "tokens_generated": tokens, "groups_generated": 3, "requests_served": 2,
+                                       "weight_updates": 0}
+    assert metrics.tokens._value.get() == tokens
+
+
+def test_generate_rejects_bad_requests_with_the_field(engines, tokenizer, tiny_spec) -> None:
+    vocab = len(tokenizer)
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"prompts": []}, "prompts: at least one prompt is required"),
+        ({"prompts": ["1+1="], "n": 0}, "samples_per_prompt: must be in 1..1024, got 0"),
+        ({"prompts": ["1+1="], "temperature": -1.0}, "temperature: must be in [0, 10]"),
+        ({"prompts": ["1+1="], "top_p": 1.5}, "top_p: must be in (0, 1], got 1.5"),
+        ({"prompts": ["1+1="], "thinking_budget_tokens": 0}, "thinking_budget_tokens: must be in 1.."),
+        ({"prompts": [[1, vocab]]}, f"prompts[0].token_ids: [{vocab}] outside the vocabulary 0..{vocab - 1}"),
+        ({"prompts": [[]]}, "prompts[0].token_ids: empty"),
+        ({"prompts": ["1+1="] * 5, "n": 1000}, "5000 rows, more than this server's max_rows 4096"),
+    ]
+    for _, target in _served(GeneratorServicer(engines[0], tokenizer, tiny_spec)):
+        with GeneratorClient(target) as client:
+            for kwargs, reason in cases:
+                with pytest.raises(grpc.RpcError) as err:
+                    client.generate(kwargs.pop("prompts"), **kwargs)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert reason in err.value.details()
+            with pytest.raises(grpc.RpcError) as err:
+                client.update_weights(PolicyVersion(1, "s3://b/p/policy/v1.safetensors", "0" * 64))
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # no store configured
+            assert client.status()["requests_served"] == 0
+
+
+@pytest.mark.infra
+def test_update_weights_from_minio_changes_the_policy_and_the_outputs(s3_env, unique, engines, tokenizer,
+                                                                      tiny_spec) -> None:
+    served, direct = engines
+    old = TorchEngine(copy.deepcopy(direct.model), tokenizer, seed=0)  # keeps version 0
+    store = open_store(f"s3://scalerl-it/{unique}")
+    gen = torch.Generator().manual_seed(1)
+    new_weights = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in direct.model.state_dict().items()}
+    pv = publish_weights(store, 1, new_weights)
+    sampling = SamplingParams(1.0, 1.0)
+    rules = length_control(tiny_spec, tokenizer)
+    prompt = encode_prompt(tokenizer, "12+34=")
+    metrics = RoleMetrics("generator")
+    for _, target in _served(GeneratorServicer(served, tokenizer, tiny_spec, store=store, metrics=metrics)):
+        with GeneratorClient(target) as client:
+            before = client.generate([prompt], n=2)
+            assert before == direct.generate([prompt] * 2, sampling, rules)
+            assert before == old.generate([prompt] * 2, sampling, rules)
+
+            upd = client.update_weights(pv)
+            assert (upd.previous_version, upd.policy_version, upd.swapped) == (0, 1, True)
+            assert upd.load_seconds > 0
+            assert client.status()["policy_version"] == 1
+            assert client.update_weights(pv).swapped is False  # the same announcement again: no swap
+
+            after = client.generate_groups([prompt], n=2)
+            direct.load_weights(new_weights, 1)
+            want = direct.generate([prompt] * 2, sampling, rules)
+            assert after.completions[0] == want and after.policy_version == 1
+            assert all(v == 1 for c in want for v in c.versions)
+            stale = old.generate([prompt] * 2, sampling, rules)  # same RNG stream, old weights
+            assert [c.logprobs for c in stale] != [c.logprobs for c in want]
+
+            # a wrong checksum or a missing object: refused, the served version stays 1
+            bad = PolicyVersion(2, pv.uri, "0" * 64)
+            with pytest.raises(grpc.RpcError) as err:
+                client.update_weights(bad)
+            assert err.value.code() == grpc.StatusCode.DATA_LOSS and "checksum mismatch" in err.value.details()
+            with pytest.raises(grpc.RpcError) as err:
+                client.update_weights(PolicyVersion(3, store.uri("policy/missing.safetensors"), "0" * 64))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            assert client.status()["policy_version"] == 1 and client.status()["weight_updates"] == 1
+    assert metrics.policy_version._value.get() == 1.0
+
+
+def _rollout() -> RolloutGroup:
+    task = PromptTask("p-1", 0, "12+34=", "46", 4, "addition")
+
+    def comp(text: str, n: int, reason: str = "stop") -> Completion:
+        return Completion(list(range(5, 5 + n)), [-0.5] * n, [0] * n, [True] * n, reason, text)  # type: ignore[arg-type]
+
+    return RolloutGroup(task, [1, 2, 3], [comp("<think>2+4+0=6,1+3+0=4</think>46", 8),
+                                          comp("<think>x</think>45", 8),
+                                          comp("<think>2+4+0=6</think>46", 12, "length"),
+                                          comp("<think>a</think>46", 12)])
+
+
+def test_score_equals_verifier_score() -> None:
+    task = build_task("addition", digits=2, train_size=10, eval_size=2)
+    penalty = LengthPenaltyConfig(max_tokens=10, cache_tokens=4)
+    verifier = Verifier(task, penalty=penalty)
+    rollout = _rollout()
+    for _, target in _served(VerifierServicer(verifier, metrics=RoleMetrics("verifier"))):
+        with VerifierClient(target) as client:
+            scored = client.score(rollout)
+            assert scored == verifier.score(rollout)
+            # by hand: 1) correct, 8 tokens: 1 + clip((10 - 8)/4 - 1, -1, 0) = 1 - 0.5 = 0.5
+            # 2) wrong answer: -1; 3) truncated ("length"): -1 whatever its text
+            # 4) correct, 12 tokens: 1 + clip((10 - 12)/4 - 1) = 1 - 1 = 0.0
+            assert scored.rewards == [0.5, -1.0, -1.0, 0.0]
+            assert scored.correct == [True, False, False, True]
+            assert client.status() == {"role": "verifier", "id": "verifier-0", "ready": True, "policy_version": 0,
+                                       "groups_scored": 1, "completions_scored": 4, "completions_correct": 2}
+            broken = spb.ScoreRequest(rollout=to_proto(rollout))  # the client validates; break it after
+            del broken.rollout.completions[0].logprobs[-1]
+            with pytest.raises(grpc.RpcError) as err:
+                client.stub.Score(broken, timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "differ in length" in err.value.details()
+
+
+def test_status_of_learner_and_curriculum_and_all_four_services_on_one_server(engines, tokenizer,
+                                                                                tiny_spec) -> None:
+    learner_state = {"step": 12, "groups_consumed": 96, "staleness_versions": 1.25, "policy_version": 12}
+    curriculum_state: dict[str, Any] = {"epoch": 1, "prompts_issued": 200, "prompts_inflight": 8}
+    servicers = [GeneratorServicer(engines[0], tokenizer, tiny_spec),
+                 VerifierServicer(Verifier(build_task("addition", digits=2, train_size=10, eval_size=2))),
+                 LearnerServicer(lambda: learner_state, learner_id="learner-a"),
+                 CurriculumServicer(lambda: curriculum_state, ready=lambda: False)]
+    for _, target in _served(*servicers):
+        with LearnerClient(target) as lc, CurriculumClient(target) as cc:
+            ls = lc.status()
+            assert (ls["role"], ls["id"], ls["ready"], ls["step"], ls["groups_consumed"], ls["staleness_versions"],
+                    ls["policy_version"], ls["groups_dropped_stale"]) == ("learner", "learner-a", True, 12, 96,
+                                                                           1.25, 12, 0)
+            learner_state["step"] = 13  # read at each call
+            assert lc.status()["step"] == 13
+            cs = cc.status()
+            assert (cs["role"], cs["ready"], cs["epoch"], cs["prompts_issued"], cs["prompts_inflight"]) == (
+                "curriculum", False, 1, 200, 8)
+            curriculum_state["prompts_isued"] = 1  # a typo in the role's callable: INTERNAL naming it
+            with pytest.raises(grpc.RpcError) as err:
+                cc.status()
+            assert err.value.code() == grpc.StatusCode.INTERNAL
+            assert "unknown field 'prompts_isued'" in err.value.details()
+            assert "prompts_issued" in err.value.details()  # the allowed names
+
+            health = health_pb2_grpc.HealthStub(lc.channel)
+            for service in ("", "scalerl.v1.Generator", "scalerl.v1.Verifier", "scalerl.v1.Learner",
+                            "scalerl.v1.Curriculum"):
+                reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as err:
+                health.Check(health_pb2.HealthCheckRequest(service="scalerl.v1.Nope"), timeout=5)
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+            db = ProtoReflectionDescriptorDatabase(lc._raw)
+            services = set(db.get_services())
+            assert {"scalerl.v1.Generator", "scalerl.v1.Verifier", "scalerl.v1.Learner",
+                    "scalerl.v1.Curriculum"} <= services
+            assert {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= services
+            assert db.FindFileContainingSymbol("scalerl.v1.Generator").name == "scalerl/v1/services.proto"
+
+
+def test_graceful_stop_finishes_the_call_in_progress(engines, tokenizer, tiny_spec) -> None:
+    lock = SignallingLock()
+    server, port = serve_grpc(0, GeneratorServicer(engines[0], tokenizer, tiny_spec, engine_lock=lock),  # type: ignore[arg-type]
+                              host=LOOPBACK)
+    target = f"{LOOPBACK}:{port}"
+    client = GeneratorClient(target)
+    try:
+        with lock.lock:  # the handler will wait here: a call in progress
+            result: dict[str, Any] = {}
+            caller = threading.Thread(target=lambda: result.update(out=client.generate(["1+2="], n=2)))
+            caller.start()
+            assert lock.waiting.wait(30), "the call never reached the handler"
+            stopper = threading.Thread(target=server.stop, kwargs={"grace_s": 30.0})
+            t0 = time.monotonic()
+            stopper.start()
+            time.sleep(0.3)
+            with GeneratorClient(target, timeout_s=5) as late, pytest.raises(grpc.RpcError) as err:
+                late.status()  # new calls are refused while the server drains
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert stopper.is_alive(), "stop() waits for the call in progress"
+        caller.join(30)
+        stopper.join(30)
+        assert not stopper.is_alive() and time.monotonic() - t0 < 30
+        assert len(result["out"]) == 2 and all(c.token_ids for c in result["out"])  # finished normally
+    finally:
+        client.close()
+        server.stop(grace_s=0)
