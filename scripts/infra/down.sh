@@ -3,8 +3,9 @@
 # (SCALERL_STOP_GRACE, default 20 s). Logs and data under build/infra/ are kept, so a later up.sh
 # continues with the same topics and buckets; build/infra.env is removed (it names running servers).
 #
-# Usage: scripts/infra/down.sh [--purge] [kafka|minio ...]
-#   --purge: also delete the data directories (build/infra/*/data); logs are still kept.
+# Usage: scripts/infra/down.sh [--purge] [kafka|minio|k8s ...]
+#   --purge: also delete the data directories (build/infra/*/data, build/infra/k8s/etcd-data); logs
+#   are still kept.
 # shellcheck source=scripts/infra/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -13,14 +14,22 @@ services=()
 for arg in "$@"; do
     case "$arg" in
         --purge) purge=1 ;;
-        kafka | minio) services+=("$arg") ;;
-        -h | --help) sed -n '2,8p' "$0"; exit 0 ;;
-        *) die "unknown argument $arg (expected --purge, kafka, minio)" ;;
+        kafka | minio | k8s) services+=("$arg") ;;
+        -h | --help) sed -n '2,9p' "$0"; exit 0 ;;
+        *) die "unknown argument $arg (expected --purge, kafka, minio, k8s)" ;;
     esac
 done
-((${#services[@]})) || services=(kafka minio)
+((${#services[@]})) || services=(kafka minio k8s)
 
 for svc in "${services[@]}"; do
+    if [[ "$svc" == k8s ]]; then
+        down_k8s
+        if ((purge)); then
+            log "k8s: purging $K8S_STATE/etcd-data"
+            rm -rf "${K8S_STATE:?}/etcd-data"
+        fi
+        continue
+    fi
     pidfile="$STATE/$svc/pid"
     pid="$(read_pid "$pidfile")"
     pattern="$("${svc}_pattern")"
@@ -35,5 +44,9 @@ for svc in "${services[@]}"; do
         rm -rf "${STATE:?}/$svc/data"
     fi
 done
-rm -f "$ENV_FILE"
+if [[ " ${services[*]} " == *" kafka "* || " ${services[*]} " == *" minio "* ]]; then
+    rm -f "$ENV_FILE"
+elif [[ -f "$ENV_FILE" ]]; then
+    write_env # only k8s stopped: Kafka and MinIO still run, drop the k8s lines
+fi
 log "down"

@@ -327,20 +327,31 @@ minio_ready() {
 
 wait_minio() { wait_ready minio "$1" "$MINIO_READY_TIMEOUT" 0.3; }
 
+# ---- Kubernetes: etcd + kube-apiserver + helm (scripts/infra/k8s.sh) -------------------------------
+
+# shellcheck source=scripts/infra/k8s.sh
+source "$INFRA_DIR/k8s.sh"
+
 # ---- env file -------------------------------------------------------------------------------------
 
 write_env() {
-    minio_credentials
     mkdir -p "$(dirname "$ENV_FILE")"
     local tmp="$ENV_FILE.tmp.$$"
-    cat >"$tmp" <<EOF
-# written by scripts/infra/up.sh on $(date -Is); sourceable by sh, read by tests/integration/conftest.py
+    {
+        echo "# written by scripts/infra/up.sh on $(date -Is); sourceable by sh, read by tests/*/conftest.py"
+        if [[ -s "$STATE/kafka/port" ]]; then
+            cat <<EOF
 KAFKA_BOOTSTRAP=127.0.0.1:$(cat "$STATE/kafka/port")
 KAFKA_CONTROLLER_PORT=$(cat "$STATE/kafka/cport")
 KAFKA_VERSION=$KAFKA_VERSION
 KAFKA_PID=$(read_pid "$STATE/kafka/pid")
 KAFKA_LOG=$STATE/kafka/kafka.log
 KAFKA_DATA=$STATE/kafka/data
+EOF
+        fi
+        if [[ -s "$STATE/minio/port" ]]; then
+            minio_credentials
+            cat <<EOF
 S3_ENDPOINT=http://127.0.0.1:$(cat "$STATE/minio/port")
 S3_ACCESS_KEY=$S3_ACCESS_KEY
 S3_SECRET_KEY=$S3_SECRET_KEY
@@ -350,6 +361,9 @@ MINIO_PID=$(read_pid "$STATE/minio/pid")
 MINIO_LOG=$STATE/minio/minio.log
 MINIO_DATA=$STATE/minio/data
 EOF
+        fi
+        k8s_env_lines
+    } >"$tmp"
     chmod 600 "$tmp"
     mv "$tmp" "$ENV_FILE"
 }

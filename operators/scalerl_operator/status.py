@@ -1,0 +1,128 @@
+"""The RLJob's status as pydantic models: what the operator writes through the /status subresource.
+
+`RLJobStatus(...).model_dump(by_alias=True, mode="json", exclude_none=True)` is a status patch. The
+printer-column helpers fill themselves: `roles.<role>.summary` ("ready/desired"),
+`staleness.summary` ("current/bound") and `lagTotal` (the sum of `lag`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
+
+from scalerl_operator.k8s_model import MAX_CONDITIONS, MAX_MAP_ENTRIES, MAX_URI_LENGTH, K8sModel
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+Phase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"]
+
+
+class Condition(K8sModel):
+    """metav1.Condition."""
+
+    type: Annotated[str, StringConstraints(min_length=1, max_length=316)]
+    status: ConditionStatus
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=1024,
+                                             pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")]
+    message: Annotated[str, StringConstraints(max_length=32768)] = ""
+    last_transition_time: datetime
+    observed_generation: int | None = Field(None, ge=0)
+
+
+class Checkpoint(K8sModel):
+    uri: Annotated[str, StringConstraints(max_length=MAX_URI_LENGTH)] = Field(description="Store URI of it.")
+    step: int = Field(ge=0, description="Learner step it holds.")
+
+
+class Staleness(K8sModel):
+    """Policy versions between the generating policy and the learner; `summary` is 'current/bound'."""
+
+    current: int = Field(ge=0, description="Measured staleness, policy versions.")
+    bound: int = Field(ge=1, description="The recipe's bound k, policy versions.")
+    summary: str = Field("", description="current/bound, filled from the two (printer column).")
+
+    @model_validator(mode="after")
+    def _fill_summary(self) -> Staleness:
+        text = f"{self.current}/{self.bound}"
+        if self.summary != text:
+            self.summary = text
+        return self
+
+
+class Fit(K8sModel):
+    """The fitted sigmoid R(C) = R0 + (A − R0) / (1 + (Cmid / C)^B) at the last fit."""
+
+    a: float = Field(alias="A", description="Asymptotic pass rate.")
+    b: float = Field(alias="B", description="Scaling exponent (efficiency).")
+    c_mid: float = Field(alias="Cmid", description="Compute at half the gain, device-hours.")
+    compute_at_fit: float = Field(ge=0.0, description="Compute of the last point fitted, device-hours.")
+
+
+class RoleReplicas(K8sModel):
+    """Ready and desired pods of a role; `summary` is 'ready/desired' (printer column)."""
+
+    ready: int = Field(0, ge=0)
+    desired: int = Field(0, ge=0)
+    summary: str = Field("", description="ready/desired, filled from the two.")
+
+    @model_validator(mode="after")
+    def _fill_summary(self) -> RoleReplicas:
+        text = f"{self.ready}/{self.desired}"
+        if self.summary != text:
+            self.summary = text
+        return self
+
+
+class RolesStatus(K8sModel):
+    generator: RoleReplicas = Field(default_factory=RoleReplicas)
+    verifier: RoleReplicas = Field(default_factory=RoleReplicas)
+    curriculum: RoleReplicas = Field(default_factory=RoleReplicas)
+    learner: RoleReplicas = Field(default_factory=RoleReplicas)
+
+
+class Recommendation(K8sModel):
+    time: datetime
+    replicas: int = Field(ge=0)
+
+
+class ScalingState(K8sModel):
+    """Autoscaler memory kept in status so a restarted operator keeps its cool-downs (open for more keys)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    last_scale_time: datetime | None = None
+    last_replicas: int | None = Field(None, ge=0)
+    consecutive_failures: int = Field(0, ge=0, description="Failed metric reads in a row.")
+    recommendations: list[Recommendation] = Field(default_factory=list, max_length=256)
+
+
+class ScalingStatus(K8sModel):
+    generator: ScalingState = Field(default_factory=ScalingState)
+    verifier: ScalingState = Field(default_factory=ScalingState)
+
+
+class RLJobStatus(K8sModel):
+    observed_generation: int | None = Field(None, ge=0)
+    phase: Phase = "Pending"
+    conditions: list[Condition] = Field(default_factory=list, max_length=MAX_CONDITIONS)
+    policy_version: int | None = Field(None, ge=0)
+    learner_step: int | None = Field(None, ge=0)
+    last_checkpoint: Checkpoint | None = None
+    staleness: Staleness | None = None
+    lag: dict[Annotated[str, StringConstraints(max_length=255)], int] = Field(
+        default_factory=dict, max_length=MAX_MAP_ENTRIES, description="Consumer-group lag per topic, records.")
+    lag_total: int = Field(0, ge=0, description="Sum of lag over topics, records (printer column).")
+    pass_rate: float | None = Field(None, ge=0.0, le=1.0, description="Last held-out mean@k pass rate.")
+    fit: Fit | None = None
+    roles: RolesStatus = Field(default_factory=RolesStatus)
+    scaling: ScalingStatus = Field(default_factory=ScalingStatus)
+    start_time: datetime | None = Field(None, description="When the job first ran (activeDeadlineSeconds).")
+    restarts: int = Field(0, ge=0, description="Learner restarts so far (failurePolicy.maxRestarts).")
+
+    @model_validator(mode="after")
+    def _fill_lag_total(self) -> RLJobStatus:
+        total = sum(self.lag.values())
+        if self.lag_total != total:
+            self.lag_total = total
+        return self

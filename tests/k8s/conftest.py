@@ -1,0 +1,215 @@
+"""Fixtures for tests against the real kube-apiserver + etcd of scripts/infra/up.sh (service `k8s`).
+
+`k8s` (session): a kubernetes `ApiClient` for the test API server, from the kubeconfig that
+build/infra.env names (KUBECONFIG). If the file is missing or the server does not answer /readyz, the
+fixture runs `scripts/infra/up.sh k8s` (which builds etcd, kube-apiserver and helm into the cache on
+first use) and stops the servers again at the end of the session (SCALERL_INFRA_KEEP=1 keeps them;
+SCALERL_INFRA_AUTOSTART=0 never starts anything). When the server still cannot be reached, the tests
+FAIL if CI is set (never a silent skip in CI) and are skipped otherwise — the policy of
+tests/integration/conftest.py.
+
+`namespace`: a fresh namespace per test, removed afterwards (no namespace controller runs here, so
+the fixture deletes the namespace's RLJobs and then finalizes the namespace itself).
+`rljob_crd` (session): the RLJob CRD of scalerl_operator.crd applied server-side and Established.
+`k8s_call(method, path, body=None, ...)` (session): a raw request through that client (Table views,
+/status, merge and apply patches) returning (HTTP status, decoded JSON).
+
+No kubelet, scheduler or controllers run: Deployments get no pods and nothing is garbage-collected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ENV_FILE = REPO / "build" / "infra.env"
+UP = REPO / "scripts" / "infra" / "up.sh"
+DOWN = REPO / "scripts" / "infra" / "down.sh"
+UP_TIMEOUT_S = float(os.environ.get("SCALERL_INFRA_UP_TIMEOUT", "3000"))  # a cold kube-apiserver build
+FIELD_MANAGER = "scalerl-tests"
+CRD_ESTABLISHED_TIMEOUT_S = 30.0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if Path(str(item.fspath)).resolve().parent == here and "k8s" in getattr(item, "fixturenames", ()) and \
+                item.config.pluginmanager.hasplugin("timeout"):
+            # the session fixture may build the servers cold during the first test's setup
+            item.add_marker(pytest.mark.timeout(UP_TIMEOUT_S + 300))
+            break
+
+
+def read_env_file(path: Path = ENV_FILE) -> dict[str, str]:
+    values: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                key, _, value = line.partition("=")
+                values[key.strip()] = value.strip()
+    return values
+
+
+def k8s_request(api: Any, method: str, path: str, body: Any = None, *, query: dict[str, str] | None = None,
+                content_type: str = "application/json", accept: str = "application/json",
+                timeout_s: float = 30.0) -> tuple[int, Any]:
+    """One request to the API server through `api`'s connection and credentials: (status, JSON body)."""
+    headers = {"Accept": accept}
+    if body is not None:
+        headers["Content-Type"] = content_type
+    method, url, headers, data, _ = api.param_serialize(
+        method=method, resource_path=path, query_params=list((query or {}).items()), header_params=headers,
+        body=body, auth_settings=["BearerToken"])
+    resp = api.call_api(method, url, header_params=headers, body=data, _request_timeout=timeout_s)
+    raw = resp.read()
+    try:
+        decoded = json.loads(raw) if raw else None
+    except ValueError:
+        decoded = raw.decode(errors="replace")
+    return resp.status, decoded
+
+
+def _problem(values: dict[str, str]) -> str | None:
+    kubeconfig = values.get("KUBECONFIG")
+    if not kubeconfig:
+        return f"{ENV_FILE} lacks KUBECONFIG"
+    if not Path(kubeconfig).exists():
+        return f"kubeconfig {kubeconfig} does not exist"
+    try:
+        from kubernetes.config import new_client_from_config
+    except ImportError:
+        return "the kubernetes client is not installed (pip install -e '.[operator]')"
+    try:
+        api = new_client_from_config(config_file=kubeconfig)
+        try:
+            status, body = k8s_request(api, "GET", "/readyz", accept="text/plain", timeout_s=5)
+        finally:
+            api.close()
+    except Exception as exc:
+        return f"kube-apiserver at {values.get('K8S_API')} unreachable: {exc!r}"
+    return None if status == 200 else f"kube-apiserver /readyz answered HTTP {status}: {body!r}"
+
+
+def _unavailable(reason: str) -> None:
+    msg = f"test kube-apiserver unavailable: {reason} (start it with scripts/infra/up.sh k8s)"
+    if os.environ.get("CI"):
+        pytest.fail(msg, pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def k8s_env() -> Iterator[dict[str, str]]:
+    """build/infra.env of a running API server (KUBECONFIG, K8S_API, HELM_BIN, ...)."""
+    values = read_env_file()
+    reason = _problem(values)
+    started = False
+    if reason is not None and os.environ.get("SCALERL_INFRA_AUTOSTART", "1") != "0":
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(["bash", str(UP), "k8s"], cwd=REPO, capture_output=True, text=True,
+                                  timeout=UP_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _unavailable(f"{reason}; scripts/infra/up.sh k8s did not finish: {exc}")
+        if proc.returncode != 0:
+            _unavailable(f"{reason}; scripts/infra/up.sh k8s failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+        started = True
+        print(f"\n[infra] kube-apiserver started by the test session in {time.monotonic() - t0:.1f}s")
+        values = read_env_file()
+        reason = _problem(values)
+    if reason is not None:
+        _unavailable(reason)
+    try:
+        yield values
+    finally:
+        if started and os.environ.get("SCALERL_INFRA_KEEP") != "1":
+            subprocess.run(["bash", str(DOWN), "k8s"], cwd=REPO, capture_output=True, timeout=120, check=False)
+
+
+@pytest.fixture(scope="session")
+def k8s(k8s_env: dict[str, str]) -> Iterator[Any]:
+    """A kubernetes ApiClient for the test API server."""
+    from kubernetes.config import new_client_from_config
+
+    api = new_client_from_config(config_file=k8s_env["KUBECONFIG"])
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="session")
+def k8s_call(k8s: Any) -> Callable[..., tuple[int, Any]]:
+    """`k8s_call(method, path, body=None, query=..., content_type=..., accept=...)` -> (status, JSON)."""
+
+    def call(method: str, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
+        return k8s_request(k8s, method, path, body, **kwargs)
+
+    return call
+
+
+@pytest.fixture(scope="session")
+def rljob_crd(k8s: Any) -> dict[str, Any]:
+    """The RLJob CRD applied (server-side apply, so a changed schema replaces the old), Established and
+    served by discovery."""
+    from scalerl_operator.crd import CRD_NAME, crd
+    from scalerl_operator.spec import GROUP, PLURAL, VERSION
+
+    path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
+    status, body = k8s_request(k8s, "PATCH", path, crd(), content_type="application/apply-patch+yaml",
+                               query={"fieldManager": FIELD_MANAGER, "force": "true"})
+    assert status in (200, 201), f"applying the RLJob CRD failed (HTTP {status}): {body}"
+    deadline = time.monotonic() + CRD_ESTABLISHED_TIMEOUT_S
+    while time.monotonic() < deadline:
+        status, body = k8s_request(k8s, "GET", path)
+        conds = {c["type"]: c["status"] for c in (body.get("status") or {}).get("conditions") or []}
+        if conds.get("Established") == "True" and conds.get("NamesAccepted") == "True":
+            # discovery lags Established by a moment on a fresh server; clients (kopf) need it
+            served, discovery = k8s_request(k8s, "GET", f"/apis/{GROUP}/{VERSION}")
+            if served == 200 and any(r["name"] == PLURAL for r in discovery.get("resources", [])):
+                return dict(body)
+        time.sleep(0.2)
+    raise AssertionError(f"CRD {CRD_NAME} not Established and served after {CRD_ESTABLISHED_TIMEOUT_S:.0f}s: "
+                         f"{body}")
+
+
+@pytest.fixture
+def namespace(k8s: Any) -> Iterator[str]:
+    """A fresh namespace for one test; its RLJobs and the namespace are removed afterwards."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    status, body = k8s_request(k8s, "POST", "/api/v1/namespaces",
+                               {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    assert status == 201, f"creating namespace {name} failed (HTTP {status}): {body}"
+    try:
+        yield name
+    finally:
+        _remove_namespace(k8s, name)
+
+
+def _remove_namespace(api: Any, name: str) -> None:
+    from scalerl_operator.spec import GROUP, PLURAL, VERSION
+
+    # RLJobs may carry the operator's finalizer; with no operator left running, drop it first.
+    status, body = k8s_request(api, "GET", f"/apis/{GROUP}/{VERSION}/namespaces/{name}/{PLURAL}")
+    for item in (body or {}).get("items", []) if status == 200 else []:
+        obj = f"/apis/{GROUP}/{VERSION}/namespaces/{name}/{PLURAL}/{item['metadata']['name']}"
+        if item["metadata"].get("finalizers"):
+            k8s_request(api, "PATCH", obj, {"metadata": {"finalizers": None}},
+                        content_type="application/merge-patch+json")
+        k8s_request(api, "DELETE", obj)
+    k8s_request(api, "DELETE", f"/api/v1/namespaces/{name}")
+    # No namespace controller: remove the `kubernetes` finalizer so the namespace goes away.
+    status, ns = k8s_request(api, "GET", f"/api/v1/namespaces/{name}")
+    if status == 200:
+        ns["spec"] = {"finalizers": []}
+        k8s_request(api, "PUT", f"/api/v1/namespaces/{name}/finalize", ns)
