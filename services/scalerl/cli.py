@@ -1,4 +1,4 @@
-"""`scalerl` command line: run | sft | fit | compare.
+"""`scalerl` command line: run | serve | sft | fit | compare.
 
 Entry points are thin: parse -> validate (exit 2 with one message naming the field) -> build -> run.
 """
@@ -41,6 +41,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                      f"or --out DIR")
     if args.overwrite and not args.resume:
         shutil.rmtree(out, ignore_errors=True)
+    if args.distributed:
+        from scalerl.runtime.commands import run_distributed
+
+        return run_distributed(spec, out, args)
     from scalerl.runtime.embedded import EmbeddedRun
 
     summary = EmbeddedRun(spec, out, resume=args.resume, show_progress=not args.quiet).run()
@@ -104,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="run folder (default runs/<name>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     run.set_defaults(func=cmd_run)
+    from scalerl.runtime.commands import add_distributed_args
+    from scalerl.runtime.commands import register as register_serve
+
+    add_distributed_args(run)
+    register_serve(sub)
 
     sft = sub.add_parser("sft", help="supervised warm start on the task's gold chains of thought")
     spec_args(sft)
@@ -116,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         register(sub)
+    from scalerl.evaluation.commands import register as register_eval
+
+    register_eval(sub)
     return p
 
 

@@ -198,6 +198,9 @@ class RuntimeConfig(_Strict):
     store: str | None = Field(None, description="file:///path or s3://bucket/prefix; null = <out>/store.")
     devices: int = Field(1, ge=1, description="Devices counted for compute (device-hours); a CPU machine is 1.")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = all cores.")
+    partitions: int = Field(4, ge=1, le=1024, description=(
+        "Kafka partitions of the prompts, rollouts and scored topics: the most generators or verifiers that "
+        "can share the work (policy, metrics and dlq have one)."))
 
 
 class JobSpec(_Strict):

@@ -124,8 +124,8 @@ def test_policy_weights_round_trip_through_minio(store: S3Store, unique: str) ->
                            keep_last=2) for v in (1, 2, 3)]
     pv = pvs[-1]
     assert pv.version == 3
-    assert pv.uri == f"s3://{BUCKET}/{unique}/{weights_key(3)}"
-    assert store.list("policy/") == [weights_key(2), weights_key(3)]  # keep_last pruned v1
+    assert pv.uri == f"s3://{BUCKET}/{unique}/{weights_key(3, pv.checksum)}"
+    assert store.list("policy/") == [weights_key(2, pvs[1].checksum), weights_key(3, pv.checksum)]  # pruned v1
     loaded = load_weights(store, pv)
     assert set(loaded) == set(state)
     for k, t in state.items():

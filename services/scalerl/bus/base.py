@@ -56,6 +56,10 @@ class TopicNames:
     def all(self) -> list[str]:
         return [f"{self.job}.{k}" for k in TOPIC_KINDS]
 
+    def group(self, role: str) -> str:
+        """The consumer group of a role's replicas in this job, e.g. `<job>.generators`."""
+        return f"{self.job}.{role}"
+
 
 @dataclass(frozen=True, slots=True)
 class Record:

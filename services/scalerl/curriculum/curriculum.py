@@ -75,10 +75,15 @@ class Curriculum:
     def key(task: PromptTask) -> str:
         return f"{task.prompt_id}@{task.epoch}"
 
-    def next_tasks(self) -> list[PromptTask]:
-        """Tasks to issue now: re-issues first, then new ones, up to the in-flight cap."""
+    def next_tasks(self, outstanding: int | None = None) -> list[PromptTask]:
+        """Tasks to issue now: re-issues first, then new ones, up to the in-flight cap.
+
+        `outstanding`: prompts issued and not yet consumed by the learner, when the caller counts them
+        (the distributed curriculum: issued − B × learner steps); default: the pending ones.
+        """
         out: list[PromptTask] = []
-        while len(self.pending) < self.max_inflight:
+        base = 0 if outstanding is None else outstanding - len(self.pending)
+        while base + len(self.pending) < self.max_inflight:
             if self.reissue:
                 task = self.reissue.pop(0)
             else:

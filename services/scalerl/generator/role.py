@@ -1,8 +1,12 @@
 """Generator role on the bus: `prompts` -> `rollouts`, with in-flight policy updates from `policy`.
 
-Between decode steps the engine asks `poll_policy()`; when a newer `PolicyVersion` has been
-announced, its weights are fetched from the store (checksum verified) and swapped in, keeping the KV
-cache (PipelineRL). Offsets of `prompts` are committed only after the rollouts are published, so a
+Between decode steps the engine asks `poll_policy()`; when a new `PolicyVersion` has been announced,
+its weights are fetched from the store (checksum verified) and swapped in, keeping the KV cache
+(PipelineRL). The policy topic has one partition, so the last announcement read is the learner's
+current policy: it is loaded whenever it differs from the loaded one, also when its version number is
+lower (a learner that restarted from a checkpoint announces its versions again).
+
+Offsets of `prompts` are committed only after the rollouts are published, so a
 generator killed mid-batch leaves its prompts to be re-delivered.
 """
 
@@ -53,6 +57,7 @@ class GeneratorRole:
         self.store = store
         self.topics = topics
         self.generator_id = generator_id
+        self.group = group
         self.prompts = bus.consumer([topics.prompts], group)
         self.policy = bus.consumer([topics.policy], f"{group}-{generator_id}-policy")
         self.sampling = SamplingParams(spec.generation.temperature, spec.generation.top_p)
@@ -60,18 +65,27 @@ class GeneratorRole:
         self.paused = threading.Event()  # set -> stop taking new work (evaluation in progress)
         self.gen_tokens = 0
         self.groups_out = 0
+        self.loaded: PolicyVersion | None = None  # the announcement whose weights the engine holds
 
-    def poll_policy(self) -> tuple[int, dict[str, torch.Tensor]] | None:
-        """The newest announced policy, if newer than the engine's (called between decode steps)."""
+    def rewind(self) -> None:
+        """After a failed batch: rejoin the group from its committed offsets, so the prompts of that
+        batch are read again (by this generator or another)."""
+        self.prompts.close()
+        self.prompts = self.bus.consumer([self.topics.prompts], self.group)
+
+    def poll_policy(self, timeout_s: float = 0.0) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The current policy if it is not the loaded one (called between decode steps)."""
         latest: PolicyVersion | None = None
-        for rec in self.policy.poll(timeout_s=0.0):
+        for rec in self.policy.poll(timeout_s=timeout_s):
             if isinstance(rec.value, PolicyVersion):
-                latest = rec.value if latest is None or rec.value.version > latest.version else latest
+                latest = rec.value
             else:
                 dead_letter(self.bus, self.topics.dlq, rec, "expected PolicyVersion")
-        if latest is None or latest.version <= self.engine.version:
+        if latest is None or latest == self.loaded:
             return None
-        return latest.version, load_weights(self.store, latest)
+        weights = load_weights(self.store, latest)
+        self.loaded = latest
+        return latest.version, weights
 
     def sync_policy(self) -> None:
         """Load the newest announced weights now (between batches)."""

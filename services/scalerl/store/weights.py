@@ -1,7 +1,9 @@
 """Policy weights in the store: safetensors bytes + sha256, published as a `PolicyVersion`.
 
 Write order makes publication atomic: the object is fully written before its version is announced,
-and a reader verifies the checksum before swapping the weights in.
+and a reader verifies the checksum before swapping the weights in. The key carries the checksum as well
+as the version, so a learner that restarts from a checkpoint and publishes a version number again never
+overwrites an object a generator may be reading.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from scalerl.messages import PolicyVersion
 from scalerl.store.base import Store, StoreError
 
 
-def weights_key(version: int) -> str:
-    return f"policy/v{version:08d}.safetensors"
+def weights_key(version: int, checksum: str) -> str:
+    return f"policy/v{version:08d}-{checksum[:16]}.safetensors"
 
 
 def publish_weights(store: Store, version: int, state_dict: dict[str, torch.Tensor],
@@ -25,10 +27,13 @@ def publish_weights(store: Store, version: int, state_dict: dict[str, torch.Tens
     """Upload the weights, then return the announcement; older versions beyond `keep_last` go."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     data = st_save(tensors)
-    uri = store.put_bytes(weights_key(version), data)
-    for old in store.list("policy/")[:-keep_last] if keep_last > 0 else []:
-        store.delete(old)
-    return PolicyVersion(version=version, uri=uri, checksum=hashlib.sha256(data).hexdigest())
+    digest = hashlib.sha256(data).hexdigest()
+    key = weights_key(version, digest)
+    uri = store.put_bytes(key, data)
+    if keep_last > 0:  # the newest `keep_last` by version (then name); never the one just written
+        for old in [k for k in store.list("policy/") if k != key][:-(keep_last - 1) or None]:
+            store.delete(old)
+    return PolicyVersion(version=version, uri=uri, checksum=digest)
 
 
 def load_weights(store: Store, pv: PolicyVersion) -> dict[str, torch.Tensor]:

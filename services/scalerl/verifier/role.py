@@ -13,9 +13,15 @@ class VerifierRole:
         self.verifier = verifier
         self.bus = bus
         self.topics = topics
+        self.group = group
         self.consumer = bus.consumer([topics.rollouts], group)
         self.scored = 0
         self.dead_lettered = 0
+
+    def rewind(self) -> None:
+        """After a failed batch: rejoin the group from its committed offsets (the batch is re-read)."""
+        self.consumer.close()
+        self.consumer = self.bus.consumer([self.topics.rollouts], self.group)
 
     def run_once(self, timeout_s: float = 0.0) -> int:
         """Score what is available; returns the number of records handled."""

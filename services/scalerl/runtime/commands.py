@@ -1,0 +1,118 @@
+"""CLI glue for the process modes: `scalerl serve ROLE` and `scalerl run --distributed`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from scalerl.config import JobSpec, SpecError, load_spec
+from scalerl.runtime.roles import ROLES
+
+EXIT_BAD_INPUT = 2
+
+
+def _fail(msg: str) -> int:
+    print(f"scalerl: error: {msg}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _check_urls(bus: str, store: str) -> str | None:
+    if not bus.startswith("kafka://") or len(bus) <= len("kafka://"):
+        return f"--bus {bus!r}: a role process needs kafka://HOST:PORT (memory:// lives in one process)"
+    if not (store.startswith(("s3://", "file://", "/"))):
+        return f"--store {store!r}: expected s3://BUCKET/PREFIX, file:///PATH or an absolute path"
+    return None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.job, args.set)
+    except SpecError as exc:
+        return _fail(str(exc))
+    bus = args.bus or spec.runtime.bus
+    store = args.store or spec.runtime.store or ""
+    problem = _check_urls(bus, store)
+    if problem:
+        return _fail(problem)
+    if args.role == "learner" and spec.off_policy.mode != "pipeline":
+        return _fail(f"off_policy.mode: the distributed learner runs 'pipeline' (PipelineRL-k), got "
+                     f"{spec.off_policy.mode!r}")
+    from scalerl.runtime.roles import ServiceContext
+    from scalerl.runtime.serve import install_stop_signals, serve
+
+    out = Path(args.out) if args.out else Path("runs") / spec.name
+    ctx = ServiceContext(spec, bus, store, args.id or f"{args.role}-0", out)
+    import threading
+
+    stop = threading.Event()
+    install_stop_signals(stop)
+    logging.getLogger("scalerl").setLevel(logging.INFO)
+    logging.getLogger("kafka").setLevel(logging.ERROR)  # reconnect chatter; errors still show
+    from scalerl.runtime.progress import quiet_third_party_bars
+
+    quiet_third_party_bars()
+    result = serve(args.role, ctx, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
+                   http_port=None if args.http_port < 0 else args.http_port, stop=stop,
+                   on_ready=lambda ports: print(json.dumps({"role": args.role, "id": ctx.role_id, **ports}),
+                                                flush=True))
+    if isinstance(result, dict):
+        print(json.dumps({"summary": str(out / "summary.json"), "final_pass_rate": result.get("final_pass_rate")}))
+    return 0
+
+
+def run_distributed(spec: JobSpec, out: Path, args: argparse.Namespace) -> int:
+    from scalerl.runtime.launcher import LocalCluster, reset_job
+
+    bus = args.bus or spec.runtime.bus
+    store = args.store or spec.runtime.store or f"file://{(out / 'store').resolve()}"
+    problem = _check_urls(bus, store)
+    if problem:
+        return _fail(problem + " (run --distributed)")
+    if spec.off_policy.mode != "pipeline":
+        return _fail(f"off_policy.mode: --distributed runs 'pipeline' (PipelineRL-k), got {spec.off_policy.mode!r}")
+    if args.overwrite:
+        reset_job(spec, bus, store)
+    cluster = LocalCluster(spec, out, bus, store, generators=args.generators, verifiers=args.verifiers,
+                           max_restarts=args.max_restarts)
+    cluster.start_all()
+    print(f"scalerl: {len(cluster.procs)} role processes started; logs in {out / 'logs'}", file=sys.stderr)
+    try:
+        rc = cluster.wait_learner(timeout_s=args.timeout)
+    finally:
+        cluster.stop_all()
+    if rc != 0:
+        print(cluster.tail("learner-0"), file=sys.stderr)
+        return rc
+    from scalerl.cli import _print_summary
+
+    _print_summary(out, cluster.summary())
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    sp = sub.add_parser("serve", help="run one role as a service (gRPC + /healthz /readyz /metrics)")
+    sp.add_argument("role", choices=ROLES)
+    sp.add_argument("--job", required=True, help="job spec YAML")
+    sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a spec field")
+    sp.add_argument("--bus", help="kafka://HOST:PORT (default: runtime.bus of the spec)")
+    sp.add_argument("--store", help="s3://BUCKET/PREFIX or file:///PATH (default: runtime.store of the spec)")
+    sp.add_argument("--id", help="replica id, e.g. generator-1 (default ROLE-0)")
+    sp.add_argument("--out", help="learner: run folder for metrics/report (default runs/<name>)")
+    sp.add_argument("--grpc-port", type=int, default=50051, help="gRPC port (0: a free one; -1: none)")
+    sp.add_argument("--http-port", type=int, default=9090,
+                    help="side port for /healthz /readyz /metrics (0: a free one; -1: none)")
+    sp.set_defaults(func=cmd_serve)
+
+
+def add_distributed_args(run: argparse.ArgumentParser) -> None:
+    g = run.add_argument_group("distributed (every role its own local process)")
+    g.add_argument("--distributed", action="store_true", help="run the roles as separate processes over Kafka")
+    g.add_argument("--bus", help="kafka://HOST:PORT (default: runtime.bus)")
+    g.add_argument("--store", help="s3://BUCKET/PREFIX or file:///PATH (default: runtime.store or <out>/store)")
+    g.add_argument("--generators", type=int, default=2, help="generator processes (default 2)")
+    g.add_argument("--verifiers", type=int, default=2, help="verifier processes (default 2)")
+    g.add_argument("--max-restarts", type=int, default=1, help="restarts allowed per crashed role (default 1)")
+    g.add_argument("--timeout", type=float, default=6 * 3600, help="give up after this many seconds")

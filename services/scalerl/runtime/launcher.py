@@ -1,0 +1,149 @@
+"""`scalerl run --distributed`: every role as its own local process, over Kafka and a shared store.
+
+For a user without Kubernetes: one curriculum, N generators, M verifiers and one learner, each started
+as `scalerl serve ROLE` with its log in `<out>/logs/<id>.log`. The run ends when the learner finishes
+its steps; the other roles are then stopped with SIGTERM (they hand back in-flight work and exit).
+A role that dies is reported (and, within `max_restarts`, started again: a learner resumes from its
+last checkpoint, a generator's uncommitted prompts go to the others).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scalerl.config import JobSpec, dump_spec
+
+
+@dataclass
+class RoleProcess:
+    role: str
+    role_id: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    restarts: int = 0
+
+
+@dataclass
+class LocalCluster:
+    """The roles of one job as local processes. `spec` is written once to `<out>/job.yaml` and every
+    process reads that file, so they all run the same job."""
+
+    spec: JobSpec
+    out: Path
+    bus_url: str
+    store_url: str
+    generators: int = 2
+    verifiers: int = 2
+    role_threads: int = 1
+    max_restarts: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, RoleProcess] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.bus_url.startswith("kafka://"):
+            raise ValueError(f"runtime.bus: separate processes need a shared bus, kafka://HOST:PORT (got "
+                             f"{self.bus_url!r}); `make infra-up` starts a local broker")
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "logs").mkdir(exist_ok=True)
+        self.job_file = self.out / "job.yaml"
+        self.job_file.write_text(dump_spec(self.spec))
+
+    def command(self, role: str, role_id: str) -> list[str]:
+        cmd = [sys.executable, "-m", "scalerl.cli", "serve", role, "--job", str(self.job_file), "--bus", self.bus_url,
+               "--store", self.store_url, "--id", role_id, "--out", str(self.out), "--grpc-port", "0",
+               "--http-port", "0"]
+        if role != "learner":
+            cmd += ["--set", f"runtime.threads={self.role_threads}"]
+        return cmd
+
+    def start(self, role: str, role_id: str) -> RoleProcess:
+        log_path = self.out / "logs" / f"{role_id}.log"
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        with log_path.open("ab") as log_file:
+            popen = subprocess.Popen(self.command(role, role_id), stdout=log_file, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+        old = self.procs.get(role_id)
+        proc = RoleProcess(role, role_id, popen, log_path, restarts=old.restarts + 1 if old else 0)
+        self.procs[role_id] = proc
+        return proc
+
+    def start_all(self) -> None:
+        self.start("learner", "learner-0")  # creates the topics, publishes policy v0 after SFT
+        self.start("curriculum", "curriculum-0")
+        for i in range(self.verifiers):
+            self.start("verifier", f"verifier-{i}")
+        for i in range(self.generators):
+            self.start("generator", f"generator-{i}")
+
+    def kill(self, role_id: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[role_id]
+        proc.popen.send_signal(sig)
+        proc.popen.wait(timeout=60)
+
+    def stop_all(self, timeout_s: float = 60.0) -> dict[str, int | None]:
+        """SIGTERM every running role, wait for them; SIGKILL what is still there after `timeout_s`."""
+        for p in self.procs.values():
+            if p.popen.poll() is None:
+                p.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs.values():
+            try:
+                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait()
+        return {rid: p.popen.returncode for rid, p in self.procs.items()}
+
+    def wait_learner(self, timeout_s: float, poll_s: float = 0.5) -> int:
+        """Wait for the learner to exit; restart crashed roles within `max_restarts`. Returns its code."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for rid, p in list(self.procs.items()):
+                rc = p.popen.poll()
+                if rc is None:
+                    continue
+                if p.role == "learner" and rc == 0:
+                    return 0
+                if p.restarts < self.max_restarts:
+                    print(f"scalerl: {rid} exited with {rc}; restarting ({p.restarts + 1}/{self.max_restarts})",
+                          file=sys.stderr)
+                    self.start(p.role, rid)
+                elif p.role == "learner":
+                    return rc
+            time.sleep(poll_s)
+        raise TimeoutError(f"the learner did not finish within {timeout_s:.0f} s; logs in {self.out / 'logs'}")
+
+    def tail(self, role_id: str, lines: int = 30) -> str:
+        text = self.procs[role_id].log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def summary(self) -> dict[str, Any]:
+        return dict(json.loads((self.out / "summary.json").read_text()))
+
+
+def reset_job(spec: JobSpec, bus_url: str, store_url: str) -> None:
+    """Delete the job's topics and stored objects (a fresh run of a job name used before)."""
+    from scalerl.bus import TopicNames, open_bus
+    from scalerl.store import open_store
+
+    bus = open_bus(bus_url)
+    try:
+        delete, listing = getattr(bus, "delete_topics", None), getattr(bus, "list_topics", None)
+        if delete is not None and listing is not None:
+            delete(TopicNames(spec.name).all())
+            deadline = time.monotonic() + 60
+            while listing(f"{spec.name}.") and time.monotonic() < deadline:  # deletion is asynchronous
+                time.sleep(0.2)
+    finally:
+        bus.close()
+    store = open_store(store_url)
+    for key in store.list(""):
+        store.delete(key)

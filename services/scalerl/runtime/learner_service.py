@@ -1,0 +1,232 @@
+"""The learner as a service: `scored` → optimizer steps → weights in the store + `policy` announcements.
+
+Exactly-once accounting across crashes. The learner takes B unique prompt groups per step. A group
+whose id (prompt id @ epoch) was already consumed is a duplicate delivery: counted, never trained. Each
+checkpoint (uploaded to the store) holds the model, the optimizer, the consumed group ids and the
+**safe positions** on `scored`: per partition, the offset of the oldest record not yet consumed by a
+step (records waiting in the batch buffer are not consumed). A restarted learner loads the checkpoint,
+seeks to those positions and re-reads from there: every group before them is in exactly one step of
+the resumed timeline (its train.jsonl is restored from the checkpoint too), every group after them is
+read again. Each step record lists its group ids, so the accounting can be checked.
+
+PipelineRL-k: a group older than k versions is dropped (and counted); the learner waits while the
+newest policy version seen on incoming groups is more than k versions behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from scalerl.bus import TopicNames, open_bus
+from scalerl.bus.base import Bus, Record
+from scalerl.bus.dlq import dead_letter
+from scalerl.learner.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
+from scalerl.messages import MetricRecord, ScoredGroup
+from scalerl.runtime.roles import ServiceContext, ensure_job_topics, retry_io
+from scalerl.runtime.trainer import TrainClock, TrainerHost
+from scalerl.store import open_store
+from scalerl.store.checkpoints import download_latest_checkpoint, upload_checkpoint
+from scalerl.store.weights import publish_weights
+
+log = logging.getLogger(__name__)
+
+RUN_FILES = ("metrics.jsonl", "train.jsonl")
+
+
+class LearnerService(TrainerHost):
+    def __init__(self, ctx: ServiceContext, *, show_progress: bool = False) -> None:
+        super().__init__(ctx.spec, ctx.out_dir, resume=True, show_progress=show_progress)
+        if ctx.spec.off_policy.mode != "pipeline":
+            raise ValueError("off_policy.mode: the distributed learner runs PipelineRL-k ('pipeline'); "
+                             f"got {ctx.spec.off_policy.mode!r} (run PPO-off-policy-k embedded)")
+        self.ctx = ctx
+        self.topics = TopicNames(ctx.spec.name)
+        self.consumed_ids: set[str] = set()
+        self.buffer: list[Record] = []
+        self.duplicate_positions: list[tuple[str, int]] = []  # (topic:partition, offset) of skipped duplicates
+        self.newest_version_seen = 0
+        self.finished = False
+        self.last_step: dict[str, Any] = {}
+        self.summary: dict[str, Any] | None = None
+
+    # -- assembly ----------------------------------------------------------------------------------
+    def build(self) -> None:
+        spec = self.spec
+        self._setup_common()
+        self.store = open_store(self.ctx.store_url)
+        ckpt = download_latest_checkpoint(self.store, self.out.checkpoints)
+        model, tok = self._load_policy(ckpt)
+        self._setup_learner(model, tok)
+        self.bus: Bus = open_bus(self.ctx.bus_url)
+        ensure_job_topics(self.bus, spec)
+        self.scored = self.bus.consumer([self.topics.scored], self.topics.group("learner"))
+        if ckpt is not None:
+            self._restore(ckpt)
+        self._publish()
+
+    def _restore(self, ckpt: Path) -> None:
+        state = load_trainer_state(ckpt)
+        self.learner.load_state_dict(state["learner"])
+        self.eval_engine.set_rng_state(state["eval_rng"])
+        self.clock = TrainClock(state["train_s"])
+        self.counters.update(state["counters"])
+        self.consumed_ids = set(state["consumed_ids"])
+        self.duplicate_positions = [tuple(p) for p in state["duplicate_positions"]]  # type: ignore[misc]
+        self.scored.seek(state["bus_positions"])
+        set_rng_state(state["rng"])
+        for name in RUN_FILES:  # the run files as of the checkpoint: later records are redone
+            src = ckpt / "run" / name
+            if src.is_file():
+                shutil.copyfile(src, self.out.root / name)
+        log.info("learner resumed from %s at step %d", ckpt.name, self.learner.version)
+
+    # -- pieces ------------------------------------------------------------------------------------
+    def _publish(self) -> None:
+        pv = publish_weights(self.store, self.learner.version, self.learner.full_state_dict())
+        self.bus.publish(self.topics.policy, pv, key="policy")
+        self.bus.flush()
+
+    def safe_positions(self) -> dict[str, int]:
+        """Per partition: the oldest offset not yet consumed by a step (see the module docstring)."""
+        pos = dict(self.scored.positions())
+        for rec in self.buffer:
+            key = rec.position_key
+            pos[key] = min(pos.get(key, rec.offset), rec.offset)
+        return pos
+
+    def _admit(self, rec: Record) -> None:
+        """Buffer a polled record: dead-letter what is not a ScoredGroup, count and skip duplicates."""
+        g = rec.value
+        if not isinstance(g, ScoredGroup):
+            dead_letter(self.bus, self.topics.dlq, rec, f"expected ScoredGroup, got {type(g).__name__}")
+            return
+        if g.group_id in self.consumed_ids or any(r.value.group_id == g.group_id for r in self.buffer):
+            self.duplicate_positions.append((rec.position_key, rec.offset))
+            return
+        newest = max((c.max_version for c in g.rollout.completions), default=0)
+        self.newest_version_seen = max(self.newest_version_seen, newest)
+        self.buffer.append(rec)
+
+    def _take_groups(self, n: int, stop: threading.Event) -> list[Record] | None:
+        """The next n unique groups, or None when stopped first."""
+        while len(self.buffer) < n:
+            if stop.is_set():
+                return None
+            for rec in retry_io(lambda: self.scored.poll(timeout_s=0.1), stop, what="poll scored"):
+                self._admit(rec)
+        taken, self.buffer = self.buffer[:n], self.buffer[n:]
+        return taken
+
+    def _wait_for_generators(self, stop: threading.Event) -> None:
+        """PipelineRL-k: do not run more than k versions ahead of the newest rollouts."""
+        k = self.spec.off_policy.k
+        while self.learner.version + 1 - self.newest_version_seen > k and not stop.is_set():
+            for rec in retry_io(lambda: self.scored.poll(timeout_s=0.1), stop, what="poll scored"):
+                self._admit(rec)
+
+    def _count_duplicates(self, positions: dict[str, int]) -> int:
+        """Duplicates below `positions`: those a restart from these positions will not read again."""
+        return sum(1 for key, off in self.duplicate_positions if off < positions.get(key, 0))
+
+    def _checkpoint(self) -> None:
+        safe = self.safe_positions()
+        self.counters["duplicates"] = self._count_duplicates(safe)
+        state = {"learner": self.learner.state_dict(), "eval_rng": self.eval_engine.rng_state(),
+                 "train_s": self.clock.now_s(), "counters": dict(self.counters),
+                 "consumed_ids": sorted(self.consumed_ids), "bus_positions": safe,
+                 "duplicate_positions": [p for p in self.duplicate_positions if p[1] < safe.get(p[0], 0)]}
+        folder = save_checkpoint(self.out.checkpoints, self.learner.version, self.learner.model, self.tokenizer,
+                                 state, keep=self.spec.train.keep_checkpoints)
+        (folder / "run").mkdir(exist_ok=True)
+        for name in RUN_FILES:
+            if (self.out.root / name).is_file():
+                shutil.copyfile(self.out.root / name, folder / "run" / name)
+        upload_checkpoint(self.store, folder, keep=self.spec.train.keep_checkpoints)
+
+    def _announce(self, kind: str, values: dict[str, Any]) -> None:
+        """A MetricRecord on the job's metrics topic (the operator's status source)."""
+        nums = {k: float(v) for k, v in values.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        self.bus.publish(self.topics.metrics, MetricRecord(kind, self.learner.version, nums), key="learner")
+
+    def status(self) -> dict[str, Any]:
+        step = getattr(getattr(self, "learner", None), "version", 0)
+        last = self.last_step
+        return {"role": "learner", "id": self.ctx.role_id, "ready": self.ready(), "step": step,
+                "policy_version": step, "groups_consumed": len(self.consumed_ids),
+                "groups_dropped_stale": self.counters["dropped_stale"], "tokens_trained": self.counters["train_tokens"],
+                "staleness_versions": float(last.get("staleness_mean") or 0.0),
+                "step_seconds": float(last.get("step_time_s") or 0.0),
+                "newest_version_seen": self.newest_version_seen, "buffered_groups": len(self.buffer),
+                "compute_device_hours": self.compute_device_hours()}
+
+    def ready(self) -> bool:
+        return hasattr(self, "learner")
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> dict[str, Any] | None:
+        if not hasattr(self, "learner"):
+            self.build()
+        spec = self.spec
+        first = self._first_eval()
+        last = first
+        bar = self.progress.bar("RL", spec.train.steps, unit="step", initial=self.learner.version)
+        self.clock.start()
+        while self.learner.version < spec.train.steps and not stop.is_set():
+            records = self._take_groups(spec.train.prompts_per_step, stop)
+            if records is None:
+                break
+            self._wait_for_generators(stop)
+            groups = [r.value for r in records]
+            stats = self.learner.step(groups)
+            self.consumed_ids.update(g.group_id for g in groups)
+            self._count(stats)
+            safe = self.safe_positions()
+            retry_io(partial(self.scored.commit, safe), what="commit scored offsets")  # (for lag metrics)
+            retry_io(self._publish, what="publish policy")
+            rec = self._log_step(stats, bar, {"group_ids": [g.group_id for g in groups],
+                                              "duplicates": len(self.duplicate_positions)})
+            retry_io(partial(self._announce, "train", rec), what="metrics record")
+            self.last_step = rec
+            if self._eval_due():
+                last = self._evaluate_paused_clock()
+                retry_io(partial(self._announce, "eval", last), what="metrics record")
+            if self._checkpoint_due():
+                retry_io(self._checkpoint, what="checkpoint")
+        self.clock.stop()
+        bar.close()
+        if self.learner.version < spec.train.steps:  # stopped (SIGTERM): keep the work done so far
+            self._checkpoint()
+            log.info("learner stopped at step %d; checkpoint saved", self.learner.version)
+            self.close()
+            return None
+        if last["step"] != self.learner.version:
+            last = self._evaluate()
+            self._checkpoint()
+        final = self.safe_positions()
+        self.counters["duplicates"] = self._count_duplicates(final)
+        self.summary = self._summary(first, last, final_positions=final, distributed=True)
+        self._announce("done", {"final_pass_rate": last["pass_rate"]})
+        self.bus.flush()
+        self.finished = True
+        self.close()
+        return self.summary
+
+    def close(self) -> None:
+        self.scored.close()
+        self.bus.flush()
+        self.bus.close()
+
+
+def wait_until(predicate: Any, timeout_s: float, poll_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll_s)
+    return bool(predicate())

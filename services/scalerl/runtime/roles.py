@@ -1,0 +1,247 @@
+"""The generator, verifier and curriculum as long-running services (one per process) over a durable bus.
+
+Each service is built from the job spec plus the bus and store URLs, runs `run(stop)` until the
+`stop` event is set (SIGTERM), and then hands back what it holds: a generator finishes the batch it is
+generating, publishes it and commits; uncommitted prompts are re-delivered to another generator of
+the group. `status()` feeds the gRPC Status call and Prometheus; `ready()` the /readyz probe.
+
+Delivery is at least once everywhere (offsets are committed after the output is produced); every
+consumer downstream recognises a duplicate by its group id (prompt id @ epoch).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from scalerl.bus import Bus, TopicNames, open_bus
+from scalerl.bus.background import BackgroundConsumer
+from scalerl.config import JobSpec
+from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted
+from scalerl.generator.role import GeneratorRole
+from scalerl.generator.torch_engine import TorchEngine
+from scalerl.messages import PolicyVersion, ScoredGroup
+from scalerl.model.factory import load_model_and_tokenizer, resolve_device
+from scalerl.runtime.setup import configure_threads, make_task, make_verifier, seed_everything
+from scalerl.store import Store, open_store
+from scalerl.verifier.role import VerifierRole
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+ROLES = ("generator", "verifier", "curriculum", "learner")
+POLL_S = 0.2
+
+
+@dataclass
+class ServiceContext:
+    """Everything a role process needs: the job, where the bus and store are, who it is."""
+
+    spec: JobSpec
+    bus_url: str
+    store_url: str
+    role_id: str
+    out_dir: Path = field(default_factory=lambda: Path("runs"))
+
+    def open(self) -> tuple[Bus, Store, TopicNames]:
+        bus = open_bus(self.bus_url)
+        ensure_job_topics(bus, self.spec)
+        return bus, open_store(self.store_url), TopicNames(self.spec.name)
+
+
+def ensure_job_topics(bus: Bus, spec: JobSpec) -> None:
+    """Create the job's topics: data topics with `runtime.partitions`, the others with one partition
+    (the policy topic must keep its announcements in order)."""
+    t = TopicNames(spec.name)
+    bus.ensure_topics([t.prompts, t.rollouts, t.scored], partitions=spec.runtime.partitions)
+    bus.ensure_topics([t.policy, t.metrics, t.dlq], partitions=1)
+
+
+MAX_OUTAGE_S = 120.0
+
+
+def retry_io(fn: Callable[[], T], stop: threading.Event | None = None, *, what: str = "bus/store call",
+             max_outage_s: float = MAX_OUTAGE_S, on_error: Callable[[], None] | None = None) -> T:
+    """Call `fn` until it succeeds: a broker restart or a store hiccup is waited out (retry every
+    second, `on_error` first, e.g. to rewind a consumer to its committed offsets). After `max_outage_s`
+    of failures the error is raised, so the process exits non-zero and its supervisor restarts it."""
+    first_failure: float | None = None
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            now = time.monotonic()
+            first_failure = first_failure or now
+            if now - first_failure > max_outage_s or (stop is not None and stop.is_set()):
+                raise
+            log.warning("%s failed (%r); retrying", what, exc)
+            if on_error is not None:
+                try:
+                    on_error()
+                except Exception as again:  # still down: the next attempt retries both
+                    log.warning("recovery after %s failed: %r", what, again)
+            time.sleep(1.0)
+
+
+def role_seed(spec: JobSpec, role_id: str) -> int:
+    """A stable per-replica seed: replicas of one role sample different streams."""
+    return spec.seed + 1 + zlib.crc32(role_id.encode()) % 1_000_003
+
+
+class GeneratorService:
+    def __init__(self, ctx: ServiceContext) -> None:
+        spec = ctx.spec
+        seed_everything(spec.seed)
+        configure_threads(spec)
+        self.ctx = ctx
+        self.bus, self.store, self.topics = ctx.open()
+        model, self.tokenizer = load_model_and_tokenizer(spec.model, spec.seed)  # weights come from the store
+        model.to(resolve_device(spec.model.device)).eval()
+        self.engine = TorchEngine(model, self.tokenizer, fp32_head=spec.model.fp32_lm_head,
+                                  seed=role_seed(spec, ctx.role_id))
+        self.engine_lock = threading.Lock()  # the bus loop and gRPC Generate/UpdateWeights share the engine
+        self.role = GeneratorRole(spec, self.engine, self.tokenizer, self.bus, self.store, self.topics,
+                                  generator_id=ctx.role_id, group=self.topics.group("generators"))
+        # Announcements are read in the background: the check between decode steps costs no I/O.
+        self.role.policy = BackgroundConsumer(self.role.policy, name="policy-reader")
+
+    def ready(self) -> bool:
+        """Ready once it holds an announced policy (it never samples with untrained weights)."""
+        return self.role.loaded is not None
+
+    def status(self) -> dict[str, Any]:
+        return {"role": "generator", "id": self.ctx.role_id, "policy_version": self.engine.version,
+                "ready": self.ready(), "tokens_generated": self.role.gen_tokens,
+                "groups_generated": self.role.groups_out, "swaps_in_flight": self.engine.swaps_in_flight}
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set() and not self.ready():  # wait for the learner's first announcement
+            update = retry_io(lambda: self.role.poll_policy(timeout_s=POLL_S), stop, what="policy fetch")
+            if update is not None:
+                self.engine.load_weights(update[1], update[0])
+
+        def once() -> int:
+            with self.engine_lock:
+                return self.role.run_once(timeout_s=POLL_S)
+
+        while not stop.is_set():
+            retry_io(once, stop, what="generation batch", on_error=self.role.rewind)
+        self.close()
+
+    def close(self) -> None:
+        self.role.prompts.close()
+        self.role.policy.close()
+        self.bus.flush()
+        self.bus.close()
+
+
+class VerifierService:
+    def __init__(self, ctx: ServiceContext) -> None:
+        seed_everything(ctx.spec.seed)
+        self.ctx = ctx
+        self.bus, self.store, self.topics = ctx.open()
+        self.verifier = make_verifier(ctx.spec, make_task(ctx.spec))
+        self.role = VerifierRole(self.verifier, self.bus, self.topics, group=self.topics.group("verifiers"))
+
+    def ready(self) -> bool:
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {"role": "verifier", "id": self.ctx.role_id, "ready": True, "groups_scored": self.role.scored,
+                "dead_lettered": self.role.dead_lettered}
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            retry_io(lambda: self.role.run_once(timeout_s=POLL_S), stop, what="scoring batch",
+                     on_error=self.role.rewind)
+        self.role.consumer.close()
+        self.bus.close()
+
+
+CURRICULUM_STATE = "curriculum/state.json"
+
+
+class CurriculumService:
+    """Issues prompts; learns pass rates from `scored` (No-Positive-Resampling); flow control from the
+    learner's progress on `policy`: at most `max_inflight` prompts issued and not yet consumed, where the
+    learner has consumed B prompt groups per announced version. State is saved to the store after
+    every issue, so a restarted curriculum neither repeats nor skips prompts (a crash between publishing
+    and saving re-issues that batch; the learner drops the duplicates by group id)."""
+
+    def __init__(self, ctx: ServiceContext) -> None:
+        spec = ctx.spec
+        seed_everything(spec.seed)
+        self.ctx = ctx
+        self.bus, self.store, self.topics = ctx.open()
+        self.curriculum = Curriculum(
+            make_task(spec).problems("train"), task_name=spec.task.kind, group_size=spec.generation.group_size,
+            seed=spec.seed, max_inflight=max(spec.max_inflight_prompts, spec.train.prompts_per_step),
+            npr=spec.curriculum.no_positive_resampling, npr_threshold=spec.curriculum.npr_threshold,
+            limit_prompts=spec.curriculum.limit_prompts)
+        self.issued = 0
+        self.groups_scored = 0
+        self.learner_version = 0
+        self.exhausted = False
+        if self.store.exists(CURRICULUM_STATE):
+            state = json.loads(self.store.get_bytes(CURRICULUM_STATE))
+            self.curriculum.load_state_dict(state["curriculum"])
+            # Issued prompts are in the durable log already: outstanding, not to be issued again.
+            self.curriculum.pending = {Curriculum.key(t): t for t in self.curriculum.reissue}
+            self.curriculum.reissue = []
+            self.issued = int(state["issued"])
+            log.info("curriculum resumed: %d prompts issued, epoch %d", self.issued, self.curriculum.epoch)
+        self.scored = self.bus.consumer([self.topics.scored], self.topics.group("curriculum"))
+        self.policy = BackgroundConsumer(self.bus.consumer(
+            [self.topics.policy], self.topics.group(f"curriculum-policy-{ctx.role_id}-{time.time_ns()}")))
+
+    def ready(self) -> bool:
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {"role": "curriculum", "id": self.ctx.role_id, "ready": True, "prompts_issued": self.issued,
+                "policy_version": self.learner_version, "epoch": self.curriculum.epoch,
+                "prompts_inflight": self.outstanding(), "prompts_retired": self.curriculum.retired_count,
+                "groups_scored": self.groups_scored, "exhausted": self.exhausted}
+
+    def outstanding(self) -> int:
+        return max(0, self.issued - self.ctx.spec.train.prompts_per_step * self.learner_version)
+
+    def step(self, timeout_s: float = POLL_S) -> int:
+        """One round: read progress, issue what flow control allows, save state. Returns prompts issued."""
+        for rec in self.policy.poll(timeout_s=0.0):
+            if isinstance(rec.value, PolicyVersion):
+                self.learner_version = rec.value.version  # the last announcement is the learner's step
+        scored = [r.value for r in self.scored.poll(timeout_s=timeout_s) if isinstance(r.value, ScoredGroup)]
+        self.curriculum.consumed(scored)  # pass-rate history; duplicates are ignored
+        self.groups_scored += len(scored)
+        tasks = []
+        if not self.exhausted:
+            try:
+                tasks = self.curriculum.next_tasks(outstanding=self.outstanding())
+            except CurriculumExhausted as exc:
+                log.error("%s; no more prompts will be issued", exc)
+                self.exhausted = True
+        for task in tasks:
+            self.bus.publish(self.topics.prompts, task, key=task.prompt_id,
+                             headers={"policy_version": str(self.learner_version)})
+        if tasks or scored:
+            self.bus.flush()
+            self.issued += len(tasks)
+            self.store.put_bytes(CURRICULUM_STATE, json.dumps(
+                {"curriculum": self.curriculum.state_dict(), "issued": self.issued}).encode())
+            self.scored.commit()
+        return len(tasks)
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            retry_io(self.step, stop, what="curriculum round")
+        self.scored.close()
+        self.policy.close()
+        self.bus.close()

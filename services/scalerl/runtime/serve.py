@@ -1,0 +1,103 @@
+"""`scalerl serve ROLE`: one role per process, over a Kafka bus and an S3 (or shared-folder) store.
+
+The process runs the role's loop in the main thread, a gRPC server (health checking, reflection, the
+role's service) and a FastAPI side port (/healthz, /readyz, Prometheus /metrics) beside it. SIGTERM or
+SIGINT sets the stop event: the role finishes or hands back its in-flight work, commits, and the
+servers stop after it (grace period), so the process exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from scalerl.runtime.roles import ROLES, CurriculumService, GeneratorService, ServiceContext, VerifierService
+
+log = logging.getLogger(__name__)
+
+
+class RoleService(Protocol):
+    def run(self, stop: threading.Event) -> Any: ...
+    def ready(self) -> bool: ...
+    def status(self) -> dict[str, Any]: ...
+
+
+def build_service(role: str, ctx: ServiceContext, *, show_progress: bool = False) -> RoleService:
+    if role == "generator":
+        return GeneratorService(ctx)
+    if role == "verifier":
+        return VerifierService(ctx)
+    if role == "curriculum":
+        return CurriculumService(ctx)
+    if role == "learner":
+        from scalerl.runtime.learner_service import LearnerService
+
+        service = LearnerService(ctx, show_progress=show_progress)
+        service.build()
+        return service
+    raise ValueError(f"role {role!r}: expected one of {', '.join(ROLES)}")
+
+
+def install_stop_signals(stop: threading.Event) -> None:
+    def handler(signum: int, _frame: Any) -> None:
+        log.info("signal %d: finishing in-flight work, then exiting", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def serve(role: str, ctx: ServiceContext, *, grpc_port: int | None = None, http_port: int | None = None,
+          stop: threading.Event | None = None, show_progress: bool = False,
+          on_ready: Callable[[dict[str, int]], None] | None = None) -> Any:
+    """Build the role, start its servers, run until stopped (or, for the learner, until training ends).
+
+    `grpc_port` / `http_port`: None = do not start that server, 0 = a free port. `on_ready` receives the
+    bound ports once the servers are up. Returns what the role's loop returns (the learner's summary).
+    """
+    stop = stop or threading.Event()
+    service = build_service(role, ctx, show_progress=show_progress)
+    servers = start_servers(role, service, ctx, grpc_port=grpc_port, http_port=http_port)
+    if on_ready is not None:
+        on_ready(servers.ports)
+    try:
+        return service.run(stop)
+    finally:
+        servers.stop()
+
+
+class _Servers:
+    def __init__(self) -> None:
+        self.ports: dict[str, int] = {}
+        self._stops: list[Callable[[], None]] = []
+
+    def add(self, name: str, port: int, stop: Callable[[], None]) -> None:
+        self.ports[name] = port
+        self._stops.append(stop)
+
+    def stop(self) -> None:
+        for fn in reversed(self._stops):
+            try:
+                fn()
+            except Exception as exc:  # shutting down: report, keep stopping the rest
+                log.warning("server stop failed: %r", exc)
+
+
+def start_servers(role: str, service: RoleService, ctx: ServiceContext, *, grpc_port: int | None,
+                  http_port: int | None) -> _Servers:
+    """The role's gRPC server and side port (see `scalerl.rpc` and `scalerl.telemetry`)."""
+    servers = _Servers()
+    if http_port is not None:
+        from scalerl.runtime.telemetry_glue import start_sideport
+
+        port, stop_fn = start_sideport(role, service, http_port)
+        servers.add("http", port, stop_fn)
+    if grpc_port is not None:
+        from scalerl.runtime.telemetry_glue import start_grpc
+
+        port, stop_fn = start_grpc(role, service, ctx, grpc_port)
+        servers.add("grpc", port, stop_fn)
+    return servers

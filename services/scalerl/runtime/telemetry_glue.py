@@ -1,0 +1,93 @@
+"""Wires a role service (runtime/roles.py, runtime/learner_service.py) to its servers: the gRPC
+servicer of its folder and the side port with Prometheus metrics read from the role's `status()`."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from scalerl.runtime.roles import ServiceContext
+from scalerl.telemetry.metrics import RoleMetrics
+from scalerl.telemetry.sideport import SidePort
+
+# status() counter -> RoleMetrics counter attribute, per role
+_COUNTERS = {
+    "generator": {"tokens_generated": "tokens", "groups_generated": "groups_out", "prompts_consumed": "groups_in"},
+    "verifier": {"groups_scored": "groups_out"},
+    "learner": {"tokens_trained": "tokens", "groups_consumed": "groups_in"},
+    "curriculum": {"prompts_issued": "groups_out", "groups_scored": "groups_in"},
+}
+
+
+class StatusMetrics(RoleMetrics):
+    """RoleMetrics brought up to date from the role's status() at every scrape."""
+
+    def __init__(self, role: str, status: Callable[[], dict[str, Any]]) -> None:
+        super().__init__(role)
+        self._status = status
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def sync(self) -> None:
+        with self._lock:
+            s = self._status()
+            for key, attr in _COUNTERS[self.role].items():
+                value = float(s.get(key, 0))
+                delta = value - self._seen.get(key, 0.0)
+                if delta > 0:
+                    getattr(self, attr).inc(delta)
+                self._seen[key] = value
+            if "policy_version" in s:
+                self.policy_version.set(float(s["policy_version"]))
+            if "staleness_versions" in s:
+                self.staleness.set(float(s["staleness_versions"]))
+            for topic, lag in s.get("lag", {}).items():
+                self.queue_lag.labels(topic=topic).set(float(lag))
+            self.ready.set(1.0 if s.get("ready") else 0.0)
+
+    def render(self) -> bytes:
+        self.sync()
+        return super().render()
+
+
+def start_sideport(role: str, service: Any, port: int) -> tuple[int, Callable[[], None]]:
+    side = SidePort(service.ready, StatusMetrics(role, service.status), port=port)
+    bound = side.start()
+    return bound, side.stop
+
+
+def _status_fields(service: Any, allowed: tuple[str, ...]) -> Callable[[], dict[str, Any]]:
+    return lambda: {k: v for k, v in service.status().items() if k in allowed}
+
+
+def start_grpc(role: str, service: Any, ctx: ServiceContext, port: int) -> tuple[int, Callable[[], None]]:
+    from scalerl.rpc.server import serve_grpc
+
+    servicer: Any
+    if role == "generator":
+        from scalerl.generator.server import GeneratorServicer
+
+        servicer = GeneratorServicer(service.engine, service.tokenizer, ctx.spec, store=service.store,
+                                     generator_id=ctx.role_id, ready=service.ready, engine_lock=service.engine_lock,
+                                     status_fn=_status_fields(service, ("policy_version", "tokens_generated",
+                                                                        "groups_generated")))
+    elif role == "verifier":
+        from scalerl.verifier.server import VerifierServicer
+
+        servicer = VerifierServicer(service.verifier, verifier_id=ctx.role_id, ready=service.ready,
+                                    status_fn=_status_fields(service, ("groups_scored",)))
+    elif role == "learner":
+        from scalerl.learner.server import LearnerServicer
+
+        servicer = LearnerServicer(_status_fields(service, (
+            "ready", "policy_version", "step", "groups_consumed", "groups_dropped_stale", "staleness_versions",
+            "tokens_trained", "step_seconds")), learner_id=ctx.role_id, ready=service.ready)
+    else:
+        from scalerl.curriculum.server import CurriculumServicer
+
+        servicer = CurriculumServicer(_status_fields(service, (
+            "ready", "policy_version", "epoch", "prompts_issued", "prompts_inflight", "prompts_retired",
+            "groups_scored")), curriculum_id=ctx.role_id, ready=service.ready)
+    server, bound = serve_grpc(port, servicer)
+    return bound, lambda: server.stop(grace_s=5.0)

@@ -1,0 +1,195 @@
+"""The learner side of a run, shared by embedded mode (every role in one process) and the distributed
+learner service: policy loading (checkpoint or SFT warm start), the `Learner`, the held-out evaluator,
+the training clock, the run files (metrics.jsonl, train.jsonl, summary.json, report) and the curve fit.
+
+Compute is counted in device-hours: devices × wall hours of training (evaluation excluded), as the paper
+counts GPU-hours.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from scalerl.config import JobSpec, dump_spec
+from scalerl.evaluation import evaluate_mean_at_k
+from scalerl.generator.engine import SamplingParams
+from scalerl.generator.role import length_control
+from scalerl.generator.torch_engine import TorchEngine
+from scalerl.learner.learner import Learner
+from scalerl.model.factory import load_model_and_tokenizer, resolve_device
+from scalerl.runtime.outputs import RunOutputs
+from scalerl.runtime.progress import Progress
+from scalerl.runtime.setup import configure_threads, initial_model, make_task, make_verifier, seed_everything
+
+log = logging.getLogger(__name__)
+
+
+class TrainClock:
+    """Wall seconds spent training (pausable around evaluation)."""
+
+    def __init__(self, elapsed_s: float = 0.0) -> None:
+        self.elapsed_s = elapsed_s
+        self._since: float | None = None
+
+    def start(self) -> None:
+        if self._since is None:
+            self._since = time.perf_counter()
+
+    def stop(self) -> None:
+        if self._since is not None:
+            self.elapsed_s += time.perf_counter() - self._since
+            self._since = None
+
+    def now_s(self) -> float:
+        return self.elapsed_s + (time.perf_counter() - self._since if self._since is not None else 0.0)
+
+
+class TrainerHost:
+    """Owns the learner, the evaluator and the run folder. Subclasses bring the rollouts."""
+
+    def __init__(self, spec: JobSpec, out_dir: Path, *, resume: bool = False, show_progress: bool = True) -> None:
+        self.spec = spec
+        self.out = RunOutputs(out_dir)
+        self.resume = resume
+        self.progress = Progress(enabled=show_progress)
+        self.last_fit: dict[str, Any] | None = None
+        self.init_info: dict[str, Any] = {}
+        self.clock = TrainClock()
+        self.counters = {"gen_tokens": 0, "train_tokens": 0, "dropped_stale": 0, "duplicates": 0}
+
+    # -- assembly ----------------------------------------------------------------------------------
+    def _setup_common(self) -> None:
+        spec = self.spec
+        seed_everything(spec.seed)
+        self.threads = configure_threads(spec)
+        self.task = make_task(spec)
+        self.train_problems = self.task.problems("train")
+        self.eval_problems = self.task.problems("eval")
+        self.verifier = make_verifier(spec, self.task)
+        self.out.root.mkdir(parents=True, exist_ok=True)
+        (self.out.root / "spec.yaml").write_text(dump_spec(spec))
+
+    def _load_policy(self, ckpt: Path | None) -> tuple[Any, Any]:
+        """(model, tokenizer): from the checkpoint folder, else the initial policy (SFT warm start)."""
+        spec = self.spec
+        if ckpt is not None:
+            model, tok = load_model_and_tokenizer(spec.model, spec.seed, ckpt)
+            return model.to(resolve_device(spec.model.device)), tok
+        bar = self.progress.bar("SFT", spec.sft.steps, unit="step")
+        model, tok, self.init_info = initial_model(
+            spec, self.task, self.out.root, on_sft_step=lambda s, loss: bar.update(1, loss=f"{loss:.3f}"))
+        bar.close()
+        return model, tok
+
+    def _setup_learner(self, model: Any, tok: Any) -> None:
+        spec = self.spec
+        self.tokenizer = tok
+        self.learner = Learner(spec, model, pad_id=tok.pad_token_id)
+        self.eval_engine = TorchEngine(model, tok, fp32_head=spec.model.fp32_lm_head, seed=spec.seed + 2)
+
+    # -- per step ----------------------------------------------------------------------------------
+    def compute_device_hours(self) -> float:
+        return self.spec.runtime.devices * self.clock.now_s() / 3600.0
+
+    def _count(self, stats: dict[str, float]) -> None:
+        self.counters["gen_tokens"] += int(stats.get("tokens/gen", 0))
+        self.counters["train_tokens"] += int(stats.get("tokens/train", 0))
+        self.counters["dropped_stale"] += int(stats.get("batch/dropped_stale", 0))
+
+    def _log_step(self, stats: dict[str, float], bar: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        rec = {"kind": "step", "step": self.learner.version, "compute": self.compute_device_hours(),
+               "loss": stats.get("loss/value"), "effective_batch": stats.get("batch/effective"),
+               "dropped_stale": stats.get("batch/dropped_stale"),
+               "dropped_zero_variance": stats.get("batch/dropped_zero_variance"),
+               "truncation_rate": stats.get("rollout/truncation_rate"),
+               "interruption_rate": stats.get("rollout/interruption_rate"),
+               "entropy": stats.get("policy/entropy"), "clip_frac": stats.get("loss/clip_frac"),
+               "ratio_mean": stats.get("loss/ratio_mean"), "ratio_max": stats.get("loss/ratio_max"),
+               "staleness_mean": stats.get("offpolicy/age_mean"), "staleness_max": stats.get("offpolicy/age_max"),
+               "train_pass_rate": stats.get("rollout/pass_rate"), "lr": stats.get("optim/lr"),
+               "step_time_s": stats.get("time/step_s"), "gen_tokens": self.counters["gen_tokens"],
+               "train_tokens": self.counters["train_tokens"], **(extra or {})}
+        self.out.train_record(rec)
+        bar.update(1, loss=f"{rec['loss'] or 0:.3f}", train_pass=f"{rec['train_pass_rate'] or 0:.2f}",
+                   stale=f"{rec['staleness_mean'] or 0:.1f}")
+        return rec
+
+    def _eval_due(self) -> bool:
+        v = self.learner.version
+        return v % self.spec.eval.every_steps == 0 or v == self.spec.train.steps
+
+    def _checkpoint_due(self) -> bool:
+        v = self.learner.version
+        return v % self.spec.train.checkpoint_every == 0 or v == self.spec.train.steps
+
+    # -- evaluation --------------------------------------------------------------------------------
+    def _evaluate(self) -> dict[str, Any]:
+        spec = self.spec
+        t0 = time.perf_counter()
+        bar = self.progress.bar(f"eval@{self.learner.version}", len(self.eval_problems), unit="prompt", leave=False)
+        self.learner.model.eval()
+        res = evaluate_mean_at_k(
+            self.eval_engine, self.tokenizer, self.eval_problems, self.verifier, k=spec.eval.samples_per_prompt,
+            sampling=SamplingParams(spec.eval.temperature, spec.generation.top_p),
+            length=length_control(spec, self.tokenizer), prompts_per_batch=spec.generation.prompts_per_batch,
+            on_batch=bar.update)
+        bar.close()
+        rec = {"step": self.learner.version, "compute": self.compute_device_hours(),
+               "gen_tokens": self.counters["gen_tokens"], "train_tokens": self.counters["train_tokens"],
+               "pass_rate": res.pass_rate, "k": res.k, "n_prompts": res.n_prompts,
+               "eval_truncation_rate": res.truncation_rate, "wall_s": time.perf_counter() - t0,
+               "prompt_pass_rates": res.prompt_pass_rates}
+        self.out.eval_record(rec)
+        self._refit()
+        return rec
+
+    def _evaluate_paused_clock(self) -> dict[str, Any]:
+        """Evaluate with the training clock stopped (evaluation is not training compute)."""
+        self.clock.stop()
+        try:
+            return self._evaluate()
+        finally:
+            self.clock.start()
+
+    def _refit(self) -> None:
+        """Refit the scaling curve on the evals so far; the fit goes to train.jsonl."""
+        from scalerl.report import fit_run_metrics
+
+        fit = fit_run_metrics(self.out.read(self.out.metrics_path))
+        if fit is not None:
+            self.out.train_record({"kind": "fit", "step": self.learner.version,
+                                   "compute": self.compute_device_hours(), **fit})
+            self.last_fit = fit
+
+    # -- end of run --------------------------------------------------------------------------------
+    def _first_eval(self) -> dict[str, Any]:
+        """The step-0 evaluation: run it on a fresh start, read it back on resume."""
+        if self.learner.version == 0:
+            return self._evaluate()
+        evals = self.out.read(self.out.metrics_path)
+        if not evals:
+            raise RuntimeError(f"resumed at step {self.learner.version} but {self.out.metrics_path} has no eval")
+        return evals[0]
+
+    def _summary(self, first: dict[str, Any], last: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        summary = {"name": self.spec.name, "initial_pass_rate": first["pass_rate"],
+                   "final_pass_rate": last["pass_rate"], "steps": self.learner.version,
+                   "compute": self.compute_device_hours(), "compute_unit": "device-hours",
+                   "train_wall_s": self.clock.now_s(), "gen_tokens": self.counters["gen_tokens"],
+                   "train_tokens": self.counters["train_tokens"], "dropped_stale": self.counters["dropped_stale"],
+                   "duplicates_dropped": self.counters["duplicates"], "mode": self.spec.off_policy.mode,
+                   "k": self.spec.off_policy.k, "threads": self.threads, **extra,
+                   "fit": self.last_fit, **self.init_info}
+        for key in ("A", "B", "C_mid"):
+            summary[key] = (self.last_fit or {}).get(key)
+        self.out.write_summary(summary)
+        try:
+            from scalerl.report import write_report
+
+            summary["report"] = str(write_report(self.out.root))
+        except Exception as exc:  # the run's numbers are already on disk; a plot failure is not fatal
+            log.warning("report failed: %r", exc)
+        return summary

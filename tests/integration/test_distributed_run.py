@@ -1,0 +1,143 @@
+"""The roles as separate processes over the real Kafka broker and MinIO, with faults injected mid-run.
+
+One run (curriculum, two generators, two verifiers, a learner; PipelineRL-2) in which:
+- generator-0 is killed with SIGKILL: its uncommitted prompts go to generator-1;
+- the learner is killed with SIGKILL after its step-4 checkpoint and started again: it resumes from the
+  checkpoint in MinIO and its saved offsets;
+- the broker is restarted: every role reconnects and carries on;
+- poison records are written to the rollouts and scored topics: they land in the dead-letter topic.
+Then the accounting is checked against the scored topic itself: the groups below the learner's final
+positions are exactly the groups of the training steps (each in one step), plus duplicates counted.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from scalerl.bus.kafka import KafkaBus
+from scalerl.config import spec_from_dict
+from scalerl.messages import ScoredGroup
+from scalerl.rpc.convert import decode_envelope
+from scalerl.runtime.launcher import LocalCluster
+from scalerl.runtime.setup import initial_model, make_task
+
+pytestmark = [pytest.mark.infra, pytest.mark.distributed]
+
+STEPS = 10
+
+
+def _spec(name: str, init: str | None, steps: int = STEPS):
+    return spec_from_dict({
+        "name": name, "seed": 3,
+        "model": {"tiny": {"hidden_size": 64, "intermediate_size": 192, "num_layers": 2, "num_heads": 2,
+                           "max_positions": 96}, "init_checkpoint": init},
+        "task": {"kind": "addition", "digits": 2, "train_size": 400, "eval_size": 8},
+        "sft": {"steps": 300, "batch_size": 32, "lr": 0.003},
+        "generation": {"group_size": 4, "thinking_budget_tokens": 32, "answer_budget_tokens": 6,
+                       "interruption": {"window_tokens": [28, 32]}, "prompts_per_batch": 4},
+        "off_policy": {"mode": "pipeline", "k": 2},
+        "optim": {"lr": 1e-3, "warmup_steps": 2},
+        "train": {"prompts_per_step": 4, "steps": steps, "checkpoint_every": 4},
+        "eval": {"every_steps": 5, "samples_per_prompt": 2},
+        "runtime": {"threads": 1, "partitions": 2},
+    })
+
+
+@pytest.fixture(scope="module")
+def sft_start(tmp_path_factory) -> str:
+    """One SFT warm start (pass rate about 0.3: groups with mixed rewards), shared by the tests here."""
+    out = tmp_path_factory.mktemp("sft")
+    spec = _spec("sft", None)
+    initial_model(spec, make_task(spec), out)
+    return str(out / "sft")
+
+
+def _steps(out: Path) -> list[dict]:
+    path = out / "train.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in (json.loads(x) for x in path.read_text().splitlines() if x.strip()) if r["kind"] == "step"]
+
+
+def _wait_step(cluster: LocalCluster, out: Path, step: int, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(r["step"] >= step for r in _steps(out)):
+            return
+        learner = cluster.procs["learner-0"].popen
+        assert learner.poll() is None, f"learner exited early ({learner.returncode}):\n{cluster.tail('learner-0')}"
+        time.sleep(0.3)
+    pytest.fail(f"no step {step} within {timeout_s:.0f} s:\n{cluster.tail('learner-0')}")
+
+
+@pytest.mark.timeout(900)
+def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_start, tmp_path, restart_kafka):
+    spec = _spec(unique, sft_start)
+    out = tmp_path / "run"
+    cluster = LocalCluster(spec, out, f"kafka://{infra.kafka_bootstrap}", f"s3://{unique}/job",
+                           generators=2, verifiers=2, env=infra.s3_env())
+    bus = KafkaBus(infra.kafka_bootstrap)
+    try:
+        cluster.start_all()
+        _wait_step(cluster, out, 2)
+        cluster.kill("generator-0")  # SIGKILL mid-run; not restarted
+        bus.publish_raw(f"{unique}.rollouts", b"\x00poison-rollout", key=b"p")
+        bus.publish_raw(f"{unique}.scored", b"\x00poison-scored", key=b"p")
+        bus.flush()
+        _wait_step(cluster, out, 5)  # the step-4 checkpoint is in MinIO
+        cluster.kill("learner-0")
+        cluster.start("learner", "learner-0")
+        restart_kafka()
+        assert cluster.wait_learner(timeout_s=480) == 0, cluster.tail("learner-0")
+        codes = cluster.stop_all()
+    finally:
+        cluster.stop_all(timeout_s=30)
+    assert codes["generator-0"] == -signal.SIGKILL
+    assert {rid: rc for rid, rc in codes.items() if rid != "generator-0"} == {
+        "learner-0": 0, "curriculum-0": 0, "verifier-0": 0, "verifier-1": 0, "generator-1": 0}
+    assert "learner resumed from step_000004" in cluster.procs["learner-0"].log_path.read_text()
+
+    summary = json.loads((out / "summary.json").read_text())
+    steps = _steps(out)
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1)) and summary["steps"] == STEPS
+    trained = [gid for r in steps for gid in r["group_ids"]]
+    assert len(trained) == STEPS * spec.train.prompts_per_step
+    assert len(set(trained)) == len(trained), "a group was counted in two steps"
+    assert sum(r["effective_batch"] for r in steps) > 0  # some groups had mixed rewards: real updates
+
+    # The scored topic below the learner's final positions holds exactly the trained groups (+ duplicates).
+    final = summary["final_positions"]
+    below: list[str] = []
+    for rec in bus.read_raw(f"{unique}.scored"):
+        if rec.offset >= final.get(f"{unique}.scored:{rec.partition}", 0) or rec.value.startswith(b"\x00"):
+            continue
+        group = decode_envelope(rec.value, ScoredGroup)
+        below.append(group.group_id)
+    assert set(below) == set(trained)
+    assert len(below) - len(set(below)) == summary["duplicates_dropped"]
+
+    # Nothing lost: every prompt the generators committed has a rollout group (the killed generator's
+    # uncommitted prompts were re-delivered), every rollout the verifiers committed has a score.
+    _assert_committed_have_output(bus, f"{unique}.prompts", f"{unique}.generators", f"{unique}.rollouts",
+                                  lambda m: f"{m.prompt_id}@{m.epoch}", lambda m: f"{m.task.prompt_id}@{m.task.epoch}")
+    _assert_committed_have_output(bus, f"{unique}.rollouts", f"{unique}.verifiers", f"{unique}.scored",
+                                  lambda m: f"{m.task.prompt_id}@{m.task.epoch}", lambda m: m.group_id)
+
+    dlq = bus.read_raw(f"{unique}.dlq")
+    origins = {(r.headers.get("original_topic") or r.headers.get("origin_topic") or b"").decode() for r in dlq}
+    assert {f"{unique}.rollouts", f"{unique}.scored"} <= origins
+    bus.delete_topics([f"{unique}.{k}" for k in ("prompts", "rollouts", "scored", "policy", "metrics", "dlq")])
+    bus.close()
+
+
+def _assert_committed_have_output(bus, topic, group, out_topic, key_in, key_out) -> None:
+    committed = bus.committed(group, topic)
+    inputs = [r for r in bus.read_raw(topic) if not r.value.startswith(b"\x00")]
+    done = [key_in(decode_envelope(r.value)) for r in inputs if r.offset < committed.get(r.partition, 0)]
+    outputs = {key_out(decode_envelope(r.value)) for r in bus.read_raw(out_topic) if not r.value.startswith(b"\x00")}
+    assert done and set(done) <= outputs, sorted(set(done) - outputs)[:5]
