@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.15.0
 STAMP := build/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-unit lint typecheck bench infra-up infra-build infra-down clean
+.PHONY: install run test test-unit lint typecheck bench crd protos infra-up infra-build infra-down clean
 
 install: $(STAMP)
 
@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 	@mkdir -p build
 	@# torch: install once (the registry's Linux wheel is the large CUDA build); never a second copy.
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,distributed]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,distributed,operator]"
+	$(PY) -m scalerl.rpc.codegen
 	@touch $@
 
 run: install
@@ -34,7 +35,7 @@ test-unit: install
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 lint: install
-	$(PY) -m ruff check services tests bench
+	$(PY) -m ruff check services operators tests bench
 	$(PY) -m mypy
 	lint-imports
 
@@ -43,6 +44,14 @@ typecheck: install
 
 bench: install
 	$(PY) bench/run_bench.py --out bench/results.json
+
+# Python stubs of protos/ into the gitignored scalerl/rpc/gen (also done by install and on import).
+protos: install
+	$(PY) -m scalerl.rpc.codegen --force
+
+# The Helm chart's copy of the RLJob CRD, regenerated from the operator's models (a test fails when stale).
+crd: install
+	PY=$(PY) bash scripts/gen_crd.sh
 
 infra-up: install
 	bash scripts/infra/up.sh
