@@ -24,6 +24,7 @@ from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingPa
 from scalerl.messages import PolicyVersion, PromptTask, RolloutGroup
 from scalerl.store import Store
 from scalerl.store.weights import load_weights
+from scalerl.telemetry.hops import hop
 
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
@@ -120,10 +121,10 @@ class GeneratorRole:
             group = comps[i:i + task.group_size]
             i += task.group_size
             self.gen_tokens += sum(len(c.token_ids) for c in group)
-            headers = dict(rec.headers)
-            headers["policy_version"] = str(max(c.max_version for c in group))
-            self.bus.publish(self.topics.rollouts,
-                             RolloutGroup(task=task, prompt_token_ids=pids, completions=group,
-                                          generator_id=self.generator_id),
-                             key=task.prompt_id, headers=headers)
+            with hop("generator.generate", rec.headers) as headers:
+                headers["policy_version"] = str(max(c.max_version for c in group))
+                self.bus.publish(self.topics.rollouts,
+                                 RolloutGroup(task=task, prompt_token_ids=pids, completions=group,
+                                              generator_id=self.generator_id),
+                                 key=task.prompt_id, headers=headers)
             self.groups_out += 1

@@ -34,6 +34,7 @@ from scalerl.messages import ScoredGroup
 from scalerl.runtime.trainer import TrainClock, TrainerHost
 from scalerl.store import open_store
 from scalerl.store.weights import publish_weights
+from scalerl.telemetry.hops import hop
 from scalerl.verifier.role import VerifierRole
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,8 @@ class EmbeddedRun(TrainerHost):
 
     def _top_up(self) -> None:
         for task in self.curriculum.next_tasks():
-            self.bus.publish(self.topics.prompts, task, key=task.prompt_id,
-                             headers={"policy_version": str(self.learner.version)})
+            with hop("curriculum.issue", {"policy_version": str(self.learner.version)}, root=True) as headers:
+                self.bus.publish(self.topics.prompts, task, key=task.prompt_id, headers=headers)
         self.bus.flush()
 
     def _take_groups(self, n: int, wait: Callable[[], None]) -> list[ScoredGroup]:
@@ -136,7 +137,8 @@ class EmbeddedRun(TrainerHost):
                 if Curriculum.key(g.rollout.task) not in self.curriculum.pending:
                     self.counters["duplicates"] += 1
                     continue
-                self.buffer.append(g)
+                with hop("learner.consume", rec.headers):
+                    self.buffer.append(g)
             if not recs:
                 wait()
         taken, self.buffer = self.buffer[:n], self.buffer[n:]

@@ -33,6 +33,7 @@ from scalerl.runtime.trainer import TrainClock, TrainerHost
 from scalerl.store import open_store
 from scalerl.store.checkpoints import download_latest_checkpoint, upload_checkpoint
 from scalerl.store.weights import publish_weights
+from scalerl.telemetry.hops import hop
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,8 @@ class LearnerService(TrainerHost):
             return
         newest = max((c.max_version for c in g.rollout.completions), default=0)
         self.newest_version_seen = max(self.newest_version_seen, newest)
-        self.buffer.append(rec)
+        with hop("learner.consume", rec.headers):
+            self.buffer.append(rec)
 
     def _take_groups(self, n: int, stop: threading.Event) -> list[Record] | None:
         """The next n unique groups, or None when stopped first."""

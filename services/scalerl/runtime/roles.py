@@ -31,6 +31,7 @@ from scalerl.messages import PolicyVersion, ScoredGroup
 from scalerl.model.factory import load_model_and_tokenizer, resolve_device
 from scalerl.runtime.setup import configure_threads, make_task, make_verifier, seed_everything
 from scalerl.store import Store, open_store
+from scalerl.telemetry.hops import hop
 from scalerl.verifier.role import VerifierRole
 
 log = logging.getLogger(__name__)
@@ -229,8 +230,8 @@ class CurriculumService:
                 log.error("%s; no more prompts will be issued", exc)
                 self.exhausted = True
         for task in tasks:
-            self.bus.publish(self.topics.prompts, task, key=task.prompt_id,
-                             headers={"policy_version": str(self.learner_version)})
+            with hop("curriculum.issue", {"policy_version": str(self.learner_version)}, root=True) as headers:
+                self.bus.publish(self.topics.prompts, task, key=task.prompt_id, headers=headers)
         if tasks or scored:
             self.bus.flush()
             self.issued += len(tasks)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from scalerl.bus import Bus, TopicNames
 from scalerl.bus.dlq import dead_letter
 from scalerl.messages import RolloutGroup
+from scalerl.telemetry.hops import hop
 from scalerl.verifier.verifier import Verifier
 
 
@@ -31,13 +32,14 @@ class VerifierRole:
                 dead_letter(self.bus, self.topics.dlq, rec, f"expected RolloutGroup, got {type(rec.value).__name__}")
                 self.dead_lettered += 1
                 continue
-            try:
-                scored = self.verifier.score(rec.value)
-            except Exception as exc:  # a verifier bug on one record must not stop the role
-                dead_letter(self.bus, self.topics.dlq, rec, f"scoring failed: {exc!r}")
-                self.dead_lettered += 1
-                continue
-            self.bus.publish(self.topics.scored, scored, key=rec.key, headers=rec.headers)
+            with hop("verifier.score", rec.headers) as headers:
+                try:
+                    scored = self.verifier.score(rec.value)
+                except Exception as exc:  # a verifier bug on one record must not stop the role
+                    dead_letter(self.bus, self.topics.dlq, rec, f"scoring failed: {exc!r}")
+                    self.dead_lettered += 1
+                    continue
+                self.bus.publish(self.topics.scored, scored, key=rec.key, headers=headers)
             self.scored += 1
         if records:
             self.bus.flush()
