@@ -54,6 +54,7 @@ class LearnerService(TrainerHost):
         self.newest_version_seen = 0
         self.finished = False
         self.last_step: dict[str, Any] = {}
+        self.last_eval: dict[str, Any] = {}
         self.summary: dict[str, Any] | None = None
 
     # -- assembly ----------------------------------------------------------------------------------
@@ -165,7 +166,21 @@ class LearnerService(TrainerHost):
                 "staleness_versions": float(last.get("staleness_mean") or 0.0),
                 "step_seconds": float(last.get("step_time_s") or 0.0),
                 "newest_version_seen": self.newest_version_seen, "buffered_groups": len(self.buffer),
-                "compute_device_hours": self.compute_device_hours()}
+                "compute_device_hours": self.compute_device_hours(), **self._progress()}
+
+    def _progress(self) -> dict[str, float]:
+        """Last held-out pass rate, the online fit (A with its interval, B, C_mid, R0) and the bound k."""
+        out: dict[str, float] = {"staleness_bound": float(self.spec.off_policy.k)}
+        if self.last_eval:
+            out["eval_pass_rate"] = float(self.last_eval["pass_rate"])
+        fit = self.last_fit or {}
+        for key in ("A", "B", "C_mid", "R0"):
+            if isinstance(fit.get(key), int | float):
+                out[f"fit_{key}"] = float(fit[key])
+        interval = (fit.get("ci") or {}).get("A")
+        if interval and all(isinstance(v, int | float) for v in interval):
+            out["fit_A_low"], out["fit_A_high"] = float(interval[0]), float(interval[1])
+        return out
 
     def ready(self) -> bool:
         return hasattr(self, "learner")
@@ -176,7 +191,7 @@ class LearnerService(TrainerHost):
             self.build()
         spec = self.spec
         first = self._first_eval()
-        last = first
+        last = self.last_eval = first
         bar = self.progress.bar("RL", spec.train.steps, unit="step", initial=self.learner.version)
         self.clock.start()
         while self.learner.version < spec.train.steps and not stop.is_set():
@@ -196,7 +211,7 @@ class LearnerService(TrainerHost):
             retry_io(partial(self._announce, "train", rec), what="metrics record")
             self.last_step = rec
             if self._eval_due():
-                last = self._evaluate_paused_clock()
+                last = self.last_eval = self._evaluate_paused_clock()
                 retry_io(partial(self._announce, "eval", last), what="metrics record")
             if self._checkpoint_due():
                 retry_io(self._checkpoint, what="checkpoint")

@@ -45,6 +45,9 @@ class StatusMetrics(RoleMetrics):
             for topic, lag in s.get("lag", {}).items():
                 self.queue_lag.labels(topic=topic).set(float(lag))
             self.ready.set(1.0 if s.get("ready") else 0.0)
+            for key, gauge in self.progress.items():
+                if isinstance(s.get(key), int | float):
+                    gauge.set(float(s[key]))
 
     def render(self) -> bytes:
         self.sync()

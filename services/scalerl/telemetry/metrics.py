@@ -28,6 +28,20 @@ ROLES = ("generator", "verifier", "learner", "curriculum")
 STEP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
+# status() key -> (learner gauge name, help): what the dashboards' pass-rate and forecast panels read.
+LEARNER_PROGRESS = (
+    ("eval_pass_rate", "eval_pass_rate", "Held-out mean@k of the last evaluation (fraction)."),
+    ("compute_device_hours", "compute_device_hours", "Training compute so far (device-hours)."),
+    ("fit_A", "fit_a", "Fitted asymptotic pass rate A of the online sigmoid fit."),
+    ("fit_A_low", "fit_a_low", "Lower end of A's bootstrap interval."),
+    ("fit_A_high", "fit_a_high", "Upper end of A's bootstrap interval."),
+    ("fit_B", "fit_b", "Fitted scaling exponent B."),
+    ("fit_C_mid", "fit_c_mid_device_hours", "Fitted compute at half the gain, C_mid (device-hours)."),
+    ("fit_R0", "fit_r0", "Pass rate at zero compute used by the fit, R0."),
+    ("staleness_bound", "staleness_bound_versions", "The recipe's off-policy bound k (versions)."),
+)
+
+
 class RoleMetrics:
     """The metrics of one role (see the module docstring), registered on `registry` (default: a new one)."""
 
@@ -54,6 +68,10 @@ class RoleMetrics:
                                       registry=r)
         self.ready = Gauge(f"{p}_ready", "1 while the role is ready (/readyz answers 200), else 0.",
                            registry=r)
+        self.progress: dict[str, Gauge] = {}
+        if role == "learner":  # the run's progress and its online sigmoid fit (dashboards, operator status)
+            for key, name, doc in LEARNER_PROGRESS:
+                self.progress[key] = Gauge(f"{p}_{name}", doc, registry=r)
 
     def render(self) -> bytes:
         """The registry in the Prometheus text exposition format."""
