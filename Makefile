@@ -42,8 +42,9 @@ lint: install
 typecheck: install
 	$(PY) -m mypy
 
-bench: install
-	$(PY) bench/run_bench.py --out bench/results.json
+# Side by side in one run; the distributed part uses the real Kafka and MinIO that infra-up starts.
+bench: install infra-up
+	set -a; source build/infra.env; set +a; $(PY) bench/run_bench.py --out bench/results.json
 
 # Python stubs of protos/ into the gitignored scalerl/rpc/gen (also done by install and on import).
 protos: install

@@ -121,6 +121,7 @@ def main() -> int:
     ap.add_argument("--mode-steps", type=int, default=60, help="RL steps per mode in the pipeline comparison")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="spec override, as for `scalerl run` (e.g. model.dtype=bfloat16)")
+    ap.add_argument("--dist-steps", type=int, default=30, help="RL steps in the distributed vs embedded run")
     ap.add_argument("--new-tokens", type=int, default=40, help="tokens generated per row in the generator bench")
     ap.add_argument("--prompts", type=int, default=0, help="prompts in the generator bench (0: prompts_per_step)")
     args = ap.parse_args()
@@ -155,6 +156,7 @@ def main() -> int:
         learn = bench_learner(spec_nofilter, model, tok, groups, args.repeats)
         print(f"bench: PipelineRL vs PPO-off-policy, {args.mode_steps} steps each...", file=sys.stderr)
         modes = bench_modes(args.spec, args.overrides, work / "sft", args.mode_steps, work)
+        dist = run_distributed_benches(args, spec, model, tok, [g.rollout for g in groups], work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -166,7 +168,7 @@ def main() -> int:
         "units": {"tokens_per_s": "generated or trained tokens per wall second",
                   "steps_per_hour": "RL optimizer steps per hour of training wall time (eval excluded)",
                   "pass_rate_gain_per_device_hour": "(final - initial held-out mean@k) / device-hours"},
-        "generator": gen, "learner": learn, "pipeline_vs_sync": modes,
+        "generator": gen, "learner": learn, "pipeline_vs_sync": modes, "distributed": dist,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
@@ -177,8 +179,36 @@ def main() -> int:
     print(f"modes:     PipelineRL {p['steps_per_hour']:.0f} steps/h vs PPO-off-policy {q['steps_per_hour']:.0f} "
           f"steps/h -> ratio {modes['steps_per_hour_ratio_pipeline_over_ppo']:.2f}x; gain/device-hour "
           f"{p['pass_rate_gain_per_device_hour']:.2f} vs {q['pass_rate_gain_per_device_hour']:.2f}")
+    if dist:
+        b, w, d = dist["bus"], dist["weight_swap"], dist["distributed_vs_embedded"]
+        print(f"kafka:     {b['produce_msgs_per_s']:.0f} groups/s ({b['produce_mb_per_s']:.1f} MB/s) produced, "
+              f"{b['consume_msgs_per_s']:.0f} groups/s ({b['consume_mb_per_s']:.1f} MB/s) consumed; "
+              f"{b['group_kb']:.0f} kB per rollout group")
+        print(f"weights:   publish -> generator swap through MinIO {w['publish_to_swap_s_median'] * 1000:.0f} ms "
+              f"median ({w['weights_mb']:.1f} MB)")
+        print(f"modes:     distributed {d['distributed']['steps_per_hour']:.0f} steps/h vs embedded "
+              f"{d['embedded']['steps_per_hour']:.0f} steps/h -> ratio "
+              f"{d['steps_per_hour_ratio_distributed_over_embedded']:.2f}x")
+    else:
+        print("distributed: skipped (no KAFKA_BOOTSTRAP / S3_* in the environment; `make bench` starts them)")
     print(f"wrote {args.out}")
     return 0
+
+
+def run_distributed_benches(args, spec, model, tok, rollouts, work: Path) -> dict | None:
+    """Kafka throughput, weight swap latency and distributed vs embedded steps/hour (real servers)."""
+    import distributed_bench as db
+
+    if not db.available():
+        return None
+    print("bench: rollout groups through Kafka...", file=sys.stderr)
+    many = [r for _ in range(12) for r in rollouts]  # ~200 groups
+    bus = db.bench_bus(many, args.repeats)
+    print("bench: weight publish -> generator swap through MinIO...", file=sys.stderr)
+    swap = db.bench_weight_swap(spec, model, tok, repeats=5)
+    print(f"bench: distributed vs embedded, {args.dist_steps} steps each...", file=sys.stderr)
+    modes = db.bench_distributed_vs_embedded(args.spec, args.overrides, work / "sft", args.dist_steps, work)
+    return {"bus": bus, "weight_swap": swap, "distributed_vs_embedded": modes}
 
 
 if __name__ == "__main__":
