@@ -1,0 +1,84 @@
+# syntax=docker/dockerfile:1
+# One image for every scalerl role and for the operator:
+#   scalerl serve <role> --job /etc/scalerl/job.yaml ...   (the entrypoint is `scalerl`)
+#   python -m scalerl_operator ...                         (the Helm chart overrides the command)
+#
+#   docker build -t scalerl:0.1.0 .                                        # CPU (default)
+#   docker build -t scalerl:0.1.0-cuda --build-arg VARIANT=gpu .           # CUDA runtime + vLLM
+#
+# CPU variant: set TORCH_INDEX_URL to PyTorch's CPU wheel index to get the small CPU-only torch
+# wheel; left empty, pip's configured index serves its default (CUDA-enabled) Linux wheel, which
+# also runs on CPU but is several GB larger.
+# GPU variant: vLLM pins the torch it was built against, so torch comes with `.[vllm]`.
+# No HEALTHCHECK: Kubernetes probes /healthz and /readyz on the metrics port instead.
+
+ARG VARIANT=cpu
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+
+# ---- bases: a virtual environment at /opt/scalerl on the variant's Python ----------------------------
+FROM ${PYTHON_IMAGE} AS base-cpu
+ENV VIRTUAL_ENV=/opt/scalerl \
+    PATH=/opt/scalerl/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv "$VIRTUAL_ENV"
+
+FROM ${CUDA_IMAGE} AS base-gpu
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3.12 python3.12-venv ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+ENV VIRTUAL_ENV=/opt/scalerl \
+    PATH=/opt/scalerl/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python3.12 -m venv "$VIRTUAL_ENV"
+
+# ---- build: install the package and its extras into the virtual environment --------------------------
+# hadolint ignore=DL3006
+FROM base-${VARIANT} AS build
+ARG VARIANT
+ARG TORCH_VERSION=2.15.0
+ARG TORCH_INDEX_URL=""
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# torch first and on its own layer: it is the largest download and changes least often.
+RUN if [ "$VARIANT" = "cpu" ]; then \
+        if [ -n "$TORCH_INDEX_URL" ]; then export PIP_INDEX_URL="$TORCH_INDEX_URL"; fi; \
+        pip install --no-cache-dir torch==${TORCH_VERSION}; \
+    fi
+WORKDIR /src
+COPY pyproject.toml setup.py MANIFEST.in README.md ./
+COPY protos ./protos
+COPY services ./services
+COPY operators ./operators
+# A regular (non-editable) install; `.[vllm]` adds the vLLM engine on the GPU variant. The project
+# itself (".") has no version to pin: pyproject.toml bounds its dependencies.
+# hadolint ignore=DL3013
+RUN extras="distributed,operator"; \
+    if [ "$VARIANT" = "gpu" ]; then extras="$extras,vllm"; fi; \
+    pip install --no-cache-dir ".[${extras}]"
+# The gRPC/protobuf stubs are generated at build time: setup.py's build_py compiles protos/ into the
+# wheel, and codegen confirms them (regenerating if stale), so the non-root runtime never writes
+# into site-packages; the imports prove they load.
+RUN python -m scalerl.rpc.codegen \
+    && python -c "import scalerl.rpc, scalerl_operator, scalerl.cli; print('scalerl image: imports ok')"
+
+# ---- runtime: the virtual environment and a non-root user, nothing else -------------------------------
+# hadolint ignore=DL3006
+FROM base-${VARIANT} AS runtime
+ARG VARIANT
+LABEL org.opencontainers.image.title="scalerl" \
+      org.opencontainers.image.description="ScaleRL reinforcement learning of LLMs: every role and the operator" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      dev.scalerl.variant="${VARIANT}"
+COPY --from=build /opt/scalerl /opt/scalerl
+RUN groupadd --gid 10001 scalerl \
+    && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/scalerl --shell /usr/sbin/nologin scalerl
+WORKDIR /home/scalerl
+USER 10001:10001
+EXPOSE 50051 9090
+ENTRYPOINT ["scalerl"]
+CMD ["--help"]

@@ -1,0 +1,188 @@
+"""RL-aware autoscaling: what each pool's metric asks for. Pure functions, no I/O.
+
+Two metric proposals feed the HPA v2 normaliser of `scalerl_operator.hpa` (`decide`):
+
+- **verifiers** on the consumer-group lag of `<job>.rollouts` (KEDA's Kafka scaler semantics):
+  desired = ceil(total lag / targetLagPerReplica), left unchanged while lag / (target × current) is
+  within `tolerance` of 1 (HPA's AverageValue rule); lag at or below `activationLag` → minReplicas
+  (the scaler is inactive); capped at the partition count (a consumer beyond it would own no
+  partition and sit idle), reported as ScalingLimited / PartitionCap. A group with no committed
+  offset at all (a fresh job, or offsets expired) follows `noOffsetPolicy`:
+    * `minReplicas` — treat the group as inactive and scale to minReplicas (KEDA's
+      `offsetResetPolicy: latest`): the safe default, a new job starts small and grows once the
+      verifiers commit;
+    * `hold` — keep the current replica count until a commit appears (an operator restart or an
+      offsets-retention expiry must not resize a pool that was fine);
+    * `lagFromEarliest` — count every retained record as lag (KEDA's `offsetResetPolicy:
+      earliest`): right when the verifiers will indeed start from the earliest offset, as ours do
+      (`auto_offset_reset="earliest"`), so a backlog produced before the first commit scales them.
+- **generators** on what the learner reports: *starvation* s (fraction of the learner's step wall
+  time spent waiting for a batch) drives desired = ceil(current × s / targetStarvation), as an HPA
+  utilisation metric would; *staleness* (policy versions between the samples' generating weights and
+  the learner) overrides it: within `stalenessHeadroom` versions of the bound k the pool is held (no
+  scale-up — extra generators would only make samples the learner drops as older than k; a
+  starvation-driven shrink is still allowed), at or beyond k it shrinks by one replica per decision
+  (then the scale-down stabilisation window paces it like any other shrink).
+
+Example decision (verifier, target 50 records/replica, 8 partitions, current 2, lag 260 records):
+ratio 260 / (50 × 2) = 2.6 → ceil(260 / 50) = 6 → the default scale-up policy allows max(2 + 4,
+2 × 2) = 6 within 15 s → 6 replicas.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from scalerl_operator import conditions as c
+from scalerl_operator.hpa import (
+    DEFAULT_SCALE_DOWN,
+    DEFAULT_SCALE_UP,
+    DESIRED_WITHIN_RANGE,
+    FAILED_GET_METRIC,
+    FALLBACK,
+    PAUSE_ANNOTATION,
+    PAUSED,
+    RATE_LIMITED,
+    SCALING_DISABLED,
+    TOO_FEW,
+    TOO_MANY,
+    Decision,
+    Proposal,
+    ScalerConfig,
+    ScalerState,
+    ScalingPolicy,
+    ScalingRules,
+    Timed,
+    decide,
+    direction_changes,
+    scale_down_limit,
+    scale_up_limit,
+    stabilize,
+)
+
+__all__ = [
+    "BELOW_ACTIVATION", "DEFAULT_SCALE_DOWN", "DEFAULT_SCALE_UP", "DESIRED_WITHIN_RANGE", "FAILED_GET_METRIC",
+    "FALLBACK", "LAG", "NO_COMMITTED_OFFSET", "PARTITION_LIMIT", "PAUSED", "PAUSE_ANNOTATION", "RATE_LIMITED",
+    "SCALING_DISABLED", "STALENESS_AT_BOUND", "STALENESS_HEADROOM", "STARVATION", "TOO_FEW", "TOO_MANY",
+    "WITHIN_TOLERANCE", "Decision", "LagReading", "LagTarget", "LearnerReading", "Proposal", "ScalerConfig",
+    "ScalerState", "ScalingPolicy", "ScalingRules", "StarvationTarget", "Timed", "decide", "direction_changes",
+    "generator_proposal", "scale_down_limit", "scale_up_limit", "stabilize", "verifier_proposal",
+]
+
+NoOffsetPolicy = Literal["minReplicas", "hold", "lagFromEarliest"]
+NO_OFFSET_POLICIES: tuple[str, ...] = ("minReplicas", "hold", "lagFromEarliest")
+
+# proposal reasons (the Event reason of a scale); the ScalingLimited ones come from conditions.py
+WITHIN_TOLERANCE = "WithinTolerance"
+LAG = "ConsumerLag"
+BELOW_ACTIVATION = "BelowActivation"
+NO_COMMITTED_OFFSET = "NoCommittedOffset"
+STARVATION = "LearnerStarvation"
+STALENESS_AT_BOUND = c.REASON_STALENESS_AT_BOUND
+STALENESS_HEADROOM = c.REASON_STALENESS_HOLD
+PARTITION_LIMIT = c.REASON_PARTITION_CAP
+
+
+@dataclass(frozen=True, slots=True)
+class LagTarget:
+    """Verifier metric: records of `<job>.rollouts` not yet committed by the verifier group."""
+
+    target_lag_per_replica: int
+    activation_lag: int = 0
+    no_offset_policy: NoOffsetPolicy = "minReplicas"
+
+    def __post_init__(self) -> None:
+        if self.target_lag_per_replica < 1:
+            raise ValueError(f"autoscaling.targetLagPerReplica: must be >= 1, got {self.target_lag_per_replica}")
+        if self.no_offset_policy not in NO_OFFSET_POLICIES:
+            raise ValueError(f"autoscaling.noOffsetPolicy: {self.no_offset_policy!r} is not one of "
+                             f"{', '.join(NO_OFFSET_POLICIES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class LagReading:
+    """`total_lag`: Σ over partitions (end offset − committed offset), records; partitions never
+    committed count from their earliest offset (KafkaBus.lag). `committed`: the group has committed
+    at least one partition of the topic."""
+
+    total_lag: int
+    partitions: int
+    committed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StarvationTarget:
+    """Generator metrics: learner starvation (target fraction) and policy staleness headroom."""
+
+    target_starvation: float = 0.1
+    staleness_headroom: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target_starvation <= 1:
+            raise ValueError(f"autoscaling.targetStarvation: must be in (0, 1], got {self.target_starvation}")
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerReading:
+    """`starvation`: fraction of the learner's step time spent waiting for a batch (0..1);
+    `staleness`: policy versions between the samples' generating weights and the learner;
+    `bound`: the off-policy bound k (versions)."""
+
+    starvation: float
+    staleness: float
+    bound: int
+
+
+def verifier_proposal(reading: LagReading, *, current: int, target: LagTarget, cfg: ScalerConfig) -> Proposal:
+    """Replicas for the verifier pool from the lag of its input topic (see the module docstring).
+
+    Example (target 50/replica, 4 partitions): lag 260 with 2 replicas → ceil(260/50) = 6 → capped
+    at 4 partitions (limit_reason PartitionCap)."""
+    lag, tgt = reading.total_lag, target.target_lag_per_replica
+    if not reading.committed:
+        if target.no_offset_policy == "minReplicas":
+            return Proposal(cfg.min_replicas, NO_COMMITTED_OFFSET,
+                            "the verifier group has no committed offset: noOffsetPolicy=minReplicas")
+        if target.no_offset_policy == "hold":
+            return Proposal(current, NO_COMMITTED_OFFSET,
+                            "the verifier group has no committed offset: noOffsetPolicy=hold")
+    if lag <= target.activation_lag:
+        return Proposal(cfg.min_replicas, BELOW_ACTIVATION,
+                        f"lag {lag} records <= activationLag {target.activation_lag}: inactive")
+    if current > 0 and abs(lag / (tgt * current) - 1.0) <= cfg.tolerance:
+        return Proposal(current, WITHIN_TOLERANCE,
+                        f"lag {lag} records is within tolerance of {tgt}/replica x {current}")
+    desired = math.ceil(lag / tgt)
+    msg = f"lag {lag} records / {tgt} per replica = {desired}"
+    if 0 < reading.partitions < desired:
+        return Proposal(reading.partitions, LAG,
+                        f"{msg}, capped at {reading.partitions} partitions (extra consumers would idle)",
+                        limit_reason=PARTITION_LIMIT)
+    return Proposal(desired, LAG, msg)
+
+
+def generator_proposal(reading: LearnerReading, *, current: int, target: StarvationTarget,
+                       cfg: ScalerConfig) -> Proposal:
+    """Replicas for the generator pool from learner starvation, held or shrunk by staleness.
+
+    Example (target 0.1, bound k=8, headroom 1): 2 replicas, starvation 0.35, staleness 3 →
+    ceil(2 × 0.35/0.1) = 7; staleness 7 (≥ k − 1) → held at 2; staleness 8 (≥ k) → 1."""
+    s, k = reading.starvation, reading.bound
+    if k > 0 and reading.staleness >= k:
+        return Proposal(max(current - 1, 0), STALENESS_AT_BOUND,
+                        f"staleness {reading.staleness:g} versions reached the bound k={k}: shrink by one")
+    ratio = s / target.target_starvation
+    if current == 0 or abs(ratio - 1.0) <= cfg.tolerance:
+        raw, reason = current, WITHIN_TOLERANCE
+        msg = f"starvation {s:.3f} is within tolerance of the target {target.target_starvation:g}"
+    else:
+        raw, reason = math.ceil(current * ratio), STARVATION
+        msg = f"starvation {s:.3f} / target {target.target_starvation:g} x {current} replicas = {raw}"
+    if k > 0 and reading.staleness >= k - target.staleness_headroom and raw > current:
+        return Proposal(current, STALENESS_HEADROOM,
+                        f"staleness {reading.staleness:g} versions is within {target.staleness_headroom} of "
+                        f"k={k}: hold (more generators would only produce dropped samples)",
+                        limit_reason=STALENESS_HEADROOM)
+    return Proposal(raw, reason, msg)

@@ -1,0 +1,305 @@
+"""The kopf operator: RLJob handlers, the per-job loop (status + autoscaler) and the finalizer.
+
+- create / update / resume → `sync` (scalerl_operator.reconcile): render, apply, status. Level-based
+  and idempotent, so an operator killed mid-way converges on its next start (resume).
+- a daemon per RLJob every `interval_s`: the same `sync` (drift repair: a deleted child comes back)
+  preceded by one autoscaler pass (scalerl_operator.scaler) and the RL status from the metrics topic.
+- delete (finalizer `scalerl.dev/finalizer`, only for what Kubernetes cannot clean): the workloads
+  are scaled to zero (the learner checkpoints on SIGTERM), then the job's consumer groups and topics
+  are deleted once no member is left; children themselves go by garbage collection (owner refs).
+Handlers of one RLJob never overlap: a lock per RLJob serialises the daemon and the event handlers
+(kopf runs sync handlers in threads).
+
+kopf keeps its bookkeeping in `scalerl.dev/*` annotations (progress, last-handled configuration),
+never in `status` (the CRD's structural schema would prune it); its own handler Events are off: the
+operator posts one Event per scale and per phase change.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from kafka import KafkaAdminClient
+from prometheus_client import Counter, Gauge
+
+from scalerl.bus.kafka import KafkaBus
+from scalerl.config import SpecError
+from scalerl_operator import conditions as c
+from scalerl_operator.kube import Kube, KubeError, load_client
+from scalerl_operator.reconcile import WORKLOADS, is_terminal, reconcile, write_status
+from scalerl_operator.render import child_name
+from scalerl_operator.rlstatus import LearnerStatus, MetricsTail, fold
+from scalerl_operator.scaler import autoscale, lag_status, scaling_status
+from scalerl_operator.spec import GROUP, PLURAL, VERSION, RLJobSpec, parse_spec
+
+log = logging.getLogger("scalerl_operator")
+
+FINALIZER = "scalerl.dev/finalizer"
+CLEANUP_RETRIES = 60  # x CLEANUP_DELAY_S: how long deletion waits for the role pods to leave Kafka
+CLEANUP_DELAY_S = 5.0
+
+# served on --metrics-port by `python -m scalerl_operator`
+SCALE_EVENTS = Counter("scalerl_operator_scale_events_total", "Pool size changes written by the autoscaler",
+                       ["namespace", "job", "role", "direction"])
+DESIRED_REPLICAS = Gauge("scalerl_operator_desired_replicas", "Replicas the autoscaler decided, per pool",
+                         ["namespace", "job", "role"])
+RECONCILE_ERRORS = Counter("scalerl_operator_reconcile_errors_total", "Reconcile passes that raised",
+                           ["namespace", "job"])
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Settings of one operator process (the CLI fills them; tests use the environment)."""
+
+    interval_s: float = 15.0  # status + autoscaler period per RLJob, seconds (HPA's sync period)
+    kafka_timeout_s: float = 10.0  # per Kafka request, seconds
+    kubeconfig: str | None = None  # None: in-cluster service account, else KUBECONFIG
+
+    @classmethod
+    def from_env(cls) -> OperatorConfig:
+        """SCALERL_OPERATOR_INTERVAL_S, SCALERL_OPERATOR_KAFKA_TIMEOUT_S, KUBECONFIG."""
+        env = os.environ
+        return cls(interval_s=float(env.get("SCALERL_OPERATOR_INTERVAL_S", cls.interval_s)),
+                   kafka_timeout_s=float(env.get("SCALERL_OPERATOR_KAFKA_TIMEOUT_S", cls.kafka_timeout_s)),
+                   kubeconfig=env.get("KUBECONFIG") or None)
+
+
+@dataclass
+class Runtime:
+    """What the operator process keeps between handler calls (in kopf's memo)."""
+
+    kube: Kube
+    config: OperatorConfig
+    buses: dict[str, KafkaBus] = field(default_factory=dict)
+    tails: dict[str, MetricsTail] = field(default_factory=dict)
+    learners: dict[str, LearnerStatus] = field(default_factory=dict)
+    topics_ready: set[tuple[str, str, int]] = field(default_factory=set)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    _locks: dict[str, threading.Lock] = field(default_factory=dict)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def lock(self, uid: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(uid, threading.Lock())
+
+    def bus(self, bootstrap: str) -> KafkaBus:
+        with self._guard:
+            if bootstrap not in self.buses:
+                self.buses[bootstrap] = KafkaBus(bootstrap, client_id="scalerl-operator",
+                                                 request_timeout_s=self.config.kafka_timeout_s)
+            return self.buses[bootstrap]
+
+    def ensure_topics(self, bootstrap: str, data: list[str], single: list[str], partitions: int) -> None:
+        """Create the job's topics once per process (data topics with `partitions`)."""
+        key = (bootstrap, data[0], partitions)
+        if key not in self.topics_ready:
+            bus = self.bus(bootstrap)
+            bus.ensure_topics(data, partitions=partitions)
+            bus.ensure_topics(single, partitions=1)
+            self.topics_ready.add(key)
+
+    def learner(self, uid: str, name: str, spec: RLJobSpec) -> tuple[LearnerStatus, bool]:
+        """(what the learner reported so far, whether this read worked)."""
+        prev = self.learners.get(uid, LearnerStatus())
+        try:
+            if uid not in self.tails:
+                self.tails[uid] = MetricsTail(spec.bus.bootstrap, f"{name}.metrics",
+                                              timeout_s=self.config.kafka_timeout_s)
+            self.learners[uid] = fold(prev, self.tails[uid].poll())
+            return self.learners[uid], True
+        except Exception as exc:  # the status keeps the last values; the autoscaler counts a failure
+            log.warning("%s: reading %s.metrics failed: %s", name, name, exc)
+            self.forget(uid, keep_status=True)  # a fresh reader next time
+            return prev, False
+
+    def forget(self, uid: str, keep_status: bool = False) -> None:
+        tail = self.tails.pop(uid, None)
+        if tail is not None:
+            try:
+                tail.close()
+            except Exception as exc:  # a broken client: nothing more to release
+                log.debug("closing the metrics reader: %s", exc)
+        if not keep_status:
+            self.learners.pop(uid, None)
+            with self._guard:
+                self._locks.pop(uid, None)
+
+    def close(self, wait_s: float = 30.0) -> None:
+        """Refuse new passes, wait (bounded) for the passes in flight, close the Kafka clients (the API
+        client belongs to whoever made the Kube)."""
+        self.stopping.set()
+        deadline = time.monotonic() + wait_s
+        with self._guard:
+            locks = list(self._locks.values())
+        for lock in locks:
+            if lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                lock.release()
+        for tail in self.tails.values():
+            tail.close()
+        for bus in self.buses.values():
+            bus.close()
+
+    # ---- the work -----------------------------------------------------------------------------------
+
+    def sync(self, namespace: str, name: str, *, scale: bool) -> str | None:
+        """Autoscale (when `scale`), then reconcile; returns the phase (None: the RLJob is gone)."""
+        if self.stopping.is_set():
+            return None
+        obj = self.kube.get(f"{GROUP}/{VERSION}", "RLJob", namespace, name)
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            return None
+        uid = obj["metadata"]["uid"]
+        with self.lock(uid):
+            if self.stopping.is_set():
+                return None
+            obj = self.kube.get(f"{GROUP}/{VERSION}", "RLJob", namespace, name)  # fresh, under the lock
+            if obj is None or obj["metadata"].get("deletionTimestamp"):
+                return None
+            try:
+                spec = parse_spec(obj.get("spec") or {})
+            except SpecError:
+                spec = None
+            learner, ok = self.learner(uid, name, spec) if spec is not None else (LearnerStatus(), False)
+            if spec is not None and scale and not is_terminal(obj.get("status") or {}):
+                obj = self._autoscale(obj, spec, learner if ok else None)
+            out = reconcile(self.kube, obj, learner=learner, ensure_topics=self.ensure_topics)
+            return out.phase
+
+    def _autoscale(self, obj: dict[str, Any], spec: RLJobSpec, learner: LearnerStatus | None) -> dict[str, Any]:
+        bus = self.bus(spec.bus.bootstrap)
+        decisions = autoscale(self.kube, obj, spec, bus=bus, learner=learner, now_s=time.time())
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        for role, d in decisions.items():
+            DESIRED_REPLICAS.labels(ns, name, role).set(d.replicas)
+            if d.changed:
+                SCALE_EVENTS.labels(ns, name, role, "up" if d.replicas > d.current else "down").inc()
+        patch = scaling_status(obj, decisions, datetime.now(UTC)) if decisions else {}
+        try:
+            patch.update(lag_status(bus, obj["metadata"]["name"]))
+        except Exception as exc:  # lag is informative here; the verifier pool counted its own failure
+            log.warning("%s: reading topic lag failed: %s", obj["metadata"]["name"], exc)
+        if not patch:
+            return obj
+        return self.kube.patch_status(obj["metadata"]["namespace"], obj["metadata"]["name"], patch)
+
+    def cleanup(self, obj: dict[str, Any], retry: int) -> None:
+        """The finalizer's work; raises kopf.TemporaryError while the role pods still hold the groups."""
+        m = obj["metadata"]
+        name, ns = m["name"], m["namespace"]
+        try:
+            spec = parse_spec(obj.get("spec") or {})
+        except SpecError:
+            return  # never realised: nothing outside Kubernetes to clean
+        for role, kind in WORKLOADS.items():  # stop the producers first (the learner checkpoints on SIGTERM)
+            scale = self.kube.get_scale(ns, child_name(name, role), kind)
+            if scale is not None and scale["spec"].get("replicas"):
+                self.kube.set_scale(ns, child_name(name, role), 0, kind)
+        admin = KafkaAdminClient(bootstrap_servers=spec.bus.bootstrap.split(","), client_id="scalerl-operator-admin",
+                                 request_timeout_ms=int(self.config.kafka_timeout_s * 1000),
+                                 bootstrap_timeout_ms=int(self.config.kafka_timeout_s * 1000))
+        try:
+            groups = [g for g in admin.list_groups() if g["group_id"].startswith(f"{name}.")]
+            busy = [g["group_id"] for g in groups if g.get("group_state") not in ("Empty", "Dead", None)]
+            if busy and retry < CLEANUP_RETRIES:
+                raise kopf.TemporaryError(f"consumer groups still have members: {', '.join(busy)}",
+                                          delay=CLEANUP_DELAY_S)
+            idle = [g["group_id"] for g in groups if g["group_id"] not in busy]
+            failed = [f"{gid}: {err}" for gid, err in (admin.delete_groups(idle) if idle else [])
+                      if err is not None and getattr(err, "errno", 0) != 0]
+        finally:
+            admin.close()
+        bus = self.bus(spec.bus.bootstrap)
+        doomed = bus.list_topics(prefix=f"{name}.")
+        bus.delete_topics(doomed)
+        self.topics_ready = {k for k in self.topics_ready if not k[1].startswith(f"{name}.")}
+        if busy or failed:
+            self.kube.event(obj, "Warning", "CleanupIncomplete",
+                            f"left in Kafka: {', '.join(busy + failed)}", "Cleanup")
+        self.kube.event(obj, "Normal", "CleanedUp", f"deleted topics {', '.join(doomed) or '(none)'} and "
+                        f"{len(groups) - len(busy)} consumer group(s)", "Cleanup")
+
+
+# ---- kopf wiring --------------------------------------------------------------------------------------
+
+def _runtime(memo: Any) -> Runtime:
+    return memo.runtime  # type: ignore[no-any-return]
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="scalerl.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="scalerl.dev", key="last-handled-configuration")
+    settings.posting.enabled = False  # our own Events: one per scale and phase change
+    settings.networking.request_timeout = 60.0
+    settings.watching.server_timeout = 300  # seconds; the API server wants an integer
+    config = getattr(memo, "config", None) or OperatorConfig.from_env()
+    memo.runtime = Runtime(Kube(load_client(config.kubeconfig)), config)
+
+
+@kopf.on.cleanup()
+def shutdown(memo: kopf.Memo, **_: Any) -> None:
+    flag = getattr(memo, "stop_flag", None)  # set by `python -m scalerl_operator`
+    if flag is not None and not flag.done():
+        flag.set_result(None)
+    if hasattr(memo, "runtime"):
+        _runtime(memo).close()
+        _runtime(memo).kube.api.close()
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+def on_change(meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
+    """Any change of spec, labels or annotations (and every RLJob at operator start)."""
+    try:
+        _runtime(memo).sync(str(meta["namespace"]), str(meta["name"]), scale=False)
+    except Exception as exc:
+        RECONCILE_ERRORS.labels(meta["namespace"], meta["name"]).inc()
+        if isinstance(exc, KubeError) and exc.status in (401, 403):
+            raise kopf.PermanentError(str(exc)) from exc
+        raise kopf.TemporaryError(f"reconcile failed, retrying: {exc}", delay=5) from exc
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+def loop(stopped: kopf.DaemonStopped, meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
+    """Status and autoscaler every `interval_s` while the RLJob exists."""
+    rt = _runtime(memo)
+    while not stopped and not rt.stopping.is_set():
+        try:
+            rt.sync(str(meta["namespace"]), str(meta["name"]), scale=True)
+        except Exception as exc:  # one failed pass never stops the loop
+            RECONCILE_ERRORS.labels(meta["namespace"], meta["name"]).inc()
+            log.warning("%s/%s: periodic pass failed: %s", meta["namespace"], meta["name"], exc)
+        # wake up for either stop: kopf's (deletion, shutdown) or the runtime's (a daemon kopf spawns
+        # for a late event during shutdown only sees the latter)
+        deadline = time.monotonic() + rt.config.interval_s
+        while not stopped and not rt.stopping.is_set() and time.monotonic() < deadline:
+            stopped.wait(min(0.25, max(0.0, deadline - time.monotonic())))
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def on_delete(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    rt = _runtime(memo)
+    obj = dict(body)
+    try:
+        rt.cleanup(obj, retry)
+    except kopf.TemporaryError:
+        raise
+    except Exception as exc:
+        if retry < CLEANUP_RETRIES:
+            raise kopf.TemporaryError(f"cleanup failed, retrying: {exc}", delay=CLEANUP_DELAY_S) from exc
+        log.error("%s: giving up the Kafka cleanup: %s", obj["metadata"]["name"], exc)
+        write_status(rt.kube, obj, {"conditions": c.set_condition(
+            (obj.get("status") or {}).get("conditions"), c.DEGRADED, "True", "CleanupFailed", str(exc)[:1000],
+            obj["metadata"].get("generation"), datetime.now(UTC))})
+    finally:
+        rt.forget(obj["metadata"]["uid"])

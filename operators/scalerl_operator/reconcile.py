@@ -1,0 +1,254 @@
+"""Reconcile one RLJob: validate → render → apply (server-side, idempotent) → status.
+
+Level-based: every call renders the whole desired state from the current object and applies it, so
+it does not matter which event (create, update, resume after an operator restart, the periodic tick)
+triggered it, nor whether a previous run died half-way. Server-side apply as one field manager makes
+a second pass with nothing new a no-op: the API server keeps every child's resourceVersion.
+
+Order: ConfigMap (the pods mount it) → Kafka topics (partitions sized for the pools) → workloads and
+Services. Children get owner references (`kopf.adopt`): garbage collection removes them with the
+RLJob; the finalizer only cleans what Kubernetes cannot (Kafka topics and consumer groups).
+
+A spec the operator cannot realise (schema-valid, but not runnable: see `unrealisable`) or a child
+the API server rejects sets phase Failed with a Failed condition and a Warning Event; a new
+generation is evaluated afresh. Other Failed reasons (deadline) and Succeeded are terminal: every
+role is scaled to zero, the objects stay for inspection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from scalerl.config import SpecError
+from scalerl_operator import conditions as c
+from scalerl_operator.kube import Kube, KubeError
+from scalerl_operator.render import ROLES, child_name, desired_replicas, partitions, render, selector, topics
+from scalerl_operator.rlstatus import LearnerStatus, to_status
+from scalerl_operator.spec import RLJobSpec, parse_spec
+
+log = logging.getLogger(__name__)
+
+WORKLOADS = {"generator": "Deployment", "verifier": "Deployment", "curriculum": "Deployment",
+             "learner": "StatefulSet"}
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did (for Events, logs and tests)."""
+
+    phase: str
+    applied: list[str] = field(default_factory=list)  # "Kind/name" of children whose resourceVersion changed
+    scaled: dict[str, tuple[int, int]] = field(default_factory=dict)  # role -> (before, after)
+    error: str | None = None
+
+
+def unrealisable(spec: RLJobSpec) -> str | None:
+    """Why a schema-valid spec cannot run on a cluster (one line naming the field), or None."""
+    job = spec.job_spec("check")
+    if job.off_policy.mode != "pipeline":
+        return (f"spec.job.off_policy.mode: the distributed learner runs 'pipeline' (PipelineRL-k), "
+                f"got {job.off_policy.mode!r}")
+    gpus = spec.roles.learner.resources.limits.get("nvidia.com/gpu")
+    if gpus is not None and str(gpus).isdigit() and spec.roles.learner.devices_per_node > int(str(gpus)):
+        return (f"spec.roles.learner.devicesPerNode: {spec.roles.learner.devices_per_node} ranks per pod, but "
+                f"resources.limits nvidia.com/gpu is {gpus}")
+    if job.generation.engine == "vllm" and "nvidia.com/gpu" not in spec.roles.generator.resources.limits:
+        return "spec.roles.generator.resources.limits: job.generation.engine=vllm needs nvidia.com/gpu"
+    if not spec.store.endpoint or spec.store.credentials_secret is None:
+        return ("spec.store: the S3 store needs endpoint and credentialsSecret (the roles read S3_ENDPOINT, "
+                "S3_ACCESS_KEY, S3_SECRET_KEY)")
+    return None
+
+
+def _workload_replicas(obj: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(ready, desired) of a Deployment/StatefulSet, or None when it does not exist."""
+    if obj is None:
+        return None
+    return int((obj.get("status") or {}).get("readyReplicas") or 0), int(obj["spec"].get("replicas") or 0)
+
+
+def observe(kube: Kube, namespace: str, name: str) -> dict[str, dict[str, Any] | None]:
+    return {role: kube.get("apps/v1", kind, namespace, child_name(name, role)) for role, kind in WORKLOADS.items()}
+
+
+def learner_restarts(kube: Kube, namespace: str, name: str) -> int:
+    """Container restarts of the learner pods now (each one resumed from the last checkpoint)."""
+    pods = kube.list_objects("v1", "Pod", namespace, ",".join(f"{k}={v}" for k, v in selector(name, "learner").items()))
+    return sum(int(cs.get("restartCount") or 0) for p in pods for cs in (p.get("status") or {}).get(
+        "containerStatuses") or [])
+
+
+def is_terminal(status: dict[str, Any]) -> bool:
+    """Succeeded, or Failed for a reason a new spec cannot fix."""
+    if status.get("phase") == c.PHASE_SUCCEEDED:
+        return True
+    failed = c.get_condition(status.get("conditions"), c.FAILED)
+    return status.get("phase") == c.PHASE_FAILED and failed is not None and failed["reason"] not in (
+        c.REASON_INVALID_SPEC, c.REASON_CHILD_APPLY_FAILED)
+
+
+def _failed(obj: dict[str, Any], reason: str, message: str, now: datetime) -> dict[str, Any]:
+    gen = obj["metadata"].get("generation")
+    conds = (obj.get("status") or {}).get("conditions")
+    for t, s in ((c.FAILED, "True"), (c.READY, "False"), (c.PROGRESSING, "False")):
+        conds = c.set_condition(conds, t, s, reason, message, gen, now)  # type: ignore[arg-type]
+    return {"observedGeneration": gen, "phase": c.PHASE_FAILED, "conditions": conds}
+
+
+def _summary(roles: dict[str, tuple[int, int]]) -> str:
+    return ", ".join(f"{r} {ready}/{want}" for r, (ready, want) in roles.items())
+
+
+def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple[int, int]],
+                 learner: LearnerStatus, now: datetime, restarts: int = 0) -> dict[str, Any]:
+    """The status of a realisable RLJob (pure): phase, conditions, ready/desired per role, RL fields.
+    `restarts`: learner container restarts observed now; the status keeps the highest count seen
+    (a replaced pod starts again from 0), and more than failurePolicy.maxRestarts fails the job."""
+    gen = obj["metadata"].get("generation")
+    prev = obj.get("status") or {}
+    conds = prev.get("conditions")
+    out: dict[str, Any] = {"observedGeneration": gen, "restarts": max(int(prev.get("restarts") or 0), restarts),
+                           "roles": {r: {"ready": rd, "desired": d, "summary": f"{rd}/{d}"}
+                                     for r, (rd, d) in roles.items()}}
+    k = spec.job_spec("status").off_policy.k
+    if learner.records:
+        out.update(to_status(learner, store_uri=spec.store.uri, bound_k=k))
+    start = prev.get("startTime")
+    deadline = spec.active_deadline_seconds
+    if is_terminal(prev):
+        return {**out, "phase": prev["phase"]}
+    if learner.done:
+        phase, why = c.PHASE_SUCCEEDED, (c.REASON_STEPS_COMPLETED, f"the learner finished at step {learner.step}")
+    elif spec.suspend:
+        phase, why = c.PHASE_SUSPENDED, (c.REASON_SUSPENDED, "spec.suspend: every role at 0, checkpoints kept")
+        start = None  # as for a Job, the deadline counts from the last resume
+    elif out["restarts"] > spec.failure_policy.max_restarts:
+        phase, why = c.PHASE_FAILED, (c.REASON_MAX_RESTARTS_EXCEEDED, f"the learner restarted {out['restarts']} "
+                                      f"times, failurePolicy.maxRestarts is {spec.failure_policy.max_restarts}")
+    elif deadline is not None and start and (now - datetime.fromisoformat(start.replace("Z", "+00:00"))
+                                              ).total_seconds() > deadline:
+        phase, why = c.PHASE_FAILED, (c.REASON_DEADLINE_EXCEEDED, f"activeDeadlineSeconds {deadline} passed")
+    else:
+        ready_all = all(rd >= d for rd, d in roles.values())
+        learner_up = roles["learner"][0] >= max(1, roles["learner"][1])
+        was_running = prev.get("phase") == c.PHASE_RUNNING
+        phase = c.PHASE_RUNNING if learner_up or was_running else c.PHASE_PENDING
+        why = (c.REASON_ALL_ROLES_READY if ready_all else c.REASON_ROLES_NOT_READY, _summary(roles))
+        start = start or c.rfc3339(now)
+    out["startTime"] = start
+    ready = phase in (c.PHASE_RUNNING, c.PHASE_PENDING) and why[0] == c.REASON_ALL_ROLES_READY
+    progressing = phase in (c.PHASE_RUNNING, c.PHASE_PENDING) and not ready
+    susp_reason = c.REASON_SUSPENDED if spec.suspend else (
+        c.REASON_RESUMED if c.is_true(conds, c.SUSPENDED) else c.REASON_NOT_SUSPENDED)
+    updates: list[tuple[str, bool, str, str]] = [
+        (c.READY, ready, why[0], why[1]),
+        (c.PROGRESSING, progressing, c.REASON_RECONCILING if progressing else c.REASON_RECONCILED, _summary(roles)),
+        (c.DEGRADED, phase == c.PHASE_RUNNING and not ready,
+         c.REASON_REPLICAS_UNAVAILABLE if phase == c.PHASE_RUNNING and not ready else c.REASON_ALL_ROLES_READY,
+         _summary(roles)),
+        (c.SUSPENDED, spec.suspend, susp_reason, why[1] if spec.suspend else "spec.suspend is false"),
+        (c.COMPLETE, phase == c.PHASE_SUCCEEDED, c.REASON_STEPS_COMPLETED if learner.done else c.REASON_RUNNING,
+         why[1] if learner.done else "training"),
+        (c.FAILED, phase == c.PHASE_FAILED, why[0] if phase == c.PHASE_FAILED else c.REASON_RUNNING,
+         why[1] if phase == c.PHASE_FAILED else "no failure"),
+    ]
+    target = spec.roles.generator.autoscaling.target_starvation
+    tol = spec.roles.generator.autoscaling.tolerance
+    if learner.starvation is not None:
+        starved = learner.starvation > target * (1 + tol)
+        updates.append((c.LEARNER_STARVED, starved, c.REASON_STARVED if starved else c.REASON_FED,
+                        f"the learner waits {learner.starvation:.1%} of its step time for batches (target "
+                        f"{target:.0%})"))
+    if learner.staleness is not None:
+        at = learner.staleness >= k
+        lag_reason = c.REASON_STALENESS_AT_BOUND if at else c.REASON_STALENESS_WITHIN_BOUND
+        updates.append((c.POLICY_LAG_EXCEEDED, at, lag_reason,
+                        f"staleness {learner.staleness:g} policy versions, bound k={k}"))
+    for type_, flag, reason, message in updates:
+        conds = c.set_condition(conds, type_, "True" if flag else "False", reason, message, gen, now)
+    return {**out, "phase": phase, "conditions": conds}
+
+
+EnsureTopics = Callable[[str, list[str], list[str], int], None]
+
+
+def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure_topics: EnsureTopics,
+              now: datetime | None = None) -> Outcome:
+    """One full pass for `obj` (a fresh RLJob dict). `ensure_topics(bootstrap, data, single,
+    partitions)` creates the Kafka topics; Kafka errors propagate (the caller retries)."""
+    now = now or datetime.now(UTC)
+    m = obj["metadata"]
+    name, ns = m["name"], m["namespace"]
+    prev = obj.get("status") or {}
+    try:
+        spec = parse_spec(obj.get("spec") or {})
+        problem = unrealisable(spec)
+    except SpecError as exc:
+        spec, problem = None, str(exc)
+    if spec is None or problem is not None:
+        return _fail(kube, obj, c.REASON_INVALID_SPEC, problem or "invalid spec", now)
+    live = observe(kube, ns, name)
+    before = {r: _workload_replicas(o) for r, o in live.items()}
+    if is_terminal(prev):
+        replicas = dict.fromkeys(ROLES, 0)
+    else:
+        scaling = prev.get("scaling") or {}
+        replicas = desired_replicas(spec, live={r: b[1] if b else None for r, b in before.items()},
+                                    remembered={r: (scaling.get(r) or {}).get("lastReplicas")
+                                                for r in ("generator", "verifier")})
+    children = render(name, ns, spec, replicas)
+    kopf.adopt(children, owner=obj)  # type: ignore[arg-type]
+    out = Outcome(phase=prev.get("phase", c.PHASE_PENDING))
+    try:
+        for i, child in enumerate(children):
+            if i == 1:  # after the ConfigMap, before the workloads that use the topics
+                data, single = topics(name)
+                ensure_topics(spec.bus.bootstrap, data, single, partitions(spec))
+            old = (kube.get(child["apiVersion"], child["kind"], ns, child["metadata"]["name"]) or {}).get("metadata")
+            new = kube.apply(child)
+            if new["metadata"]["resourceVersion"] != (old or {}).get("resourceVersion"):
+                out.applied.append(f"{child['kind']}/{child['metadata']['name']}")
+            role = child["metadata"]["labels"]["app.kubernetes.io/component"]
+            if child["kind"] in ("Deployment", "StatefulSet"):
+                live[role] = new
+    except KubeError as exc:
+        if exc.status in (400, 422):  # the API server rejects what we rendered: the spec cannot be realised
+            return _fail(kube, obj, c.REASON_CHILD_APPLY_FAILED, str(exc), now)
+        raise
+    why = "suspended" if spec.suspend else f"job {prev['phase']}" if is_terminal(prev) else "spec change or resume"
+    for role, b in before.items():
+        after = replicas[role]
+        if b is not None and b[1] != after:
+            out.scaled[role] = (b[1], after)
+            kube.event(obj, "Normal", "Scaled", f"{role}: {b[1]} -> {after} replicas ({why})", "Scale")
+    roles = {r: _workload_replicas(o) or (0, replicas[r]) for r, o in live.items()}
+    patch = status_patch(obj, spec, roles=roles, learner=learner, now=now,
+                         restarts=learner_restarts(kube, ns, name))
+    write_status(kube, obj, patch)
+    out.phase = patch["phase"]
+    return out
+
+
+def write_status(kube: Kube, obj: dict[str, Any], patch: dict[str, Any]) -> None:
+    """Patch /status; post an Event when the phase changes."""
+    old = (obj.get("status") or {}).get("phase")
+    kube.patch_status(obj["metadata"]["namespace"], obj["metadata"]["name"], patch)
+    new = patch.get("phase")
+    if new is not None and new != old:
+        failed = c.get_condition(patch.get("conditions"), c.FAILED)
+        warn = new == c.PHASE_FAILED
+        msg = f"phase {old or 'None'} -> {new}" + (f": {failed['message']}" if warn and failed else "")
+        kube.event(obj, "Warning" if warn else "Normal", failed["reason"] if warn and failed else f"Phase{new}",
+                   msg, "PhaseChange")
+
+
+def _fail(kube: Kube, obj: dict[str, Any], reason: str, message: str, now: datetime) -> Outcome:
+    log.warning("RLJob %s/%s cannot be realised: %s", obj["metadata"]["namespace"], obj["metadata"]["name"], message)
+    write_status(kube, obj, _failed(obj, reason, message, now))
+    return Outcome(phase=c.PHASE_FAILED, error=message)

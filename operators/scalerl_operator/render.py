@@ -1,0 +1,260 @@
+"""RLJob → the desired child objects, as plain dicts. Pure: no API calls, no clock.
+
+For an RLJob named J (labels `app.kubernetes.io/{name,instance,component,managed-by}` and
+`scalerl.dev/job: J` on every object and pod):
+- ConfigMap `J-spec`: `job.yaml`, the full JobSpec (spec.job + name + runtime.bus/store/partitions);
+- Deployments `J-generator`, `J-verifier`, `J-curriculum`: `scalerl serve <role>` with gRPC on 50051
+  and the side port (/healthz, /readyz, /metrics) on `telemetry.metricsPort`. Readiness is /readyz:
+  a generator answers ready only once it has loaded the current policy version, so it receives no
+  work before. Scale-down drains: preStop waits `PRESTOP_S` (endpoints drop the pod first), then
+  SIGTERM makes the role finish or hand back its in-flight rollouts within the grace period;
+- StatefulSet `J-learner` + headless Service `J-learner`: `nodes` pods under torchrun, node rank =
+  the pod ordinal (label `apps.kubernetes.io/pod-index`), master `J-learner-0.J-learner`; the
+  headless Service publishes not-ready addresses, so rank 0's name resolves before it is ready;
+- Services `J-generator`, `J-verifier` (grpc 50051, metrics).
+A pod template carries `scalerl.dev/spec-hash` (sha256 of job.yaml): a change of spec.job rolls the
+pods, which read job.yaml only at start. Owner references are added by the reconciler (kopf.adopt).
+
+Replica counts are an input (`replicas`), computed by `desired_replicas` from the spec and what the
+cluster runs now: an autoscaled pool keeps the size the autoscaler gave it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import yaml
+
+from scalerl.config import RuntimeConfig, dump_spec
+from scalerl_operator.spec import PodPlacement, RLJobSpec
+
+GRPC_PORT = 50051
+TORCH_PORT = 29500
+CONFIG_DIR = "/etc/scalerl"
+JOB_FILE = f"{CONFIG_DIR}/job.yaml"
+WORK_DIR = "/home/scalerl"  # the image's WORKDIR and HOME (runs/<job>, caches); an emptyDir
+UID = 10001  # the image's non-root user
+PRESTOP_S = 5
+GRACE_S = {"generator": 120, "verifier": 60, "curriculum": 60, "learner": 300}
+ROLES = ("generator", "verifier", "curriculum", "learner")
+SPEC_HASH_ANNOTATION = "scalerl.dev/spec-hash"
+# the roles' topics `<job>.<kind>` (scalerl.bus.base.TOPIC_KINDS; a unit test keeps the two equal):
+DATA_TOPIC_KINDS = ("prompts", "rollouts", "scored")  # partitioned by prompt id
+SINGLE_TOPIC_KINDS = ("policy", "metrics", "dlq")  # one partition: the policy announcements stay in order
+
+
+def child_name(job: str, role: str) -> str:
+    return f"{job}-spec" if role == "spec" else f"{job}-{role}"
+
+
+def labels(job: str, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "scalerl", "app.kubernetes.io/instance": job,
+            "app.kubernetes.io/component": component, "app.kubernetes.io/managed-by": "scalerl-operator",
+            "scalerl.dev/job": job}
+
+
+def selector(job: str, role: str) -> dict[str, str]:
+    """Immutable Deployment/StatefulSet selectors: the smallest label set that names the pods."""
+    return {"app.kubernetes.io/instance": job, "app.kubernetes.io/component": role}
+
+
+def partitions(spec: RLJobSpec) -> int:
+    """Partitions of the data topics: spec.bus.partitions, or (0) enough for the largest pool that
+    can share a topic: max(generator, verifier) over maxReplicas and replicas."""
+    if spec.bus.partitions > 0:
+        return spec.bus.partitions
+    g, v = spec.roles.generator, spec.roles.verifier
+    return max(g.autoscaling.max_replicas, v.autoscaling.max_replicas, g.replicas, v.replicas, 1)
+
+
+def topics(job: str) -> tuple[list[str], list[str]]:
+    """(data topics, single-partition topics) of a job, as the roles name them."""
+    return [f"{job}.{k}" for k in DATA_TOPIC_KINDS], [f"{job}.{k}" for k in SINGLE_TOPIC_KINDS]
+
+
+def job_yaml(name: str, spec: RLJobSpec) -> str:
+    """The JobSpec the role processes read: spec.job + name + the runtime the cluster provides."""
+    runtime = RuntimeConfig(bus=f"kafka://{spec.bus.bootstrap}", store=spec.store.uri, partitions=partitions(spec))
+    return dump_spec(spec.job_spec(name, runtime))
+
+
+def _clamp(n: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, n))
+
+
+def desired_replicas(spec: RLJobSpec, *, live: dict[str, int | None],
+                     remembered: dict[str, int | None]) -> dict[str, int]:
+    """Replicas to apply per role. Suspended: all 0. A pool without autoscaling: spec replicas. An
+    autoscaled pool: what it runs now (`live`, the autoscaler's choice), clamped to [min, max];
+    when it does not exist yet or comes back from suspension (0 with minReplicas > 0): the last
+    autoscaler size (`remembered`, status.scaling.<role>.lastReplicas), else spec replicas, clamped."""
+    if spec.suspend:
+        return dict.fromkeys(ROLES, 0)
+    out = {"curriculum": 1, "learner": spec.roles.learner.nodes}
+    for role in ("generator", "verifier"):
+        r = getattr(spec.roles, role)
+        a = r.autoscaling
+        if not a.enabled:
+            out[role] = r.replicas
+            continue
+        now = live.get(role)
+        if now is None or (now == 0 and a.min_replicas > 0):
+            now = remembered.get(role) or r.replicas
+        out[role] = _clamp(now, a.min_replicas, a.max_replicas)
+    return out
+
+
+def _meta(job: str, namespace: str, name: str, component: str) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": labels(job, component)}
+
+
+def _env(job: str, role: str, spec: RLJobSpec) -> list[dict[str, Any]]:
+    def field_ref(name: str, path: str) -> dict[str, Any]:
+        return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+    env = [field_ref("POD_NAME", "metadata.name"), field_ref("POD_NAMESPACE", "metadata.namespace"),
+           {"name": "HOME", "value": WORK_DIR}, {"name": "SCALERL_CACHE", "value": f"{WORK_DIR}/.cache/scalerl"},
+           {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if spec.store.endpoint:
+        env.append({"name": "S3_ENDPOINT", "value": spec.store.endpoint})
+    if (sec := spec.store.credentials_secret) is not None:
+        env += [{"name": "S3_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": sec.name, "key": sec.access_key_key}}},
+                {"name": "S3_SECRET_KEY", "valueFrom": {"secretKeyRef": {"name": sec.name, "key": sec.secret_key_key}}}]
+    if spec.telemetry.otlp_endpoint:
+        env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": spec.telemetry.otlp_endpoint})
+    env += [{"name": "OTEL_SERVICE_NAME", "value": f"scalerl-{role}"},
+            {"name": "OTEL_RESOURCE_ATTRIBUTES",
+             "value": f"scalerl.job={job},k8s.namespace.name=$(POD_NAMESPACE),k8s.pod.name=$(POD_NAME)"}]
+    return env
+
+
+def serve_args(role: str, spec: RLJobSpec) -> list[str]:
+    """`scalerl serve` arguments of a role (after the `scalerl` entrypoint or `-m scalerl.cli`)."""
+    return ["serve", role, "--job", JOB_FILE, "--bus", f"kafka://{spec.bus.bootstrap}", "--store", spec.store.uri,
+            "--id", "$(POD_NAME)", "--grpc-port", str(GRPC_PORT), "--http-port", str(spec.telemetry.metrics_port)]
+
+
+def _tolerations(r: PodPlacement) -> list[dict[str, Any]]:
+    return [{k: v for k, v in t.model_dump(by_alias=True).items() if v not in ("", None)} for t in r.tolerations]
+
+
+def _resources(r: PodPlacement) -> dict[str, Any]:
+    return {k: v for k, v in r.resources.model_dump(by_alias=True).items() if v}
+
+
+def _container(job: str, role: str, spec: RLJobSpec, r: PodPlacement) -> dict[str, Any]:
+    metrics = spec.telemetry.metrics_port
+    ports = [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+             {"name": "metrics", "containerPort": metrics, "protocol": "TCP"}]
+    return {
+        "name": role, "image": r.image or spec.image, "imagePullPolicy": spec.image_pull_policy,
+        "command": ["scalerl"], "args": serve_args(role, spec), "env": _env(job, role, spec), "ports": ports,
+        "resources": _resources(r),
+        # /healthz: the process is alive; /readyz: it serves (a generator: the current policy is loaded)
+        "startupProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 5,
+                         "failureThreshold": 120},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 10,
+                          "timeoutSeconds": 5, "failureThreshold": 6},
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 5,
+                           "timeoutSeconds": 3, "failureThreshold": 3},
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_S}}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "job-spec", "mountPath": CONFIG_DIR, "readOnly": True},
+                         {"name": "work", "mountPath": WORK_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def _pod_template(job: str, role: str, spec: RLJobSpec, r: PodPlacement, spec_hash: str,
+                  container: dict[str, Any]) -> dict[str, Any]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "job-spec", "configMap": {"name": child_name(job, "spec"), "items": [{"key": "job.yaml",
+                                                                                       "path": "job.yaml"}]}},
+        {"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    if role == "learner":  # NCCL / torch.distributed use shared memory between the ranks of a pod
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+    pod: dict[str, Any] = {
+        "terminationGracePeriodSeconds": GRACE_S[role], "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container], "volumes": volumes}
+    if r.node_selector:
+        pod["nodeSelector"] = dict(r.node_selector)
+    if r.tolerations:
+        pod["tolerations"] = _tolerations(r)
+    return {"metadata": {"labels": labels(job, role),
+                         "annotations": {SPEC_HASH_ANNOTATION: spec_hash,
+                                         "prometheus.io/scrape": "true",
+                                         "prometheus.io/port": str(spec.telemetry.metrics_port)}},
+            "spec": pod}
+
+
+def _deployment(job: str, ns: str, role: str, spec: RLJobSpec, replicas: int, spec_hash: str) -> dict[str, Any]:
+    r = getattr(spec.roles, role)
+    # generators hold GPUs: replace in place (no surge pod that may not fit); the curriculum owns the
+    # prompt pool, so never two at once; verifiers are CPU pods and may surge
+    strategy: dict[str, Any] = {"type": "Recreate"} if role == "curriculum" else {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1} if role == "generator"
+        else {"maxSurge": 1, "maxUnavailable": 0}}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, ns, child_name(job, role), role),
+            "spec": {"replicas": replicas, "selector": {"matchLabels": selector(job, role)}, "strategy": strategy,
+                     "template": _pod_template(job, role, spec, r, spec_hash, _container(job, role, spec, r))}}
+
+
+def learner_command(job: str, spec: RLJobSpec) -> list[str]:
+    """torchrun across the StatefulSet's pods: rank from the pod ordinal, rank 0's DNS as master."""
+    lr, name = spec.roles.learner, child_name(job, "learner")
+    return ["torchrun", "--nnodes", str(lr.nodes), "--nproc_per_node", str(lr.devices_per_node),
+            "--node_rank", "$(NODE_RANK)", "--master_addr", f"{name}-0.{name}",
+            "--master_port", str(TORCH_PORT), "-m", "scalerl.cli", *serve_args("learner", spec)]
+
+
+def _learner(job: str, ns: str, spec: RLJobSpec, replicas: int, spec_hash: str) -> dict[str, Any]:
+    lr = spec.roles.learner
+    c = _container(job, "learner", spec, lr)
+    c["command"] = learner_command(job, spec)
+    del c["args"]
+    c["env"].insert(0, {"name": "NODE_RANK", "valueFrom": {
+        "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}})
+    c["ports"].append({"name": "torch", "containerPort": TORCH_PORT, "protocol": "TCP"})
+    name = child_name(job, "learner")
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _meta(job, ns, name, "learner"),
+            "spec": {"replicas": replicas, "serviceName": name, "podManagementPolicy": "Parallel",
+                     "selector": {"matchLabels": selector(job, "learner")},
+                     "template": _pod_template(job, "learner", spec, lr, spec_hash, c)}}
+
+
+def _service(job: str, ns: str, role: str, spec: RLJobSpec, *, headless: bool = False) -> dict[str, Any]:
+    ports = [{"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+             {"name": "metrics", "port": spec.telemetry.metrics_port, "targetPort": "metrics", "protocol": "TCP"}]
+    svc: dict[str, Any] = {"selector": selector(job, role), "ports": ports}
+    if headless:
+        ports.append({"name": "torch", "port": TORCH_PORT, "targetPort": "torch", "protocol": "TCP"})
+        svc.update(clusterIP="None", publishNotReadyAddresses=True)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job, ns, child_name(job, role), role),
+            "spec": svc}
+
+
+def render(name: str, namespace: str, spec: RLJobSpec, replicas: dict[str, int]) -> list[dict[str, Any]]:
+    """Every child of the RLJob, in apply order (the ConfigMap first: the pods mount it)."""
+    text = job_yaml(name, spec)
+    spec_hash = hashlib.sha256(text.encode()).hexdigest()[:16]
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, namespace, child_name(name, "spec"), "spec"),
+          "data": {"job.yaml": text}}
+    return [cm,
+            *(_deployment(name, namespace, role, spec, replicas[role], spec_hash)
+              for role in ("curriculum", "generator", "verifier")),
+            _service(name, namespace, "learner", spec, headless=True),
+            _learner(name, namespace, spec, replicas["learner"], spec_hash),
+            _service(name, namespace, "generator", spec), _service(name, namespace, "verifier", spec)]
+
+
+def parse_job_yaml(text: str) -> dict[str, Any]:
+    """The mapping in a rendered job.yaml (tests and the reconciler read it back)."""
+    out = yaml.safe_load(text)
+    if not isinstance(out, dict):
+        raise ValueError("job.yaml: the top level must be a mapping")
+    return out

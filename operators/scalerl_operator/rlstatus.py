@@ -1,0 +1,138 @@
+"""The RL part of an RLJob's status, read from the job's Kafka `metrics` topic.
+
+Source choice: the learner already publishes a `MetricRecord` per step on `<job>.metrics`
+(runtime/learner_service.py `_announce`), the operator already talks to Kafka (topics, lag), and the
+topic outlives both the learner and the operator: a restarted operator re-reads the tail and has the
+status back at once. An HTTP status URL would need a network path from the operator to the learner
+pod (absent in tests, where no pod runs, and often closed by network policies) and would go dark
+while the learner restarts. The cost is freshness: one record per learner step.
+
+Records read (`MetricRecord(kind, step, values)`; unknown kinds and keys are ignored):
+- `train`: step = learner step = the policy version it just published; values `staleness_max`
+  (policy versions, the staleness compared to the bound k), `batch_wait_frac` (fraction of the step
+  wall time the learner waited for a batch: the generators' starvation signal);
+- `eval`: `pass_rate` (held-out mean@k); `done`: the run finished (`final_pass_rate`);
+- `checkpoint`: step of a checkpoint uploaded to `<store>/checkpoints/step_<step:06d>`;
+- `fit`: `A`, `B`, `C_mid`, `compute` (device-hours) of the last sigmoid fit.
+`fold` is pure; `MetricsTail` does the reading.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from scalerl.messages import MetricRecord
+from scalerl.rpc.convert import decode_envelope
+
+log = logging.getLogger(__name__)
+
+TAIL_RECORDS = 500  # per partition, read on the first poll of a job (the status needs only the latest)
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerStatus:
+    """What the operator knows of the learner (None: not reported yet)."""
+
+    step: int | None = None
+    starvation: float | None = None
+    staleness: float | None = None
+    pass_rate: float | None = None
+    checkpoint_step: int | None = None
+    fit: tuple[float, float, float, float] | None = None  # A, B, C_mid, compute (device-hours)
+    done: bool = False
+    records: int = 0  # how many records were folded in (0: nothing heard from the learner)
+
+
+def fold(prev: LearnerStatus, records: list[MetricRecord]) -> LearnerStatus:
+    """Apply records, oldest first, to the previous status."""
+    s = prev
+    for r in records:
+        v = r.values
+        if r.kind == "train":
+            s = replace(s, step=r.step, staleness=v.get("staleness_max", s.staleness),
+                        starvation=v.get("batch_wait_frac", s.starvation))
+        elif r.kind == "eval" and "pass_rate" in v:
+            s = replace(s, pass_rate=v["pass_rate"])
+        elif r.kind == "checkpoint":
+            s = replace(s, checkpoint_step=r.step)
+        elif r.kind == "fit" and {"A", "B", "C_mid"} <= v.keys():
+            s = replace(s, fit=(v["A"], v["B"], v["C_mid"], v.get("compute", 0.0)))
+        elif r.kind == "done":
+            s = replace(s, done=True, pass_rate=v.get("final_pass_rate", s.pass_rate), step=r.step)
+        else:
+            continue
+        s = replace(s, records=s.records + 1)
+    return s
+
+
+def to_status(s: LearnerStatus, *, store_uri: str, bound_k: int) -> dict[str, Any]:
+    """The RLJob status fields (camelCase) this learner status fills; None clears a field."""
+    return {
+        "policyVersion": s.step, "learnerStep": s.step,
+        "lastCheckpoint": None if s.checkpoint_step is None else {
+            "uri": f"{store_uri.rstrip('/')}/checkpoints/step_{s.checkpoint_step:06d}", "step": s.checkpoint_step},
+        "staleness": None if s.staleness is None else {"current": round(s.staleness), "bound": bound_k,
+                                                       "summary": f"{round(s.staleness)}/{bound_k}"},
+        "passRate": None if s.pass_rate is None else min(1.0, max(0.0, s.pass_rate)),
+        "fit": None if s.fit is None else {"A": s.fit[0], "B": s.fit[1], "Cmid": s.fit[2], "computeAtFit": s.fit[3]},
+    }
+
+
+class MetricsTail:
+    """Reads what is new on one job's metrics topic (no consumer group: nothing is committed).
+
+    The first `poll` starts `TAIL_RECORDS` before the end of each partition; later polls continue
+    where the previous one stopped. Records that do not decode to a MetricRecord are skipped."""
+
+    def __init__(self, bootstrap: str, topic: str, *, timeout_s: float = 10.0) -> None:
+        from kafka import KafkaConsumer
+
+        self.topic = topic
+        self.timeout_s = timeout_s
+        self._c = KafkaConsumer(bootstrap_servers=[b.strip() for b in bootstrap.split(",") if b.strip()],
+                                group_id=None, enable_auto_commit=False, client_id="scalerl-operator-metrics",
+                                request_timeout_ms=int(timeout_s * 1000) + 1000,
+                                bootstrap_timeout_ms=int(timeout_s * 1000),
+                                consumer_timeout_ms=int(timeout_s * 1000))
+        self._parts: list[Any] = []  # kafka TopicPartition
+
+    def _assign(self) -> bool:
+        from kafka import TopicPartition
+
+        ids = self._c.partitions_for_topic(self.topic)
+        if not ids:
+            return False
+        parts = [TopicPartition(self.topic, p) for p in sorted(ids)]
+        if parts != self._parts:
+            new = [tp for tp in parts if tp not in self._parts]
+            self._c.assign(parts)
+            begin, end = self._c.beginning_offsets(new), self._c.end_offsets(new)
+            for tp in new:
+                self._c.seek(tp, max(begin[tp], end[tp] - TAIL_RECORDS))
+            self._parts = parts
+        return True
+
+    def poll(self) -> list[MetricRecord]:
+        """Every MetricRecord appended since the last poll (up to the end offsets taken now)."""
+        if not self._assign():
+            return []
+        end = self._c.end_offsets(self._parts)
+        out: list[tuple[int, int, MetricRecord]] = []
+        deadline = time.monotonic() + self.timeout_s
+        while any(self._c.position(tp) < end[tp] for tp in self._parts) and time.monotonic() < deadline:
+            for tp, recs in self._c.poll(timeout_ms=200).items():
+                for r in recs:
+                    try:
+                        msg = decode_envelope(r.value)
+                    except Exception as exc:  # a bad record never stops the status
+                        log.debug("%s@%d: not a message: %s", tp, r.offset, exc)
+                        continue
+                    if isinstance(msg, MetricRecord):
+                        out.append((r.timestamp, r.offset, msg))
+        return [m for _, _, m in sorted(out, key=lambda x: (x[0], x[1]))]
+
+    def close(self) -> None:
+        self._c.close(autocommit=False)

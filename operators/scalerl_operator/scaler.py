@@ -1,0 +1,143 @@
+"""One autoscaler pass for one RLJob: read the metrics, decide, write `/scale`, remember.
+
+- verifiers: the lag of `<job>.rollouts` for the group `<job>.verifiers`, read from the real Kafka
+  (`KafkaBus.lag` / `committed` / `partitions`);
+- generators: the learner's starvation and staleness (scalerl_operator.rlstatus); until the learner
+  has reported anything the pool is held (a warm-up is not a metric failure), a failed read of the
+  metrics topic counts towards `failureThreshold`.
+The decision math is scalerl_operator.autoscaler / hpa (pure). The replica count is written through
+the Deployment's /scale subresource, as HPA does, so `kubectl scale` and an external HPA/KEDA see
+the same field. The autoscaler state goes to `status.scaling.<role>` with every pass, so an operator
+restarted mid-cool-down picks up the same windows; every size change posts a `Scaled` Event.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from scalerl_operator import conditions as c
+from scalerl_operator.autoscaler import (
+    PAUSE_ANNOTATION,
+    Decision,
+    LagReading,
+    LagTarget,
+    LearnerReading,
+    Proposal,
+    ScalerConfig,
+    ScalerState,
+    ScalingPolicy,
+    ScalingRules,
+    StarvationTarget,
+    decide,
+    generator_proposal,
+    verifier_proposal,
+)
+from scalerl_operator.kube import Kube
+from scalerl_operator.render import child_name
+from scalerl_operator.rlstatus import LearnerStatus
+from scalerl_operator.spec import GeneratorAutoscaling, RLJobSpec, ScaleDownRules, ScaleUpRules, VerifierAutoscaling
+
+if TYPE_CHECKING:
+    from scalerl.bus.kafka import KafkaBus
+
+log = logging.getLogger(__name__)
+
+AWAITING_LEARNER = "AwaitingLearner"
+# (topic kind, consumer group role) whose lag the status reports
+LAG_TOPICS = (("prompts", "generators"), ("rollouts", "verifiers"), ("scored", "learner"))
+
+
+def _rules(r: ScaleUpRules | ScaleDownRules) -> ScalingRules:
+    return ScalingRules(r.stabilization_window_seconds,
+                        tuple(ScalingPolicy(p.type, p.value, p.period_seconds) for p in r.policies), r.select_policy)
+
+
+def scaler_config(a: GeneratorAutoscaling | VerifierAutoscaling) -> ScalerConfig:
+    """The HPA part of a role's `autoscaling` block."""
+    return ScalerConfig(min_replicas=a.min_replicas, max_replicas=a.max_replicas, tolerance=a.tolerance,
+                        fallback_replicas=a.fallback_replicas, failure_threshold=a.failure_threshold,
+                        scale_up=_rules(a.behavior.scale_up), scale_down=_rules(a.behavior.scale_down))
+
+
+def lag_reading(bus: KafkaBus, job: str) -> LagReading:
+    """Lag of `<job>.rollouts` for the verifiers' consumer group, from the broker."""
+    topic, group = f"{job}.rollouts", f"{job}.verifiers"
+    return LagReading(total_lag=bus.lag(group, topic), partitions=len(bus.partitions(topic)),
+                      committed=bool(bus.committed(group, topic)))
+
+
+def lag_status(bus: KafkaBus, job: str) -> dict[str, Any]:
+    """status.lag (records not yet committed per topic by the group that consumes it) and lagTotal."""
+    lag = {f"{job}.{kind}": bus.lag(f"{job}.{group}", f"{job}.{kind}") for kind, group in LAG_TOPICS}
+    return {"lag": lag, "lagTotal": sum(lag.values())}
+
+
+def _proposal(role: str, spec: RLJobSpec, job: str, current: int, cfg: ScalerConfig, bus: KafkaBus,
+              learner: LearnerStatus | None) -> Proposal | None:
+    if role == "verifier":
+        a = spec.roles.verifier.autoscaling
+        target = LagTarget(a.target_lag_per_replica, a.activation_lag, a.no_offset_policy)
+        try:
+            reading = lag_reading(bus, job)
+        except Exception as exc:  # any broker or client failure is a failed metric read
+            log.warning("%s: reading the verifier lag failed: %s", job, exc)
+            return None
+        return verifier_proposal(reading, current=current, target=target, cfg=cfg)
+    if learner is None:
+        return None
+    if learner.starvation is None or learner.staleness is None:
+        return Proposal(current, AWAITING_LEARNER, "no starvation/staleness reported by the learner yet: hold")
+    g = spec.roles.generator.autoscaling
+    k = spec.job_spec(job).off_policy.k
+    return generator_proposal(LearnerReading(learner.starvation, learner.staleness, k), current=current,
+                              target=StarvationTarget(g.target_starvation, g.staleness_headroom), cfg=cfg)
+
+
+def autoscale(kube: Kube, obj: dict[str, Any], spec: RLJobSpec, *, bus: KafkaBus,
+              learner: LearnerStatus | None, now_s: float) -> dict[str, Decision]:
+    """Decide and apply both pools' sizes; returns the decisions (empty when nothing is autoscaled)."""
+    m = obj["metadata"]
+    name, ns = m["name"], m["namespace"]
+    paused = (m.get("annotations") or {}).get(PAUSE_ANNOTATION) == "true"
+    scaling = (obj.get("status") or {}).get("scaling") or {}
+    decisions: dict[str, Decision] = {}
+    for role in ("verifier", "generator"):
+        a = getattr(spec.roles, role).autoscaling
+        scale = kube.get_scale(ns, child_name(name, role)) if a.enabled and not spec.suspend else None
+        if scale is None:
+            continue
+        current = int(scale["spec"].get("replicas") or 0)
+        cfg = scaler_config(a)
+        proposal = None if paused else _proposal(role, spec, name, current, cfg, bus, learner)
+        d = decide(current=current, proposal=proposal, cfg=cfg, state=ScalerState.from_status(scaling.get(role)),
+                   now_s=now_s, paused=paused)
+        if d.changed:
+            kube.set_scale(ns, child_name(name, role), d.replicas)
+            kube.event(obj, "Normal", "Scaled", f"{role}: {d.current} -> {d.replicas} replicas ({d.reason}: "
+                       f"{d.message})", "Scale")
+            log.info("%s/%s %s: %d -> %d replicas (%s)", ns, name, role, d.current, d.replicas, d.message)
+        decisions[role] = d
+    return decisions
+
+
+def scaling_status(obj: dict[str, Any], decisions: dict[str, Decision], now: datetime) -> dict[str, Any]:
+    """status.scaling and the ScalingLimited condition for these decisions (pure)."""
+    gen = obj["metadata"].get("generation")
+    conds = (obj.get("status") or {}).get("conditions")
+    scaling = {role: {**d.state.to_status(), "desiredReplicas": d.replicas, "reason": d.reason,
+                      "message": d.message[:1024]} for role, d in decisions.items()}
+    limited = [(role, d) for role, d in decisions.items() if d.limited]
+    if limited:
+        reason = limited[0][1].limit_reason
+        msg = "; ".join(f"{role}: {d.limit_message}" for role, d in limited)
+        conds = c.set_condition(conds, c.SCALING_LIMITED, "True", reason, msg, gen, now)
+    elif decisions:
+        paused = all(d.reason == c.REASON_PAUSED for d in decisions.values())
+        conds = c.set_condition(conds, c.SCALING_LIMITED, "False",
+                                c.REASON_PAUSED if paused else c.REASON_WITHIN_BOUNDS,
+                                "autoscaling paused" if paused else "every pool is within its bounds",
+                                gen, now)
+    return {"scaling": scaling, "conditions": conds}
+

