@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -54,6 +55,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from scalerl.runtime.progress import quiet_third_party_bars
 
     quiet_third_party_bars()
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if endpoint:  # the standard OpenTelemetry variables, as the operator sets them in the pods
+        from scalerl.telemetry.tracing import setup_tracing
+
+        setup_tracing(os.environ.get("OTEL_SERVICE_NAME") or f"scalerl-{args.role}", otlp_endpoint=endpoint)
     result = serve(args.role, ctx, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
                    http_port=None if args.http_port < 0 else args.http_port, stop=stop,
                    on_ready=lambda ports: print(json.dumps({"role": args.role, "id": ctx.role_id, **ports}),

@@ -151,6 +151,7 @@ class LearnerService(TrainerHost):
             if (self.out.root / name).is_file():
                 shutil.copyfile(self.out.root / name, folder / "run" / name)
         upload_checkpoint(self.store, folder, keep=self.spec.train.keep_checkpoints)
+        self._announce("checkpoint", {"compute": self.compute_device_hours()})
 
     def _announce(self, kind: str, values: dict[str, Any]) -> None:
         """A MetricRecord on the job's metrics topic (the operator's status source)."""
@@ -195,10 +196,12 @@ class LearnerService(TrainerHost):
         bar = self.progress.bar("RL", spec.train.steps, unit="step", initial=self.learner.version)
         self.clock.start()
         while self.learner.version < spec.train.steps and not stop.is_set():
+            t_wait = time.perf_counter()
             records = self._take_groups(spec.train.prompts_per_step, stop)
             if records is None:
                 break
             self._wait_for_generators(stop)
+            waited_s = time.perf_counter() - t_wait
             groups = [r.value for r in records]
             stats = self.learner.step(groups)
             self.consumed_ids.update(g.group_id for g in groups)
@@ -206,13 +209,20 @@ class LearnerService(TrainerHost):
             safe = self.safe_positions()
             retry_io(partial(self.scored.commit, safe), what="commit scored offsets")  # (for lag metrics)
             retry_io(self._publish, what="publish policy")
+            step_s = float(stats.get("time/step_s", 0.0))
             rec = self._log_step(stats, bar, {"group_ids": [g.group_id for g in groups],
-                                              "duplicates": len(self.duplicate_positions)})
+                                              "duplicates": len(self.duplicate_positions),
+                                              # generators' starvation signal for the autoscaler
+                                              "batch_wait_s": waited_s,
+                                              "batch_wait_frac": waited_s / max(waited_s + step_s, 1e-9)})
             retry_io(partial(self._announce, "train", rec), what="metrics record")
             self.last_step = rec
             if self._eval_due():
                 last = self.last_eval = self._evaluate_paused_clock()
                 retry_io(partial(self._announce, "eval", last), what="metrics record")
+                if self.last_fit:
+                    retry_io(partial(self._announce, "fit", {**self.last_fit, "compute": last["compute"]}),
+                             what="metrics record")
             if self._checkpoint_due():
                 retry_io(self._checkpoint, what="checkpoint")
         self.clock.stop()
