@@ -113,6 +113,12 @@ class Bus(ABC):
     def consumer(self, topics: list[str], group: str) -> Consumer:
         """Join consumer group `group` on `topics`; starts from the group's committed offsets."""
 
+    def reader(self, topics: list[str]) -> Consumer:
+        """Every record of `topics` from the beginning, for this reader alone (commits nothing)."""
+        import uuid
+
+        return self.consumer(topics, group=f"reader-{uuid.uuid4().hex}")
+
     def ensure_topics(self, topics: list[str], partitions: int = 1) -> None:  # noqa: B027
         """Create the topics if the transport needs it (Kafka); a no-op in memory."""
 

@@ -229,6 +229,11 @@ class KafkaBus(Bus):
     def consumer(self, topics: list[str], group: str) -> KafkaBusConsumer:
         return KafkaBusConsumer(self, list(topics), group)
 
+    def reader(self, topics: list[str]) -> KafkaBusConsumer:
+        """Every record of `topics` from the beginning, outside any consumer group (the policy topic:
+        no group to join, no coordinator to find, nothing left behind in the broker)."""
+        return KafkaBusConsumer(self, list(topics), None)
+
     def _raw_consumer(self, **extra: Any) -> Any:
         return KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                              auto_offset_reset="earliest",
@@ -335,7 +340,7 @@ class _SeekOnAssign(ConsumerRebalanceListener):  # type: ignore[misc]
 class KafkaBusConsumer(Consumer):
     """A consumer-group member; see the module docstring for the semantics."""
 
-    def __init__(self, bus: KafkaBus, topics: list[str], group: str) -> None:
+    def __init__(self, bus: KafkaBus, topics: list[str], group: str | None) -> None:
         self._bus = bus
         self._topics = topics
         self._group = group
@@ -343,8 +348,13 @@ class KafkaBusConsumer(Consumer):
         self._pos: dict[Any, int] = {}  # TopicPartition -> next offset to return
         self._pending_seeks: dict[Any, int] = {}
         self._kc = bus._raw_consumer(
-            group_id=group, client_id=f"{bus.client_id}-{group}-{uuid.uuid4().hex[:6]}")
-        self._kc.subscribe(topics=topics, listener=_SeekOnAssign(self))
+            group_id=group, client_id=f"{bus.client_id}-{group or 'reader'}-{uuid.uuid4().hex[:6]}")
+        if group is None:  # a reader: every partition from the beginning, no group, no coordinator
+            parts = [TopicPartition(t, p) for t in topics for p in bus.partitions(t)]
+            self._kc.assign(parts)
+            self._kc.seek_to_beginning(*parts)
+        else:
+            self._kc.subscribe(topics=topics, listener=_SeekOnAssign(self))
 
     # ---- poll -------------------------------------------------------------------------------------
 
@@ -414,6 +424,8 @@ class KafkaBusConsumer(Consumer):
         return {_key(tp): off for tp, off in pos.items() if off is not None}
 
     def commit(self, positions: dict[str, int] | None = None) -> None:
+        if self._group is None:
+            raise ValueError("a reader (no consumer group) has no offsets to commit")
         if positions is None:
             with self._state_lock:
                 offsets = dict(self._pos)

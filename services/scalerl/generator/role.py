@@ -60,7 +60,7 @@ class GeneratorRole:
         self.generator_id = generator_id
         self.group = group
         self.prompts = bus.consumer([topics.prompts], group)
-        self.policy = bus.consumer([topics.policy], f"{group}-{generator_id}-policy")
+        self.policy = bus.reader([topics.policy])
         self.sampling = SamplingParams(spec.generation.temperature, spec.generation.top_p)
         self.length = length_control(spec, tokenizer)
         self.paused = threading.Event()  # set -> stop taking new work (evaluation in progress)

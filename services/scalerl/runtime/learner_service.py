@@ -62,15 +62,16 @@ class LearnerService(TrainerHost):
         spec = self.spec
         self._setup_common()
         self.store = open_store(self.ctx.store_url)
-        ckpt = download_latest_checkpoint(self.store, self.out.checkpoints)
+        ckpt = retry_io(lambda: download_latest_checkpoint(self.store, self.out.checkpoints), what="fetch checkpoint")
         model, tok = self._load_policy(ckpt)
         self._setup_learner(model, tok)
         self.bus: Bus = open_bus(self.ctx.bus_url)
-        ensure_job_topics(self.bus, spec)
-        self.scored = self.bus.consumer([self.topics.scored], self.topics.group("learner"))
+        retry_io(lambda: ensure_job_topics(self.bus, spec), what="create the job's topics")
+        self.scored = retry_io(lambda: self.bus.consumer([self.topics.scored], self.topics.group("learner")),
+                               what="join the learner group")
         if ckpt is not None:
             self._restore(ckpt)
-        self._publish()
+        retry_io(self._publish, what="publish policy")
 
     def _restore(self, ckpt: Path) -> None:
         state = load_trainer_state(ckpt)

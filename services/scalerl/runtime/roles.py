@@ -53,7 +53,7 @@ class ServiceContext:
 
     def open(self) -> tuple[Bus, Store, TopicNames]:
         bus = open_bus(self.bus_url)
-        ensure_job_topics(bus, self.spec)
+        retry_io(lambda: ensure_job_topics(bus, self.spec), what="create the job's topics")
         return bus, open_store(self.store_url), TopicNames(self.spec.name)
 
 
@@ -199,8 +199,7 @@ class CurriculumService:
             self.issued = int(state["issued"])
             log.info("curriculum resumed: %d prompts issued, epoch %d", self.issued, self.curriculum.epoch)
         self.scored = self.bus.consumer([self.topics.scored], self.topics.group("curriculum"))
-        self.policy = BackgroundConsumer(self.bus.consumer(
-            [self.topics.policy], self.topics.group(f"curriculum-policy-{ctx.role_id}-{time.time_ns()}")))
+        self.policy = BackgroundConsumer(self.bus.reader([self.topics.policy]), name="policy-reader")
 
     def ready(self) -> bool:
         return True

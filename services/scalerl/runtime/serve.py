@@ -14,7 +14,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from scalerl.runtime.roles import ROLES, CurriculumService, GeneratorService, ServiceContext, VerifierService
+from scalerl.runtime.roles import (
+    ROLES,
+    CurriculumService,
+    GeneratorService,
+    ServiceContext,
+    VerifierService,
+    retry_io,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +66,8 @@ def serve(role: str, ctx: ServiceContext, *, grpc_port: int | None = None, http_
     bound ports once the servers are up. Returns what the role's loop returns (the learner's summary).
     """
     stop = stop or threading.Event()
-    service = build_service(role, ctx, show_progress=show_progress)
+    # A role started while the broker or store is down (a restart, a rolling upgrade) waits for them.
+    service = retry_io(lambda: build_service(role, ctx, show_progress=show_progress), stop, what=f"start {role}")
     servers = start_servers(role, service, ctx, grpc_port=grpc_port, http_port=http_port)
     if on_ready is not None:
         on_ready(servers.ports)
