@@ -3,15 +3,21 @@
 An engine samples completions for already-tokenised prompts and returns, per completion, the token
 ids, the log-prob of each token under the weights that sampled it (FP32 head), the policy version of
 each token, and a loss mask that is False on tokens the policy did not choose (the injected
-interruption phrase). Weight updates arrive through `policy_source`, polled between decode steps: a
-PipelineRL engine swaps weights in flight and keeps its KV cache (ScaleRL §2.1).
+interruption phrase, budget forcing's delimiter and "Wait" tokens). Weight updates arrive through
+`policy_source`, polled between decode steps: a PipelineRL engine swaps weights in flight and keeps its
+KV cache (ScaleRL §2.1).
+
+Budget forcing (s1, spec §7.3) is the training-time interruption with other settings, not a second
+mechanism (`budget_forcing`): the maximum is an interruption whose phrase is the end-of-thinking
+delimiter (plus an optional answer prefix) and whose cut is fixed at the budget; the minimum replaces
+a sampled `</think>` that comes too early by forced "Wait" tokens, through the same forced-token phase.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -31,6 +37,15 @@ class LengthControl:
         (length-penalty mode: a sequence that exceeds the budgets is truncated, finish "length").
     window: [lo, hi] thinking tokens; each sequence's cut point is uniform in it.
     think_close_id / eos_id: token ids of `</think>` and end of sequence.
+    min_thinking: budget forcing's minimum: a sampled `</think>` after fewer thinking tokens than this
+        is replaced by `wait_ids` (forced, loss-masked), at most `max_waits` times per sequence.
+    wait_ids: the tokens forced in place of an early `</think>` (s1: "Wait").
+    max_waits: m, the most suppressions per sequence (0 = the minimum is off).
+    stop_ids: thinking tokens that end a sequence (finish "stop"), e.g. the step separator when a
+        tree search samples one reasoning step at a time.
+
+    Thinking tokens count every token before the answer phase, forced "Wait" tokens included (the
+    `</think>` that closes thinking is counted too, as before).
     """
 
     thinking_budget: int
@@ -39,12 +54,55 @@ class LengthControl:
     eos_id: int
     interruption_ids: tuple[int, ...] | None = None
     window: tuple[int, int] = (1, 1)
+    min_thinking: int = 0
+    wait_ids: tuple[int, ...] = ()
+    max_waits: int = 0
+    stop_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        lo, hi = self.window
+        if not 0 <= lo <= hi:
+            raise ValueError(f"window must satisfy 0 <= lo <= hi, got {self.window}")
+        if self.min_thinking < 0 or self.max_waits < 0:
+            raise ValueError(f"min_thinking and max_waits must be >= 0, got {self.min_thinking}, {self.max_waits}")
+        if self.max_waits > 0 and not self.wait_ids:
+            raise ValueError("max_waits > 0 needs wait_ids (the tokens forced in place of an early </think>)")
+
+    @property
+    def forces_minimum(self) -> bool:
+        return self.min_thinking > 0 and self.max_waits > 0
+
+
+def budget_forcing(base: LengthControl, *, max_thinking: int | None = None, answer_prefix_ids: Sequence[int] = (),
+                   min_thinking: int = 0, wait_ids: Sequence[int] = (), max_waits: int = 0) -> LengthControl:
+    """s1 budget forcing expressed as length rules (spec §7.3).
+
+    Maximum: after `max_thinking` thinking tokens the delimiter `</think>` (then `answer_prefix_ids`,
+    e.g. "Final Answer:") is forced: an interruption whose phrase is the delimiter and whose cut is
+    fixed at `max_thinking` instead of drawn from a window; the answer budget then applies as after
+    a training-time interruption. Without `max_thinking` the base rules (the job's interruption
+    window and budget) stay. Minimum: `min_thinking`, `wait_ids`, `max_waits` (see LengthControl).
+    """
+    out = base
+    if max_thinking is not None:
+        if max_thinking < 1:
+            raise ValueError(f"max_thinking must be >= 1, got {max_thinking}")
+        out = replace(out, thinking_budget=max_thinking, window=(max_thinking, max_thinking),
+                      interruption_ids=(base.think_close_id, *answer_prefix_ids))
+    return replace(out, min_thinking=min_thinking, wait_ids=tuple(wait_ids), max_waits=max_waits)
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
+    """temperature 0 means greedy decoding (argmax; the recorded log-prob is that of the T = 1
+    distribution)."""
+
     temperature: float = 1.0
     top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
 
 
 class GenerationEngine(ABC):

@@ -13,6 +13,10 @@ Departures / choices:
    (the default) the ratio is exactly 1 at step 0.
 2. Rows that finish keep being fed (their outputs are ignored) until every row is done, as
    `model.generate` does; no continuous batching.
+3. Forced tokens (FORCED phase) come from one table with a row per phrase kind: the interruption
+   phrase (training-time interruption, and budget forcing's maximum: `</think>` at a fixed cut) and the
+   "Wait" phrase (budget forcing's minimum, started when a row samples `</think>` too early). Both
+   are recorded with `loss_mask` False, so the learner never trains on them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from scalerl.model.factory import lm_head_logits, trunk_of
 
 # Row phases of the length controller.
 THINKING, FORCED, ANSWER, DONE = 0, 1, 2, 3
+# Kinds of forced phrase (row of the forced-token table): the interruption phrase, budget forcing's "Wait".
+INTERRUPT, WAIT = 0, 1
 
 
 class TorchEngine(GenerationEngine):
@@ -66,7 +72,9 @@ class TorchEngine(GenerationEngine):
 
     # -- sampling ----------------------------------------------------------------------------------
     def _sample(self, logits_BV: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (sampled token [B], temperature-scaled log-probs [B, V])."""
+        """Returns (sampled token [B], temperature-scaled log-probs [B, V]); temperature 0 = argmax."""
+        if sampling.temperature == 0:
+            return logits_BV.argmax(-1), torch.log_softmax(logits_BV.float(), dim=-1)
         logp_BV = torch.log_softmax(logits_BV.float() / sampling.temperature, dim=-1)
         probs_BV = logp_BV.exp()
         if sampling.top_p < 1.0:
@@ -96,8 +104,10 @@ class TorchEngine(GenerationEngine):
         dev = self.device
         ids_BP, mask_BP = self._left_pad(prompt_ids)
         max_pos = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
-        phrase = torch.tensor(length.interruption_ids or (), dtype=torch.long, device=dev)
-        max_steps = length.thinking_budget + len(phrase) + length.answer_budget
+        phrase_len = len(length.interruption_ids or ())
+        wait_len = len(length.wait_ids) if length.forces_minimum else 0
+        forced_table = self._forced_table(length, dev)  # [2, L]: interruption phrase, "Wait"
+        max_steps = length.thinking_budget + wait_len + phrase_len + length.answer_budget
         max_steps = min(max_steps, max_pos - ids_BP.shape[1])
         if max_steps <= 0:
             raise ValueError(f"prompt of {ids_BP.shape[1]} tokens leaves no room under {max_pos} positions")
@@ -107,6 +117,8 @@ class TorchEngine(GenerationEngine):
         n_think = torch.zeros(B, dtype=torch.long, device=dev)
         n_answer = torch.zeros(B, dtype=torch.long, device=dev)
         forced_pos = torch.zeros(B, dtype=torch.long, device=dev)
+        forced_kind = torch.full((B,), INTERRUPT, dtype=torch.long, device=dev)
+        n_waits = torch.zeros(B, dtype=torch.long, device=dev)
         interrupted = torch.zeros(B, dtype=torch.bool, device=dev)
         truncated = torch.zeros(B, dtype=torch.bool, device=dev)
         # Cut points are drawn under every length rule, so the sampling stream (and a paired comparison
@@ -128,10 +140,13 @@ class TorchEngine(GenerationEngine):
             if not bool(live_B.any()):
                 break
             tok_B, logp_BV = self._sample(lm_head_logits(self.model, hidden_BH, self.fp32_head), sampling)
-            # Forced rows take the next phrase token instead of the sampled one.
+            if wait_len:  # budget forcing (min): an early </think> starts the forced "Wait" phrase
+                self._suppress_early_close(phase, tok_B, live_B, n_think, n_waits, forced_pos, forced_kind, length)
+            # Forced rows take the next token of their phrase instead of the sampled one.
             forced_B = phase == FORCED
-            if len(phrase):
-                tok_B = torch.where(forced_B, phrase[forced_pos.clamp(max=len(phrase) - 1)], tok_B)
+            if forced_table.shape[1]:
+                col = forced_pos.clamp(max=forced_table.shape[1] - 1)
+                tok_B = torch.where(forced_B, forced_table[forced_kind, col], tok_B)
             logp_B = logp_BV.gather(-1, tok_B.unsqueeze(-1)).squeeze(-1)  # forced tokens: masked later
             steps_tok.append(tok_B)
             steps_logp.append(logp_B)
@@ -139,7 +154,7 @@ class TorchEngine(GenerationEngine):
             steps_live.append(live_B)
             steps_version.append(self.version)
             self._advance(phase, tok_B, live_B, forced_B, n_think, n_answer, forced_pos, cut_at,
-                          interrupted, truncated, length, len(phrase))
+                          interrupted, truncated, length, phrase_len, forced_kind=forced_kind, wait_len=wait_len)
             if not bool((phase != DONE).any()):
                 break
             # Hot-swap between decode steps, keeping the KV cache.
@@ -158,30 +173,69 @@ class TorchEngine(GenerationEngine):
                              n_think, interrupted, truncated, length.eos_id)
 
     @staticmethod
+    def _forced_table(length: LengthControl, dev: torch.device) -> torch.Tensor:
+        """[2, L] token ids: row INTERRUPT = the interruption phrase, row WAIT = the "Wait" phrase."""
+        rows = [list(length.interruption_ids or ()), list(length.wait_ids)]
+        width = max(len(r) for r in rows)
+        table = torch.zeros((2, width), dtype=torch.long, device=dev)
+        for kind, row in enumerate(rows):
+            table[kind, :len(row)] = torch.tensor(row, dtype=torch.long)
+        return table
+
+    @staticmethod
+    def _suppress_early_close(phase: torch.Tensor, tok: torch.Tensor, live: torch.Tensor, n_think: torch.Tensor,
+                              n_waits: torch.Tensor, forced_pos: torch.Tensor, forced_kind: torch.Tensor,
+                              length: LengthControl) -> None:
+        """Budget forcing (min), before the token is recorded: a thinking row that sampled `</think>`
+        with fewer than `min_thinking` thinking tokens and fewer than `max_waits` waits so far enters
+        FORCED with the "Wait" phrase from its first token (which replaces the `</think>`). In place."""
+        early = (live & (phase == THINKING) & (tok == length.think_close_id)
+                 & (n_think < length.min_thinking) & (n_waits < length.max_waits))
+        phase[early] = FORCED
+        forced_kind[early] = WAIT
+        forced_pos[early] = 0
+        n_waits += early.long()
+
+    @staticmethod
     def _advance(phase: torch.Tensor, tok: torch.Tensor, live: torch.Tensor, forced: torch.Tensor,
                  n_think: torch.Tensor, n_answer: torch.Tensor, forced_pos: torch.Tensor,
                  cut_at: torch.Tensor, interrupted: torch.Tensor, truncated: torch.Tensor,
-                 length: LengthControl, phrase_len: int) -> None:
-        """Move each row's state machine by the token it just emitted (all in place, vectorised)."""
+                 length: LengthControl, phrase_len: int, *, forced_kind: torch.Tensor | None = None,
+                 wait_len: int = 0) -> None:
+        """Move each row's state machine by the token it just emitted (all in place, vectorised).
+
+        `forced_kind` [B] says which phrase a FORCED row is in (None: all the interruption phrase)."""
+        kind = forced_kind if forced_kind is not None else torch.full_like(phase, INTERRUPT)
         thinking = live & (phase == THINKING)
         answering = live & (phase == ANSWER)
+        waiting = forced & (kind == WAIT)
         is_eos = tok == length.eos_id
-        # THINKING: count; </think> -> ANSWER; EOS -> DONE; cut point -> FORCED (or truncate).
-        n_think += thinking.long()
+        # THINKING: count ("Wait" tokens too); </think> -> ANSWER; EOS or a stop id -> DONE;
+        # cut point -> FORCED interruption (or truncate).
+        n_think += (thinking | waiting).long()
         closes = thinking & (tok == length.think_close_id)
         stops = thinking & is_eos
+        if length.stop_ids:
+            stops |= thinking & torch.isin(tok, torch.tensor(length.stop_ids, device=tok.device))
         at_cut = thinking & ~closes & ~stops & (n_think >= cut_at)
         phase[closes] = ANSWER
         phase[stops] = DONE
+        # FORCED: advance through the phrase; at the end of the interruption phrase -> ANSWER, at the end
+        # of "Wait" -> THINKING again (or straight into the interruption if the budget is used up).
+        forced_pos += forced.long()
+        phrase_end = forced & (forced_pos >= torch.where(kind == WAIT, wait_len, phrase_len))
+        phase[phrase_end & (kind == INTERRUPT)] = ANSWER
+        resumes = phrase_end & (kind == WAIT)
+        phase[resumes] = THINKING
+        at_cut |= resumes & (n_think >= cut_at)
         if phrase_len:
             phase[at_cut] = FORCED
+            kind[at_cut] = INTERRUPT
+            forced_pos[at_cut] = 0
             interrupted |= at_cut
         else:
             phase[at_cut] = DONE
             truncated |= at_cut
-        # FORCED: advance through the phrase; at its end -> ANSWER.
-        forced_pos += forced.long()
-        phase[forced & (forced_pos >= phrase_len)] = ANSWER
         # ANSWER: count; EOS -> DONE; budget -> DONE (truncated).
         n_answer += answering.long()
         phase[answering & is_eos] = DONE

@@ -13,6 +13,11 @@ How it maps our contract onto vLLM:
    `answer_budget` tokens continues from prompt + completion + phrase.
 3. Weight updates are applied between `generate` calls and between the two phases (not between
    decode steps inside one call): tokens carry the version that produced them.
+4. Budget forcing (`engine.budget_forcing`): the maximum needs nothing new (an interruption whose
+   phrase is `</think>` + answer prefix, at a fixed cut). The minimum cannot act inside one vLLM
+   request, so `</think>` becomes a stop token of phase 1: a row that stops on it too early gets the
+   "Wait" tokens appended (loss-masked) and is resubmitted, at most `max_waits` rounds; a row that
+   stops on it legitimately continues into the answer phase. `stop_ids` are passed as stop tokens.
 """
 
 from __future__ import annotations
@@ -64,8 +69,48 @@ class VLLMEngine(GenerationEngine):
             o = out.outputs[0]
             ids = list(o.token_ids)
             lps = [float(next(iter(d.values())).logprob) if d else 0.0 for d in (o.logprobs or [])]
+            # A stop token id is reported in `stop_reason`; make sure it ends the ids (special tokens
+            # may be left out of the output), with log-prob 0 when vLLM did not report one.
+            if o.finish_reason == "stop" and isinstance(o.stop_reason, int) and (not ids or ids[-1] != o.stop_reason):
+                ids.append(int(o.stop_reason))
+                lps.append(0.0)
             result.append((ids, lps, o.finish_reason == "stop"))
         return result
+
+    def _think_with_waits(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
+                          cuts: list[int]) -> list[tuple[list[int], list[float], list[bool], bool]]:
+        """Phase 1 under budget forcing's minimum: rounds of sampling that stop on `</think>`; an early
+        one is replaced by the "Wait" tokens (masked). Returns (ids, logprobs, loss mask, stopped) per row;
+        `stopped` is True for EOS / stop ids, and for an accepted `</think>` the ids end with it."""
+        close, wait = length.think_close_id, list(length.wait_ids)
+        rows: list[tuple[list[int], list[float], list[bool], bool]] = [([], [], [], False) for _ in prompt_ids]
+        waits = [0] * len(prompt_ids)
+        active = list(range(len(prompt_ids)))
+        stop_ids = [length.eos_id, close, *length.stop_ids]
+        while active:
+            left = [cuts[i] - len(rows[i][0]) for i in active]
+            outs = self._sample([prompt_ids[i] + rows[i][0] for i in active], sampling, left, stop_ids)
+            again = []
+            for i, (ids, lps, stopped) in zip(active, outs, strict=True):
+                r_ids, r_lps, r_mask, _ = rows[i]
+                early = (stopped and ids and ids[-1] == close and len(r_ids) + len(ids) - 1 < length.min_thinking
+                         and waits[i] < length.max_waits)
+                if early:
+                    ids, lps = ids[:-1], lps[:-1]
+                r_ids += ids
+                r_lps += lps
+                r_mask += [True] * len(ids)
+                if early:
+                    r_ids += wait
+                    r_lps += [0.0] * len(wait)
+                    r_mask += [False] * len(wait)
+                    waits[i] += 1
+                    if len(r_ids) < cuts[i]:
+                        again.append(i)
+                        continue
+                rows[i] = (r_ids, r_lps, r_mask, stopped and not early and bool(ids) and ids[-1] != close)
+            active = again
+        return rows
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
                  *, policy_source: PolicySource | None = None) -> list[Completion]:
@@ -75,13 +120,20 @@ class VLLMEngine(GenerationEngine):
             cuts = [self.rng.randint(*length.window) for _ in prompt_ids]
         else:
             cuts = [length.thinking_budget + length.answer_budget] * len(prompt_ids)
-        first = self._sample(prompt_ids, sampling, cuts, [length.eos_id])
+        if length.forces_minimum:
+            first = self._think_with_waits(prompt_ids, sampling, length, cuts)
+        else:
+            first = [(ids, lps, [True] * len(ids), stopped)
+                     for ids, lps, stopped in self._sample(prompt_ids, sampling, cuts,
+                                                           [length.eos_id, *length.stop_ids])]
         v1 = self.version
         rows: list[dict[str, Any]] = []
-        for ids, lps, stopped in first:
+        for ids, lps, mask, stopped in first:
             closed = length.think_close_id in ids
-            rows.append({"ids": ids, "lps": lps, "vers": [v1] * len(ids), "mask": [True] * len(ids),
+            rows.append({"ids": ids, "lps": lps, "vers": [v1] * len(ids), "mask": mask,
                          "stopped": stopped, "closed": closed, "interrupted": False})
+        if length.forces_minimum:  # rows that closed thinking stopped there: sample their answers
+            self._answer_after_close(prompt_ids, rows, sampling, length)
         need = [i for i, r in enumerate(rows) if phrase and not r["stopped"] and not r["closed"]]
         if need:
             self._poll(policy_source)
@@ -95,6 +147,21 @@ class VLLMEngine(GenerationEngine):
                 r["mask"] += [False] * len(phrase) + [True] * len(ids)
                 r.update(stopped=stopped, closed=True, interrupted=True)
         return [self._finish(r, length) for r in rows]
+
+    def _answer_after_close(self, prompt_ids: list[list[int]], rows: list[dict[str, Any]],
+                            sampling: SamplingParams, length: LengthControl) -> None:
+        todo = [i for i, r in enumerate(rows) if r["closed"] and not r["stopped"]]
+        if not todo:
+            return
+        outs = self._sample([prompt_ids[i] + rows[i]["ids"] for i in todo], sampling,
+                            [length.answer_budget] * len(todo), [length.eos_id])
+        for i, (ids, lps, stopped) in zip(todo, outs, strict=True):
+            r = rows[i]
+            r["ids"] += ids
+            r["lps"] += lps
+            r["vers"] += [self.version] * len(ids)
+            r["mask"] += [True] * len(ids)
+            r["stopped"] = stopped
 
     def _finish(self, r: dict[str, Any], length: LengthControl) -> Completion:
         ids = r["ids"]
