@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,7 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_st
     try:
         cluster.start_all()
         _wait_step(cluster, out, 2)
+        _check_side_port(cluster, "generator-1", f"{unique}.prompts")
         cluster.kill("generator-0")  # SIGKILL mid-run; not restarted
         bus.publish_raw(f"{unique}.rollouts", b"\x00poison-rollout", key=b"p")
         bus.publish_raw(f"{unique}.scored", b"\x00poison-scored", key=b"p")
@@ -109,6 +111,7 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_st
     assert len(trained) == STEPS * spec.train.prompts_per_step
     assert len(set(trained)) == len(trained), "a group was counted in two steps"
     assert sum(r["effective_batch"] for r in steps) > 0  # some groups had mixed rewards: real updates
+    assert all(r["loss"] != 0 for r in steps if r["effective_batch"]), "a step with data left the loss at 0"
 
     # The scored topic below the learner's final positions holds exactly the trained groups (+ duplicates).
     final = summary["final_positions"]
@@ -133,6 +136,21 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_st
     assert {f"{unique}.rollouts", f"{unique}.scored"} <= origins
     bus.delete_topics([f"{unique}.{k}" for k in ("prompts", "rollouts", "scored", "policy", "metrics", "dlq")])
     bus.close()
+
+
+def _check_side_port(cluster: LocalCluster, role_id: str, input_topic: str) -> None:
+    """The role's side port: ready (it holds a policy), and /metrics counts its tokens and input lag."""
+    ports = json.loads(next(line for line in cluster.procs[role_id].log_path.read_text().splitlines()
+                            if line.startswith("{")))
+    base = f"http://127.0.0.1:{ports['http']}"
+    with urllib.request.urlopen(f"{base}/readyz", timeout=10) as r:
+        assert r.status == 200
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    tokens = [float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith("scalerl_generator_tokens_total ")]
+    assert tokens and tokens[0] > 0
+    assert f'scalerl_generator_queue_lag_messages{{topic="{input_topic}"}}' in text
 
 
 def _assert_committed_have_output(bus, topic, group, out_topic, key_in, key_out) -> None:

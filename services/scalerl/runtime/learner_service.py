@@ -28,7 +28,7 @@ from scalerl.bus.base import Bus, Record
 from scalerl.bus.dlq import dead_letter
 from scalerl.learner.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from scalerl.messages import MetricRecord, ScoredGroup
-from scalerl.runtime.roles import ServiceContext, ensure_job_topics, retry_io
+from scalerl.runtime.roles import ServiceContext, ensure_job_topics, input_lag, retry_io
 from scalerl.runtime.trainer import TrainClock, TrainerHost
 from scalerl.store import open_store
 from scalerl.store.checkpoints import download_latest_checkpoint, upload_checkpoint
@@ -168,7 +168,9 @@ class LearnerService(TrainerHost):
                 "staleness_versions": float(last.get("staleness_mean") or 0.0),
                 "step_seconds": float(last.get("step_time_s") or 0.0),
                 "newest_version_seen": self.newest_version_seen, "buffered_groups": len(self.buffer),
-                "compute_device_hours": self.compute_device_hours(), **self._progress()}
+                "compute_device_hours": self.compute_device_hours(), **self._progress(),
+                "lag": input_lag(self.bus, self.topics.group("learner"), self.topics.scored)
+                if hasattr(self, "bus") else {}}
 
     def _progress(self) -> dict[str, float]:
         """Last held-out pass rate, the online fit (A with its interval, B, C_mid, R0) and the bound k."""

@@ -91,6 +91,19 @@ def retry_io(fn: Callable[[], T], stop: threading.Event | None = None, *, what: 
             time.sleep(1.0)
 
 
+def input_lag(bus: Bus, group: str, topic: str) -> dict[str, int]:
+    """{topic: records not yet committed by the role's group} for the queue-lag metric; empty when the
+    transport cannot tell (memory bus) or the broker does not answer right now."""
+    lag = getattr(bus, "lag", None)
+    if lag is None:
+        return {}
+    try:
+        return {topic: int(lag(group, topic))}
+    except Exception as exc:  # a scrape must not fail because the broker is restarting
+        log.debug("lag of %s on %s unavailable: %r", group, topic, exc)
+        return {}
+
+
 def role_seed(spec: JobSpec, role_id: str) -> int:
     """A stable per-replica seed: replicas of one role sample different streams."""
     return spec.seed + 1 + zlib.crc32(role_id.encode()) % 1_000_003
@@ -120,7 +133,8 @@ class GeneratorService:
     def status(self) -> dict[str, Any]:
         return {"role": "generator", "id": self.ctx.role_id, "policy_version": self.engine.version,
                 "ready": self.ready(), "tokens_generated": self.role.gen_tokens,
-                "groups_generated": self.role.groups_out, "swaps_in_flight": self.engine.swaps_in_flight}
+                "groups_generated": self.role.groups_out, "swaps_in_flight": self.engine.swaps_in_flight,
+                "lag": input_lag(self.bus, self.role.group, self.topics.prompts)}
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set() and not self.ready():  # wait for the learner's first announcement
@@ -156,7 +170,8 @@ class VerifierService:
 
     def status(self) -> dict[str, Any]:
         return {"role": "verifier", "id": self.ctx.role_id, "ready": True, "groups_scored": self.role.scored,
-                "dead_lettered": self.role.dead_lettered}
+                "dead_lettered": self.role.dead_lettered,
+                "lag": input_lag(self.bus, self.role.group, self.topics.rollouts)}
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
