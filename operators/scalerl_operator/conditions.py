@@ -111,21 +111,17 @@ def set_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str, st
     if not reason:
         raise ValueError(f"condition {type_}: reason must not be empty")
     out = [dict(c) for c in conditions or ()]
-    for i, cond in enumerate(out):
-        if cond.get("type") != type_:
-            continue
-        flipped = cond.get("status") != status or not cond.get("lastTransitionTime")
-        new = {"type": type_, "status": status, "reason": reason, "message": message,
-               "lastTransitionTime": rfc3339(now) if flipped else cond["lastTransitionTime"]}
-        if generation is not None:
-            new["observedGeneration"] = generation
-        out[i] = new
-        return out
+    at = next((i for i, cond in enumerate(out) if cond.get("type") == type_), None)
+    old: dict[str, Any] = out[at] if at is not None else {}
+    kept = old.get("status") == status and old.get("lastTransitionTime")
     new = {"type": type_, "status": status, "reason": reason, "message": message,
-           "lastTransitionTime": rfc3339(now)}
+           "lastTransitionTime": old["lastTransitionTime"] if kept else rfc3339(now)}
     if generation is not None:
         new["observedGeneration"] = generation
-    out.append(new)
+    if at is None:
+        out.append(new)
+    else:
+        out[at] = new
     return out
 
 

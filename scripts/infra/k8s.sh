@@ -22,8 +22,9 @@ K8S_STATE="$STATE/k8s"
 kube_apiserver_bin() { echo "$CACHE/bin/kube-apiserver-$K8S_VERSION"; }
 etcd_bin() { echo "$CACHE/bin/etcd-$ETCD_VERSION"; }
 helm_bin() { echo "$CACHE/bin/helm-$HELM_VERSION"; }
+k8s_minor() { local m="${K8S_VERSION#v1.}"; echo "${m%%.*}"; } # v1.34.4 -> 34
 
-# go_build_wrapper NAME VERSION OUT PKG LDFLAGS: `go build PKG` inside $CACHE/src/NAME-VERSION, whose
+# _go_build_in DIR OUT PKG LDFLAGS: `go build PKG` inside DIR ($CACHE/src/NAME-VERSION), whose
 # go.mod/main were prepared by the caller; logs to build.log there; niced (2 shared cores).
 _go_build_in() {
     local dir="$1" out="$2" pkg="$3" ldflags="$4"
@@ -34,14 +35,12 @@ _go_build_in() {
 }
 
 _build_kube_apiserver() {
-    local bin dir t0 staging minor modfile
+    local bin dir t0 staging modfile
     bin="$(kube_apiserver_bin)"
     [[ -x "$bin" ]] && return 0
     command -v go >/dev/null || die "go is required to build kube-apiserver"
     t0="$(now)"
     staging="v0.${K8S_VERSION#v1.}" # v1.34.4 -> v0.34.4: the staging modules' tag of that release
-    minor="${K8S_VERSION#v1.}"
-    minor="${minor%%.*}"
     dir="$CACHE/src/kube-apiserver-$K8S_VERSION"
     log "kube-apiserver: building k8s.io/kubernetes@$K8S_VERSION in $dir (cold build: many minutes on 2 cores)"
     rm -rf "$dir"
@@ -70,7 +69,7 @@ EOF
         || { tail -n 40 "$dir/build.log" >&2; die "go mod tidy of the kube-apiserver wrapper failed"; }
     local v="k8s.io/component-base/version"
     _go_build_in "$dir" "$bin" k8s.io/kubernetes/cmd/kube-apiserver \
-        "-s -w -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean \
+        "-s -w -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$(k8s_minor) -X $v.gitTreeState=clean \
 -X $v.buildDate=1970-01-01T00:00:00Z"
     log "kube-apiserver: built in $(elapsed "$t0") ($(du -sh "$bin" | cut -f1))"
 }
@@ -107,21 +106,19 @@ EOF
 }
 
 _build_helm() {
-    local bin tmp t0
+    local bin t0 minor
     bin="$(helm_bin)"
     [[ -x "$bin" ]] && return 0
     command -v go >/dev/null || die "go is required to build helm"
     t0="$(now)"
     log "helm: building helm.sh/helm/v3/cmd/helm@$HELM_VERSION with go install"
-    tmp="$CACHE/bin/.helm-build.$$"
-    rm -rf "$tmp"
-    mkdir -p "$tmp"
-    CGO_ENABLED=0 GOTOOLCHAIN=local GOBIN="$tmp" GOFLAGS=-trimpath \
-        nice -n 10 go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
-        "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" >"$tmp/go.log" 2>&1 \
-        || { tail -n 40 "$tmp/go.log" >&2; die "go install of helm failed (log above)"; }
-    mv "$tmp/helm" "$bin"
-    rm -rf "$tmp"
+    # As helm's Makefile does, stamp the Kubernetes version that `helm template` and `helm lint`
+    # assume without a cluster (else 1.20): here the test API server's.
+    minor="$(k8s_minor)"
+    go_install_to "$bin" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" \
+        "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION \
+-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor \
+-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor"
     log "helm: built in $(elapsed "$t0") ($(du -sh "$bin" | cut -f1))"
 }
 
@@ -238,28 +235,21 @@ k8s_ready() {
         "https://127.0.0.1:$(cat "$K8S_STATE/port")/readyz" 2>/dev/null)" == "ok" ]]
 }
 
-# wait_proc NAME PIDFILE LOG PATTERN READY_FN T0: poll READY_FN until it succeeds; fail early on exit.
-wait_proc() {
-    local name="$1" pidfile="$2" logfile="$3" pattern="$4" ready="$5" t0="$6"
-    local deadline=$((SECONDS + K8S_READY_TIMEOUT))
-    while ((SECONDS < deadline)); do
-        if ! pid_alive "$(read_pid "$pidfile")" "$pattern"; then
-            tail -n 30 "$logfile" >&2 || true
-            die "$name exited during startup; see $logfile"
-        fi
-        if "$ready"; then
-            log "$name: ready in $(elapsed "$t0") (pid $(cat "$pidfile"))"
-            return 0
-        fi
-        sleep 0.3
-    done
-    tail -n 30 "$logfile" >&2 || true
-    die "$name not ready after ${K8S_READY_TIMEOUT}s; see $logfile"
+_up_etcd() {
+    local t0 port peer
+    t0="$(now)"
+    port="$(reuse_or_pick_port "$K8S_STATE/etcd-port")"
+    peer="$(reuse_or_pick_port "$K8S_STATE/etcd-peer-port")"
+    [[ "$port" != "$peer" ]] || peer="$(free_port)"
+    log "etcd: starting on 127.0.0.1:$port, log $K8S_STATE/etcd.log"
+    start_etcd "$port" "$peer"
+    wait_proc etcd "$K8S_STATE/etcd.pid" "$K8S_STATE/etcd.log" "$(etcd_pattern)" etcd_ready "$t0" \
+        "$K8S_READY_TIMEOUT" 0.3
 }
 
 # up_k8s: start etcd and kube-apiserver unless both run healthy already; write the kubeconfig.
 up_k8s() {
-    local t0 pid port peer
+    local t0 pid port
     mkdir -p "$K8S_STATE"
     k8s_credentials
     pid="$(read_pid "$K8S_STATE/apiserver.pid")"
@@ -270,18 +260,19 @@ up_k8s() {
         return 0
     fi
     down_k8s
-    t0="$(now)"
-    port="$(reuse_or_pick_port "$K8S_STATE/etcd-port")"
-    peer="$(reuse_or_pick_port "$K8S_STATE/etcd-peer-port")"
-    [[ "$port" != "$peer" ]] || peer="$(free_port)"
-    log "etcd: starting on 127.0.0.1:$port, log $K8S_STATE/etcd.log"
-    start_etcd "$port" "$peer"
-    wait_proc etcd "$K8S_STATE/etcd.pid" "$K8S_STATE/etcd.log" "$(etcd_pattern)" etcd_ready "$t0"
+    # A second try on fresh ports and an empty data dir if the first etcd dies while starting (its
+    # log then ends with how it exited); the second failure stops the script.
+    if ! (_up_etcd); then
+        log "etcd: first start failed (log above); trying again on new ports with an empty data dir"
+        rm -rf "$K8S_STATE/etcd-data" "$K8S_STATE/etcd-port" "$K8S_STATE/etcd-peer-port"
+        _up_etcd
+    fi
     t0="$(now)"
     port="$(reuse_or_pick_port "$K8S_STATE/port")"
     log "kube-apiserver: starting on https://127.0.0.1:$port, log $K8S_STATE/apiserver.log"
     start_kube_apiserver "$port"
-    wait_proc kube-apiserver "$K8S_STATE/apiserver.pid" "$K8S_STATE/apiserver.log" "$(k8s_pattern)" k8s_ready "$t0"
+    wait_proc kube-apiserver "$K8S_STATE/apiserver.pid" "$K8S_STATE/apiserver.log" "$(k8s_pattern)" k8s_ready \
+        "$t0" "$K8S_READY_TIMEOUT" 0.3
     write_kubeconfig "$port"
 }
 

@@ -109,8 +109,13 @@ spawn() {
     shift 2
     rm -f "$pidfile"
     printf '\n===== %s starting: %s\n' "$(date -Is)" "$*" >>"$logfile"
+    # The server runs as a child of a small watcher in its own session: the pid file names the server,
+    # and when it ends the watcher appends its exit status (or signal) to the log, so a server that
+    # dies without a word (SIGKILL, OOM) still says how it ended.
     # shellcheck disable=SC2016
-    setsid bash -c 'echo $$ > "$0"; exec "$@"' "$pidfile" "$@" >>"$logfile" 2>&1 </dev/null &
+    setsid bash -c '"$@" & echo $! >"$0"; wait $!; rc=$?
+        if ((rc > 128)); then echo "===== exited on signal $((rc - 128)) (status $rc)"
+        else echo "===== exited with status $rc"; fi' "$pidfile" "$@" >>"$logfile" 2>&1 </dev/null &
     local _
     for _ in $(seq 1 50); do [[ -s "$pidfile" ]] && return 0; sleep 0.1; done
     die "could not start $1 (no pid file $pidfile); see $logfile"
@@ -125,6 +130,45 @@ with_build_lock() {
     fi
     "$@"
     flock -u 9
+}
+
+# go_install_to BIN PKG@VERSION [LDFLAGS]: `go install` into a scratch GOBIN (niced: 2 shared cores),
+# then move the command to BIN.
+go_install_to() {
+    local bin="$1" pkg="$2" ldflags="${3:-}" tmp cmd
+    cmd="${pkg%@*}"
+    cmd="${cmd##*/}"
+    tmp="$CACHE/bin/.$cmd-build.$$"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    CGO_ENABLED=0 GOTOOLCHAIN=local GOBIN="$tmp" GOFLAGS=-trimpath \
+        nice -n 10 go install -ldflags "$ldflags" "$pkg" >"$tmp/go.log" 2>&1 \
+        || { tail -n 40 "$tmp/go.log" >&2; die "go install of $pkg failed (log above)"; }
+    mv "$tmp/$cmd" "$bin"
+    rm -rf "$tmp"
+}
+
+# wait_proc NAME PIDFILE LOG PATTERN READY_FN T0 TIMEOUT_S POLL_S: poll READY_FN until it succeeds;
+# fail early if the process died.
+wait_proc() {
+    local name="$1" pidfile="$2" logfile="$3" pattern="$4" ready="$5" t0="$6" timeout="$7" poll="$8"
+    local deadline=$((SECONDS + timeout))
+    while ((SECONDS < deadline)); do
+        # Looked at twice, half a second apart: a read of /proc/PID/cmdline while the server is being
+        # exec'd can come back empty, and one such look is not yet a death.
+        if ! pid_alive "$(read_pid "$pidfile")" "$pattern" \
+            && { sleep 0.5; ! pid_alive "$(read_pid "$pidfile")" "$pattern"; }; then
+            tail -n 30 "$logfile" >&2 || true
+            die "$name exited during startup; see $logfile"
+        fi
+        if "$ready" 2>/dev/null; then
+            log "$name: ready in $(elapsed "$t0") (pid $(cat "$pidfile"))"
+            return 0
+        fi
+        sleep "$poll"
+    done
+    tail -n 30 "$logfile" >&2 || true
+    die "$name not ready after ${timeout}s; see $logfile"
 }
 
 # ---- Kafka ----------------------------------------------------------------------------------------
@@ -249,23 +293,10 @@ kafka_ready() {
     python3 "$INFRA_DIR/probe.py" kafka "127.0.0.1:$(cat "$STATE/kafka/port")" --log "$STATE/kafka/kafka.log"
 }
 
-# wait_ready NAME T0 TIMEOUT_S POLL_S: until NAME_ready succeeds; fail early if the process died.
+# wait_ready NAME T0 TIMEOUT_S POLL_S: wait_proc for the server in $STATE/NAME (pid, NAME.log).
 wait_ready() {
-    local name="$1" t0="$2" timeout="$3" poll="$4" d="$STATE/$1"
-    local deadline=$((SECONDS + timeout))
-    while ((SECONDS < deadline)); do
-        if ! pid_alive "$(read_pid "$d/pid")" "$("${name}_pattern")"; then
-            tail -n 30 "$d/$name.log" >&2 || true
-            die "$name exited during startup; see $d/$name.log"
-        fi
-        if "${name}_ready" 2>/dev/null; then
-            log "$name: ready on 127.0.0.1:$(cat "$d/port") in $(elapsed "$t0") (pid $(cat "$d/pid"))"
-            return 0
-        fi
-        sleep "$poll"
-    done
-    tail -n 30 "$d/$name.log" >&2 || true
-    die "$name not ready after ${timeout}s; see $d/$name.log"
+    local d="$STATE/$1"
+    wait_proc "$1" "$d/pid" "$d/$1.log" "$("$1_pattern")" "$1_ready" "$2" "$3" "$4"
 }
 
 wait_kafka() { wait_ready kafka "$1" "$KAFKA_READY_TIMEOUT" 0.5; }
@@ -275,20 +306,13 @@ wait_kafka() { wait_ready kafka "$1" "$KAFKA_READY_TIMEOUT" 0.5; }
 minio_pattern() { echo "$STATE/minio/data"; }
 
 _build_minio() {
-    local bin tmp t0
+    local bin t0
     bin="$(minio_bin)"
     [[ -x "$bin" ]] && return 0
     command -v go >/dev/null || die "go is required to build MinIO"
     t0="$(now)"
     log "minio: building $MINIO_MODULE@$MINIO_VERSION with go install (cold build: minutes on 2 cores)"
-    tmp="$CACHE/bin/.minio-build.$$"
-    rm -rf "$tmp"
-    mkdir -p "$tmp"
-    CGO_ENABLED=0 GOTOOLCHAIN=local GOBIN="$tmp" GOFLAGS=-trimpath \
-        go install "$MINIO_MODULE@$MINIO_VERSION" >"$tmp/go.log" 2>&1 \
-        || { tail -n 40 "$tmp/go.log" >&2; die "go install of MinIO failed (log above)"; }
-    mv "$tmp/minio" "$bin"
-    rm -rf "$tmp"
+    go_install_to "$bin" "$MINIO_MODULE@$MINIO_VERSION"
     log "minio: built in $(elapsed "$t0") ($(du -sh "$bin" | cut -f1))"
 }
 build_minio() {

@@ -5,7 +5,7 @@ not answer, it runs scripts/infra/up.sh (which builds into the cache on first us
 and stops them again at the end of the session (set SCALERL_INFRA_KEEP=1 to keep them running;
 SCALERL_INFRA_AUTOSTART=0 never starts anything). Servers that were already up are left running.
 When they still cannot be reached, the tests fail if the environment variable CI is set (never a
-silent skip in CI) and are skipped otherwise.
+silent skip in CI) and are skipped otherwise (tests/infra_session.py, shared with tests/k8s).
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-ENV_FILE = REPO / "build" / "infra.env"
-UP = REPO / "scripts" / "infra" / "up.sh"
-DOWN = REPO / "scripts" / "infra" / "down.sh"
+from infra_session import ENV_FILE, REPO, in_dir, read_env_file, running_servers, time_first_setup
+
 RESTART_KAFKA = REPO / "scripts" / "infra" / "restart_kafka.sh"
 UP_TIMEOUT_S = float(os.environ.get("SCALERL_INFRA_UP_TIMEOUT", "1500"))
 
@@ -38,17 +36,11 @@ _QUIET = [pytest.mark.filterwarnings("ignore:read_text is deprecated:Deprecation
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).resolve().parent
-    first = True
     for item in items:
-        if Path(str(item.fspath)).resolve().parent != here:
-            continue
-        for mark in _QUIET:
-            item.add_marker(mark)
-        if first and "infra" in getattr(item, "fixturenames", ()) and \
-                item.config.pluginmanager.hasplugin("timeout"):
-            # the session fixture may build the servers cold (minutes) during this test's setup
-            item.add_marker(pytest.mark.timeout(UP_TIMEOUT_S + 300))
-            first = False
+        if in_dir(item, here):
+            for mark in _QUIET:
+                item.add_marker(mark)
+    time_first_setup(items, here, "infra", UP_TIMEOUT_S + 300)
 
 
 @dataclass(frozen=True)
@@ -63,16 +55,6 @@ class Infra:
     def s3_env(self) -> dict[str, str]:
         return {"S3_ENDPOINT": self.s3_endpoint, "S3_ACCESS_KEY": self.s3_access_key,
                 "S3_SECRET_KEY": self.s3_secret_key, "S3_REGION": self.s3_region}
-
-
-def read_env_file(path: Path = ENV_FILE) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            k, _, v = line.partition("=")
-            values[k.strip()] = v.strip()
-    return values
 
 
 def _infra_from(values: dict[str, str]) -> Infra:
@@ -113,9 +95,9 @@ def _minio_problem(endpoint: str) -> str | None:
     return None
 
 
-def _problem(values: dict[str, str] | None) -> str | None:
-    if values is None:
-        return f"{ENV_FILE} does not exist"
+def _problem(values: dict[str, str]) -> str | None:
+    if not values:
+        return f"{ENV_FILE} is missing or empty"
     missing = [k for k in ("KAFKA_BOOTSTRAP", "S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY")
                if not values.get(k)]
     if missing:
@@ -123,44 +105,10 @@ def _problem(values: dict[str, str] | None) -> str | None:
     return _kafka_problem(values["KAFKA_BOOTSTRAP"]) or _minio_problem(values["S3_ENDPOINT"])
 
 
-def _load() -> dict[str, str] | None:
-    return read_env_file() if ENV_FILE.exists() else None
-
-
-def _unavailable(reason: str) -> None:
-    msg = f"real infrastructure unavailable: {reason} (start it with scripts/infra/up.sh)"
-    if os.environ.get("CI"):
-        pytest.fail(msg, pytrace=False)
-    pytest.skip(msg)
-
-
 @pytest.fixture(scope="session")
 def infra() -> Iterator[Infra]:
-    values = _load()
-    reason = _problem(values)
-    started = False
-    if reason is not None and os.environ.get("SCALERL_INFRA_AUTOSTART", "1") != "0":
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.run(["bash", str(UP)], cwd=REPO, capture_output=True, text=True,
-                                  timeout=UP_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            _unavailable(f"{reason}; scripts/infra/up.sh did not finish: {exc}")
-        if proc.returncode != 0:
-            _unavailable(f"{reason}; scripts/infra/up.sh failed (rc {proc.returncode}):\n"
-                         f"{proc.stderr[-3000:]}")
-        started = True
-        print(f"\n[infra] started by the test session in {time.monotonic() - t0:.1f}s")
-        values = _load()
-        reason = _problem(values)
-    if reason is not None or values is None:
-        _unavailable(reason or "no env file")
-    assert values is not None
-    try:
+    with running_servers("real infrastructure", (), _problem, UP_TIMEOUT_S) as values:
         yield _infra_from(values)
-    finally:
-        if started and os.environ.get("SCALERL_INFRA_KEEP") != "1":
-            subprocess.run(["bash", str(DOWN)], cwd=REPO, capture_output=True, timeout=120, check=False)
 
 
 @pytest.fixture

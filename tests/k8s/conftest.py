@@ -5,8 +5,8 @@ build/infra.env names (KUBECONFIG). If the file is missing or the server does no
 fixture runs `scripts/infra/up.sh k8s` (which builds etcd, kube-apiserver and helm into the cache on
 first use) and stops the servers again at the end of the session (SCALERL_INFRA_KEEP=1 keeps them;
 SCALERL_INFRA_AUTOSTART=0 never starts anything). When the server still cannot be reached, the tests
-FAIL if CI is set (never a silent skip in CI) and are skipped otherwise — the policy of
-tests/integration/conftest.py.
+FAIL if CI is set (never a silent skip in CI) and are skipped otherwise — tests/infra_session.py,
+shared with tests/integration/conftest.py.
 
 `namespace`: a fresh namespace per test, removed afterwards (no namespace controller runs here, so
 the fixture deletes the namespace's RLJobs and then finalizes the namespace itself).
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,10 +29,8 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-ENV_FILE = REPO / "build" / "infra.env"
-UP = REPO / "scripts" / "infra" / "up.sh"
-DOWN = REPO / "scripts" / "infra" / "down.sh"
+from infra_session import ENV_FILE, running_servers, time_first_setup
+
 UP_TIMEOUT_S = float(os.environ.get("SCALERL_INFRA_UP_TIMEOUT", "3000"))  # a cold kube-apiserver build
 FIELD_MANAGER = "scalerl-tests"
 CRD_ESTABLISHED_TIMEOUT_S = 30.0
@@ -41,24 +38,7 @@ CRD_ESTABLISHED_TIMEOUT_S = 30.0
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).resolve().parent
-    for item in items:
-        if Path(str(item.fspath)).resolve().parent == here and "k8s" in getattr(item, "fixturenames", ()) and \
-                item.config.pluginmanager.hasplugin("timeout"):
-            # the session fixture may build the servers cold during the first test's setup
-            item.add_marker(pytest.mark.timeout(UP_TIMEOUT_S + 300))
-            break
-
-
-def read_env_file(path: Path = ENV_FILE) -> dict[str, str]:
-    values: dict[str, str] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            line = line.strip()
-            if line and not line.startswith("#") and "=" in line:
-                key, _, value = line.partition("=")
-                values[key.strip()] = value.strip()
-    return values
+    time_first_setup(items, Path(__file__).resolve().parent, "k8s", UP_TIMEOUT_S + 300)
 
 
 def k8s_request(api: Any, method: str, path: str, body: Any = None, *, query: dict[str, str] | None = None,
@@ -101,39 +81,11 @@ def _problem(values: dict[str, str]) -> str | None:
     return None if status == 200 else f"kube-apiserver /readyz answered HTTP {status}: {body!r}"
 
 
-def _unavailable(reason: str) -> None:
-    msg = f"test kube-apiserver unavailable: {reason} (start it with scripts/infra/up.sh k8s)"
-    if os.environ.get("CI"):
-        pytest.fail(msg, pytrace=False)
-    pytest.skip(msg)
-
-
 @pytest.fixture(scope="session")
 def k8s_env() -> Iterator[dict[str, str]]:
     """build/infra.env of a running API server (KUBECONFIG, K8S_API, HELM_BIN, ...)."""
-    values = read_env_file()
-    reason = _problem(values)
-    started = False
-    if reason is not None and os.environ.get("SCALERL_INFRA_AUTOSTART", "1") != "0":
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.run(["bash", str(UP), "k8s"], cwd=REPO, capture_output=True, text=True,
-                                  timeout=UP_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            _unavailable(f"{reason}; scripts/infra/up.sh k8s did not finish: {exc}")
-        if proc.returncode != 0:
-            _unavailable(f"{reason}; scripts/infra/up.sh k8s failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-        started = True
-        print(f"\n[infra] kube-apiserver started by the test session in {time.monotonic() - t0:.1f}s")
-        values = read_env_file()
-        reason = _problem(values)
-    if reason is not None:
-        _unavailable(reason)
-    try:
+    with running_servers("test kube-apiserver", ("k8s",), _problem, UP_TIMEOUT_S) as values:
         yield values
-    finally:
-        if started and os.environ.get("SCALERL_INFRA_KEEP") != "1":
-            subprocess.run(["bash", str(DOWN), "k8s"], cwd=REPO, capture_output=True, timeout=120, check=False)
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,9 @@
 
 The checks walk the pydantic classes (`model_fields` and their annotated-types constraints), not the
 JSON Schema that `crd.py` converts, so a converter bug shows up as a mismatch. Defaults are checked
-by applying the CRD's defaults the way the API server does (top-down, a defaulted object defaulted in
-turn) and comparing with pydantic's own defaulted dump.
+by applying the CRD's defaults the way the API server does (`crd.defaulted`: top-down, a defaulted
+object defaulted in turn) and comparing with pydantic's own defaulted dump; tests/k8s/test_crd.py
+checks the same against the real API server's defaulting.
 """
 
 from __future__ import annotations
@@ -13,21 +14,16 @@ import subprocess
 import sys
 import types
 import typing
-from pathlib import Path
 from typing import Any
 
 import annotated_types as at
 import pytest
-import yaml
 from pydantic import BaseModel
 
 from scalerl.config import JobSpec, SpecError
 from scalerl_operator import crd as crd_mod
 from scalerl_operator.spec import RLJobSpec, RLJobStatus, parse_rljob, parse_spec
 
-REPO = Path(__file__).resolve().parents[3]
-HELM_CRD_FILE = REPO / "helm" / "scalerl" / "files" / "rljob-crd.yaml"
-HELM_CRD_TEMPLATE = REPO / "helm" / "scalerl" / "templates" / "crd.yaml"
 MINIMAL = {"bus": {"bootstrap": "kafka:9092"}, "store": {"uri": "s3://scalerl-test/jobs"}}
 
 
@@ -171,22 +167,6 @@ def test_rljob_spec_and_status_fields_are_in_the_crd(schema: dict[str, Any]) -> 
     assert conditions["x-kubernetes-list-type"] == "map" and conditions["x-kubernetes-list-map-keys"] == ["type"]
 
 
-def _apply_defaults(node: dict[str, Any], obj: Any) -> Any:
-    """Structural defaulting as the API server does it: missing properties get their default, which
-    is then defaulted in turn; maps and arrays default their values."""
-    if isinstance(obj, dict) and "properties" in node:
-        for key, sub in node["properties"].items():
-            if key not in obj and "default" in sub:
-                obj[key] = copy.deepcopy(sub["default"])
-            if key in obj:
-                obj[key] = _apply_defaults(sub, obj[key])
-    elif isinstance(obj, dict) and isinstance(node.get("additionalProperties"), dict):
-        return {k: _apply_defaults(node["additionalProperties"], v) for k, v in obj.items()}
-    elif isinstance(obj, list) and isinstance(node.get("items"), dict):
-        return [_apply_defaults(node["items"], v) for v in obj]
-    return obj
-
-
 def _drop_empty(obj: Any) -> Any:
     """Empty maps and lists removed: absent and empty mean the same for nodeSelector, limits, ..."""
     if isinstance(obj, dict):
@@ -196,7 +176,8 @@ def _drop_empty(obj: Any) -> Any:
 
 
 def test_crd_defaults_equal_the_pydantic_defaults(schema: dict[str, Any]) -> None:
-    defaulted = _apply_defaults(schema["properties"]["spec"], copy.deepcopy(MINIMAL))
+    # crd.defaulted: missing properties get their default, defaulted in turn, as the API server does
+    defaulted = crd_mod.defaulted(schema["properties"]["spec"], MINIMAL)
     expected = RLJobSpec.model_validate(MINIMAL).model_dump(by_alias=True, mode="json", exclude_none=True)
     expected_job = JobSpec(name="x").model_dump(mode="json", exclude_none=True)
     del expected_job["name"], expected_job["runtime"]
@@ -292,25 +273,6 @@ def test_job_spec_joins_name_and_runtime() -> None:
     full = spec.job_spec("demo", RuntimeConfig(bus="kafka://kafka:9092", store="s3://scalerl-test/jobs/demo"))
     assert (full.name, full.train.steps, full.runtime.bus) == ("demo", 7, "kafka://kafka:9092")
     assert full.off_policy.k == 8  # the recipe default where spec.job says nothing
-
-
-def test_committed_crd_copy_is_current(tmp_path: Path) -> None:
-    # The Helm chart keeps the generated CRD as helm/scalerl/files/rljob-crd.yaml (`bash
-    # scripts/gen_crd.sh` rewrites it) and templates/crd.yaml loads it with .Files.Get. Until the
-    # chart has that file, the same comparison runs on a copy written here through the module's
-    # command line, so nothing is skipped.
-    if HELM_CRD_FILE.exists():
-        copy_path = HELM_CRD_FILE
-        assert f'.Files.Get "{HELM_CRD_FILE.relative_to(HELM_CRD_TEMPLATE.parents[1])}"' in \
-            HELM_CRD_TEMPLATE.read_text(), f"{HELM_CRD_TEMPLATE} does not load {HELM_CRD_FILE.name}"
-    else:
-        copy_path = tmp_path / "rljob-crd.yaml"
-        out = subprocess.run([sys.executable, "-m", "scalerl_operator.crd"], capture_output=True, text=True,
-                             check=True)
-        copy_path.write_text(out.stdout)
-    text = copy_path.read_text()
-    assert text == crd_mod.crd_yaml(), f"{copy_path} is stale: regenerate it with `bash scripts/gen_crd.sh`"
-    assert yaml.safe_load(text) == crd_mod.crd()
 
 
 def test_cli_rejects_arguments() -> None:

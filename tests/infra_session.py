@@ -1,0 +1,91 @@
+"""What tests/integration/conftest.py and tests/k8s/conftest.py share: reading build/infra.env,
+starting the servers of scripts/infra/up.sh for a test session, and the rule for servers that cannot
+be reached — the tests FAIL when the environment variable CI is set (never a silent skip in CI) and
+are skipped otherwise.
+
+SCALERL_INFRA_AUTOSTART=0 never starts anything; SCALERL_INFRA_KEEP=1 keeps running what a session
+started. Servers that were already up are always left running.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ENV_FILE = REPO / "build" / "infra.env"
+UP = REPO / "scripts" / "infra" / "up.sh"
+DOWN = REPO / "scripts" / "infra" / "down.sh"
+
+
+def read_env_file(path: Path = ENV_FILE) -> dict[str, str]:
+    """The KEY=VALUE lines of build/infra.env; {} when it does not exist."""
+    values: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                key, _, value = line.partition("=")
+                values[key.strip()] = value.strip()
+    return values
+
+
+def unavailable(what: str, reason: str, up_cmd: str) -> NoReturn:
+    msg = f"{what} unavailable: {reason} (start it with {up_cmd})"
+    if os.environ.get("CI"):
+        pytest.fail(msg, pytrace=False)
+    pytest.skip(msg)
+
+
+@contextmanager
+def running_servers(what: str, services: Sequence[str], problem: Callable[[dict[str, str]], str | None],
+                    timeout_s: float) -> Iterator[dict[str, str]]:
+    """build/infra.env once `problem(values)` finds nothing wrong. When it does, runs
+    `scripts/infra/up.sh SERVICES` (which builds into the cache on first use) and stops what it
+    started on exit; servers still unreachable after that are `unavailable`."""
+    up_cmd = " ".join(["scripts/infra/up.sh", *services])
+    values = read_env_file()
+    reason = problem(values)
+    started = False
+    if reason is not None and os.environ.get("SCALERL_INFRA_AUTOSTART", "1") != "0":
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(["bash", str(UP), *services], cwd=REPO, capture_output=True, text=True,
+                                  timeout=timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            unavailable(what, f"{reason}; {up_cmd} did not finish: {exc}", up_cmd)
+        if proc.returncode != 0:
+            unavailable(what, f"{reason}; {up_cmd} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}", up_cmd)
+        started = True
+        print(f"\n[infra] {what} started by the test session in {time.monotonic() - t0:.1f}s")
+        values = read_env_file()
+        reason = problem(values)
+    if reason is not None:
+        unavailable(what, reason, up_cmd)
+    try:
+        yield values
+    finally:
+        if started and os.environ.get("SCALERL_INFRA_KEEP") != "1":
+            subprocess.run(["bash", str(DOWN), *services], cwd=REPO, capture_output=True, timeout=120, check=False)
+
+
+def in_dir(item: pytest.Item, here: Path) -> bool:
+    return Path(str(item.fspath)).resolve().parent == here
+
+
+def time_first_setup(items: list[pytest.Item], here: Path, fixture: str, timeout_s: float) -> None:
+    """The first test in `here` that uses `fixture` gets `timeout_s`: the session fixture may build
+    the servers cold during its setup (needs pytest-timeout; run as a trylast collection hook, after
+    -k / -m deselection)."""
+    for item in items:
+        if in_dir(item, here) and fixture in getattr(item, "fixturenames", ()) and \
+                item.config.pluginmanager.hasplugin("timeout"):
+            item.add_marker(pytest.mark.timeout(timeout_s))
+            return
