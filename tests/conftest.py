@@ -36,6 +36,33 @@ def tiny_spec():
     })
 
 
+@pytest.fixture(scope="session")
+def addition_run_spec():
+    """Factory of the small addition job the end-to-end runs share (a 64-wide tiny model, 2-digit sums);
+    its SFT warm start (`init` None) reaches a pass rate of about 0.3, so groups have mixed rewards.
+    `runtime` keys go to the spec's runtime section."""
+    from scalerl.config import spec_from_dict
+
+    def make(name: str, init: str | None, *, steps: int, off_policy: dict, checkpoint_every: int,
+             eval_every: int, **runtime):
+        return spec_from_dict({
+            "name": name, "seed": 3,
+            "model": {"tiny": {"hidden_size": 64, "intermediate_size": 192, "num_layers": 2, "num_heads": 2,
+                               "max_positions": 96}, "init_checkpoint": init},
+            "task": {"kind": "addition", "digits": 2, "train_size": 400, "eval_size": 8},
+            "sft": {"steps": 300, "batch_size": 32, "lr": 0.003},
+            "generation": {"group_size": 4, "thinking_budget_tokens": 32, "answer_budget_tokens": 6,
+                           "interruption": {"window_tokens": [28, 32]}, "prompts_per_batch": 4},
+            "off_policy": off_policy,
+            "optim": {"lr": 1e-3, "warmup_steps": 2},
+            "train": {"prompts_per_step": 4, "steps": steps, "checkpoint_every": checkpoint_every},
+            "eval": {"every_steps": eval_every, "samples_per_prompt": 2},
+            "runtime": {"threads": 1, **runtime},
+        })
+
+    return make
+
+
 @pytest.fixture
 def tiny_model(tiny_spec, tokenizer):
     from scalerl.model.factory import build_tiny_model

@@ -7,26 +7,8 @@ import json
 
 import pytest
 
-from scalerl.config import spec_from_dict
 from scalerl.runtime.embedded import EmbeddedRun
 from scalerl.runtime.setup import initial_model, make_task
-
-
-def _spec(steps: int, init: str | None = None):
-    return spec_from_dict({
-        "name": "resume", "seed": 3,
-        "model": {"tiny": {"hidden_size": 64, "intermediate_size": 192, "num_layers": 2, "num_heads": 2,
-                           "max_positions": 96}, "init_checkpoint": init},
-        "task": {"kind": "addition", "digits": 2, "train_size": 400, "eval_size": 8},
-        "sft": {"steps": 300, "batch_size": 32, "lr": 0.003},
-        "generation": {"group_size": 4, "thinking_budget_tokens": 32, "answer_budget_tokens": 6,
-                       "interruption": {"window_tokens": [28, 32]}, "prompts_per_batch": 4},
-        "off_policy": {"mode": "ppo", "k": 1},
-        "optim": {"lr": 1e-3, "warmup_steps": 2},
-        "train": {"prompts_per_step": 4, "steps": steps, "checkpoint_every": 2},
-        "eval": {"every_steps": 2, "samples_per_prompt": 2},
-        "runtime": {"threads": 1},
-    })
 
 
 def _steps(path):
@@ -35,7 +17,11 @@ def _steps(path):
 
 
 @pytest.mark.timeout(300)
-def test_resume_matches_uninterrupted_run(tmp_path):
+def test_resume_matches_uninterrupted_run(tmp_path, addition_run_spec):
+    def _spec(steps: int, init: str | None = None):
+        return addition_run_spec("resume", init, steps=steps, off_policy={"mode": "ppo", "k": 1},
+                                 checkpoint_every=2, eval_every=2)
+
     # One SFT warm start (pass rate ~0.3, so groups have mixed rewards), shared by both runs.
     base = _spec(4)
     initial_model(base, make_task(base), tmp_path / "warm")

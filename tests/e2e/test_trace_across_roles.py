@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk", reason="the distributed extra provides the OpenTelemetry SDK")
 
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from scalerl.runtime.embedded import EmbeddedRun  # noqa: E402
-from scalerl.telemetry.tracing import setup_tracing, shutdown_tracing  # noqa: E402
+from scalerl.runtime.embedded import EmbeddedRun
+from scalerl.telemetry.tracing import setup_tracing, shutdown_tracing
 
 ROLE_SPANS = {"curriculum.issue", "generator.generate", "verifier.score", "learner.consume"}
 
@@ -30,7 +30,7 @@ def test_one_trace_per_prompt_across_roles(tiny_spec, tmp_path):
     by_trace: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for s in spans:
         by_trace[s.context.trace_id][s.name].append(s)
-    complete = [t for t in by_trace.values() if ROLE_SPANS <= set(t)]
+    complete = [t for t in by_trace.values() if set(t) >= ROLE_SPANS]
     # every prompt the learner consumed (2 steps x 4 prompts) carries one trace through all four roles
     assert len(complete) >= 2 * spec.train.prompts_per_step
     for t in complete:

@@ -28,7 +28,6 @@ class BackgroundConsumer(Consumer):
         self._lock = threading.Lock()
         self._handed: dict[str, int] = {}
         self._stop = threading.Event()
-        self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -39,7 +38,6 @@ class BackgroundConsumer(Consumer):
                     for rec in self.inner.poll(timeout_s=self.poll_s):
                         self._queue.put(rec)
             except Exception as exc:  # a transport error: keep trying (the broker may be restarting)
-                self.error = exc
                 log.warning("background poll failed: %r", exc)
                 self._stop.wait(1.0)
 

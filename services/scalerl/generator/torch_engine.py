@@ -107,6 +107,7 @@ class TorchEngine(GenerationEngine):
         phrase_len = len(length.interruption_ids or ())
         wait_len = len(length.wait_ids) if length.forces_minimum else 0
         forced_table = self._forced_table(length, dev)  # [2, L]: interruption phrase, "Wait"
+        stop_ids = torch.tensor(length.stop_ids, dtype=torch.long, device=dev) if length.stop_ids else None
         max_steps = length.thinking_budget + wait_len + phrase_len + length.answer_budget
         max_steps = min(max_steps, max_pos - ids_BP.shape[1])
         if max_steps <= 0:
@@ -154,7 +155,8 @@ class TorchEngine(GenerationEngine):
             steps_live.append(live_B)
             steps_version.append(self.version)
             self._advance(phase, tok_B, live_B, forced_B, n_think, n_answer, forced_pos, cut_at,
-                          interrupted, truncated, length, phrase_len, forced_kind=forced_kind, wait_len=wait_len)
+                          interrupted, truncated, length, phrase_len, forced_kind=forced_kind, wait_len=wait_len,
+                          stop_ids=stop_ids)
             if not bool((phase != DONE).any()):
                 break
             # Hot-swap between decode steps, keeping the KV cache.
@@ -201,37 +203,44 @@ class TorchEngine(GenerationEngine):
                  n_think: torch.Tensor, n_answer: torch.Tensor, forced_pos: torch.Tensor,
                  cut_at: torch.Tensor, interrupted: torch.Tensor, truncated: torch.Tensor,
                  length: LengthControl, phrase_len: int, *, forced_kind: torch.Tensor | None = None,
-                 wait_len: int = 0) -> None:
+                 wait_len: int = 0, stop_ids: torch.Tensor | None = None) -> None:
         """Move each row's state machine by the token it just emitted (all in place, vectorised).
 
-        `forced_kind` [B] says which phrase a FORCED row is in (None: all the interruption phrase)."""
-        kind = forced_kind if forced_kind is not None else torch.full_like(phase, INTERRUPT)
+        `wait_len` > 0 (budget forcing's minimum) needs `forced_kind` [B], which phrase a FORCED row is
+        in; otherwise every FORCED row is in the interruption phrase. `stop_ids`: `length.stop_ids` as a
+        tensor (built once per generate call, not per step)."""
         thinking = live & (phase == THINKING)
         answering = live & (phase == ANSWER)
-        waiting = forced & (kind == WAIT)
         is_eos = tok == length.eos_id
         # THINKING: count ("Wait" tokens too); </think> -> ANSWER; EOS or a stop id -> DONE;
         # cut point -> FORCED interruption (or truncate).
-        n_think += (thinking | waiting).long()
         closes = thinking & (tok == length.think_close_id)
         stops = thinking & is_eos
-        if length.stop_ids:
-            stops |= thinking & torch.isin(tok, torch.tensor(length.stop_ids, device=tok.device))
-        at_cut = thinking & ~closes & ~stops & (n_think >= cut_at)
+        if stop_ids is not None:
+            stops |= thinking & torch.isin(tok, stop_ids)
         phase[closes] = ANSWER
         phase[stops] = DONE
+        may_cut = thinking & ~closes & ~stops
         # FORCED: advance through the phrase; at the end of the interruption phrase -> ANSWER, at the end
         # of "Wait" -> THINKING again (or straight into the interruption if the budget is used up).
         forced_pos += forced.long()
-        phrase_end = forced & (forced_pos >= torch.where(kind == WAIT, wait_len, phrase_len))
-        phase[phrase_end & (kind == INTERRUPT)] = ANSWER
-        resumes = phrase_end & (kind == WAIT)
-        phase[resumes] = THINKING
-        at_cut |= resumes & (n_think >= cut_at)
+        if wait_len:
+            assert forced_kind is not None
+            waiting = forced & (forced_kind == WAIT)
+            n_think += (thinking | waiting).long()
+            phrase_end = forced & (forced_pos >= torch.where(waiting, wait_len, phrase_len))
+            resumes = phrase_end & waiting
+            phase[phrase_end & ~waiting] = ANSWER
+            phase[resumes] = THINKING
+            forced_kind[resumes] = INTERRUPT  # the next forced phrase, if any, is the interruption
+            forced_pos[resumes] = 0
+            may_cut |= resumes
+        else:
+            n_think += thinking.long()
+            phase[forced & (forced_pos >= phrase_len)] = ANSWER
+        at_cut = may_cut & (n_think >= cut_at)
         if phrase_len:
             phase[at_cut] = FORCED
-            kind[at_cut] = INTERRUPT
-            forced_pos[at_cut] = 0
             interrupted |= at_cut
         else:
             phase[at_cut] = DONE

@@ -45,6 +45,8 @@ class WeightUpdate:
 
 
 class _Client:
+    _stub: Any  # the service's generated stub class
+
     def __init__(self, target: str, *, timeout_s: float = 120.0,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         if not target:
@@ -55,10 +57,14 @@ class _Client:
         self.timeout_s = timeout_s
         self._raw = grpc.insecure_channel(target, options=grpc_options(max_message_bytes))
         self.channel = grpc.intercept_channel(self._raw, ClientTracingInterceptor())
+        self.stub = self._stub(self.channel)
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:
         """Block until the channel is connected; grpc.FutureTimeoutError after `timeout_s`."""
         grpc.channel_ready_future(self._raw).result(timeout=timeout_s)
+
+    def status(self) -> dict[str, Any]:
+        return status_dict(self.stub.Status(spb.StatusRequest(), timeout=self.timeout_s))
 
     def close(self) -> None:
         self._raw.close()
@@ -78,9 +84,7 @@ def _prompt(p: str | Sequence[int]) -> Any:
 
 
 class GeneratorClient(_Client):
-    def __init__(self, target: str, **kw: Any) -> None:
-        super().__init__(target, **kw)
-        self.stub = sgrpc.GeneratorStub(self.channel)
+    _stub = sgrpc.GeneratorStub
 
     def generate_groups(self, prompts: Sequence[str | Sequence[int]], n: int = 1, *,
                         temperature: float | None = None, top_p: float | None = None,
@@ -111,36 +115,18 @@ class GeneratorClient(_Client):
         r = self.stub.UpdateWeights(to_proto(policy), timeout=self.timeout_s)
         return WeightUpdate(r.previous_version, r.policy_version, r.swapped, r.load_seconds)
 
-    def status(self) -> dict[str, Any]:
-        return status_dict(self.stub.Status(spb.StatusRequest(), timeout=self.timeout_s))
-
 
 class VerifierClient(_Client):
-    def __init__(self, target: str, **kw: Any) -> None:
-        super().__init__(target, **kw)
-        self.stub = sgrpc.VerifierStub(self.channel)
+    _stub = sgrpc.VerifierStub
 
     def score(self, rollout: RolloutGroup) -> ScoredGroup:
         r = self.stub.Score(spb.ScoreRequest(rollout=to_proto(rollout)), timeout=self.timeout_s)
         return ScoredGroup(rollout=rollout, rewards=list(r.rewards), correct=list(r.correct))
 
-    def status(self) -> dict[str, Any]:
-        return status_dict(self.stub.Status(spb.StatusRequest(), timeout=self.timeout_s))
-
 
 class LearnerClient(_Client):
-    def __init__(self, target: str, **kw: Any) -> None:
-        super().__init__(target, **kw)
-        self.stub = sgrpc.LearnerStub(self.channel)
-
-    def status(self) -> dict[str, Any]:
-        return status_dict(self.stub.Status(spb.StatusRequest(), timeout=self.timeout_s))
+    _stub = sgrpc.LearnerStub
 
 
 class CurriculumClient(_Client):
-    def __init__(self, target: str, **kw: Any) -> None:
-        super().__init__(target, **kw)
-        self.stub = sgrpc.CurriculumStub(self.channel)
-
-    def status(self) -> dict[str, Any]:
-        return status_dict(self.stub.Status(spb.StatusRequest(), timeout=self.timeout_s))
+    _stub = sgrpc.CurriculumStub

@@ -31,9 +31,9 @@ from scalerl.generator.role import GeneratorRole
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.learner.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
 from scalerl.messages import ScoredGroup
+from scalerl.runtime.setup import make_curriculum
 from scalerl.runtime.trainer import TrainClock, TrainerHost
 from scalerl.store import open_store
-from scalerl.store.weights import publish_weights
 from scalerl.telemetry.hops import hop
 from scalerl.verifier.role import VerifierRole
 
@@ -87,12 +87,8 @@ class EmbeddedRun(TrainerHost):
         engine = TorchEngine(self.gen_model, tok, fp32_head=spec.model.fp32_lm_head, seed=spec.seed + 1)
         self.generator = GeneratorRole(spec, engine, tok, self.bus, self.store, self.topics)
         self.verifier_role = VerifierRole(self.verifier, self.bus, self.topics)
-        k_factor = spec.off_policy.k if spec.off_policy.mode == "ppo" else 1
-        self.curriculum = Curriculum(
-            self.train_problems, task_name=spec.task.kind, group_size=spec.generation.group_size, seed=spec.seed,
-            max_inflight=max(spec.max_inflight_prompts, k_factor * spec.train.prompts_per_step),
-            npr=spec.curriculum.no_positive_resampling, npr_threshold=spec.curriculum.npr_threshold,
-            limit_prompts=spec.curriculum.limit_prompts)
+        self.curriculum = make_curriculum(
+            spec, self.train_problems, steps_in_flight=spec.off_policy.k if spec.off_policy.mode == "ppo" else 1)
         self.scored: Consumer = self.bus.consumer([self.topics.scored], "learner")
         self.buffer: list[ScoredGroup] = []
         if ckpt is not None:
@@ -113,11 +109,6 @@ class EmbeddedRun(TrainerHost):
         log.info("resumed from %s at step %d", ckpt, self.learner.version)
 
     # -- pieces of the loop ----------------------------------------------------------------------------
-    def _publish(self) -> None:
-        pv = publish_weights(self.store, self.learner.version, self.learner.full_state_dict())
-        self.bus.publish(self.topics.policy, pv, key="policy")
-        self.bus.flush()
-
     def _top_up(self) -> None:
         for task in self.curriculum.next_tasks():
             with hop("curriculum.issue", {"policy_version": str(self.learner.version)}, root=True) as headers:

@@ -29,7 +29,7 @@ from scalerl.generator.role import GeneratorRole
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.messages import PolicyVersion, ScoredGroup
 from scalerl.model.factory import load_model_and_tokenizer, resolve_device
-from scalerl.runtime.setup import configure_threads, make_task, make_verifier, seed_everything
+from scalerl.runtime.setup import configure_threads, make_curriculum, make_task, make_verifier, seed_everything
 from scalerl.store import Store, open_store
 from scalerl.telemetry.hops import hop
 from scalerl.verifier.role import VerifierRole
@@ -196,11 +196,7 @@ class CurriculumService:
         seed_everything(spec.seed)
         self.ctx = ctx
         self.bus, self.store, self.topics = ctx.open()
-        self.curriculum = Curriculum(
-            make_task(spec).problems("train"), task_name=spec.task.kind, group_size=spec.generation.group_size,
-            seed=spec.seed, max_inflight=max(spec.max_inflight_prompts, spec.train.prompts_per_step),
-            npr=spec.curriculum.no_positive_resampling, npr_threshold=spec.curriculum.npr_threshold,
-            limit_prompts=spec.curriculum.limit_prompts)
+        self.curriculum = make_curriculum(spec, make_task(spec).problems("train"))
         self.issued = 0
         self.groups_scored = 0
         self.learner_version = 0

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from scalerl.config import JobSpec, SpecError
+from scalerl.curriculum.curriculum import Curriculum
 from scalerl.learner.sft import run_sft
 from scalerl.model.factory import load_model_and_tokenizer, resolve_device, save_model_and_tokenizer
-from scalerl.tasks import DatasetError, Task, build_task, validate_jsonl
+from scalerl.tasks import DatasetError, Problem, Task, build_task, validate_jsonl
 from scalerl.verifier.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,15 @@ def make_verifier(spec: JobSpec, task: Task) -> Verifier:
     g = spec.generation
     return Verifier(task, reward_correct=spec.task.reward_correct, reward_incorrect=spec.task.reward_incorrect,
                     penalty=g.length_penalty if g.length_control == "length_penalty" else None)
+
+
+def make_curriculum(spec: JobSpec, problems: list[Problem], *, steps_in_flight: int = 1) -> Curriculum:
+    """The job's curriculum over `problems`; at least `steps_in_flight` optimizer steps' worth of prompts
+    may be issued and not yet consumed (PPO-off-policy-k generates k steps' worth at once)."""
+    c = spec.curriculum
+    return Curriculum(problems, task_name=spec.task.kind, group_size=spec.generation.group_size, seed=spec.seed,
+                      max_inflight=max(spec.max_inflight_prompts, steps_in_flight * spec.train.prompts_per_step),
+                      npr=c.no_positive_resampling, npr_threshold=c.npr_threshold, limit_prompts=c.limit_prompts)
 
 
 def initial_model(spec: JobSpec, task: Task, out_dir: Path,
