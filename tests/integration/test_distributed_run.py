@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from scalerl.bus.kafka import KafkaBus
-from scalerl.config import spec_from_dict
 from scalerl.messages import ScoredGroup
 from scalerl.rpc.convert import decode_envelope
 from scalerl.runtime.launcher import LocalCluster
@@ -32,28 +31,16 @@ pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 STEPS = 10
 
 
-def _spec(name: str, init: str | None, steps: int = STEPS):
-    return spec_from_dict({
-        "name": name, "seed": 3,
-        "model": {"tiny": {"hidden_size": 64, "intermediate_size": 192, "num_layers": 2, "num_heads": 2,
-                           "max_positions": 96}, "init_checkpoint": init},
-        "task": {"kind": "addition", "digits": 2, "train_size": 400, "eval_size": 8},
-        "sft": {"steps": 300, "batch_size": 32, "lr": 0.003},
-        "generation": {"group_size": 4, "thinking_budget_tokens": 32, "answer_budget_tokens": 6,
-                       "interruption": {"window_tokens": [28, 32]}, "prompts_per_batch": 4},
-        "off_policy": {"mode": "pipeline", "k": 2},
-        "optim": {"lr": 1e-3, "warmup_steps": 2},
-        "train": {"prompts_per_step": 4, "steps": steps, "checkpoint_every": 4},
-        "eval": {"every_steps": 5, "samples_per_prompt": 2},
-        "runtime": {"threads": 1, "partitions": 2},
-    })
+# PipelineRL-2 over two partitions, a checkpoint every 4 steps (the learner is killed after step 4)
+RUN = {"steps": STEPS, "off_policy": {"mode": "pipeline", "k": 2}, "checkpoint_every": 4, "eval_every": 5,
+       "partitions": 2}
 
 
 @pytest.fixture(scope="module")
-def sft_start(tmp_path_factory) -> str:
+def sft_start(tmp_path_factory, addition_run_spec) -> str:
     """One SFT warm start (pass rate about 0.3: groups with mixed rewards), shared by the tests here."""
     out = tmp_path_factory.mktemp("sft")
-    spec = _spec("sft", None)
+    spec = addition_run_spec("sft", None, **RUN)
     initial_model(spec, make_task(spec), out)
     return str(out / "sft")
 
@@ -77,8 +64,9 @@ def _wait_step(cluster: LocalCluster, out: Path, step: int, timeout_s: float = 2
 
 
 @pytest.mark.timeout(900)
-def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_start, tmp_path, restart_kafka):
-    spec = _spec(unique, sft_start)
+def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_start, tmp_path, restart_kafka,
+                                                           addition_run_spec):
+    spec = addition_run_spec(unique, sft_start, **RUN)
     out = tmp_path / "run"
     cluster = LocalCluster(spec, out, f"kafka://{infra.kafka_bootstrap}", f"s3://{unique}/job",
                            generators=2, verifiers=2, env=infra.s3_env())
@@ -138,18 +126,25 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_st
     bus.close()
 
 
-def _check_side_port(cluster: LocalCluster, role_id: str, input_topic: str) -> None:
-    """The role's side port: ready (it holds a policy), and /metrics counts its tokens and input lag."""
+def _check_side_port(cluster: LocalCluster, role_id: str, input_topic: str, timeout_s: float = 120) -> None:
+    """The role's side port: ready (it holds a policy), and /metrics counts its tokens (once it has had a
+    partition: it may have joined the group after the other generator took both) and its input lag."""
     ports = json.loads(next(line for line in cluster.procs[role_id].log_path.read_text().splitlines()
                             if line.startswith("{")))
     base = f"http://127.0.0.1:{ports['http']}"
     with urllib.request.urlopen(f"{base}/readyz", timeout=10) as r:
         assert r.status == 200
-    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
-        text = r.read().decode()
-    tokens = [float(line.split()[-1]) for line in text.splitlines()
-              if line.startswith("scalerl_generator_tokens_total ")]
-    assert tokens and tokens[0] > 0
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        tokens = [float(line.split()[-1]) for line in text.splitlines()
+                  if line.startswith("scalerl_generator_tokens_total ")]
+        assert tokens, "no scalerl_generator_tokens_total on /metrics"
+        if tokens[0] > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert tokens[0] > 0, f"{role_id} generated no tokens within {timeout_s:.0f} s"
     assert f'scalerl_generator_queue_lag_messages{{topic="{input_topic}"}}' in text
 
 

@@ -10,6 +10,7 @@ with several processes, and exact-resume state.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from typing import Any
@@ -155,13 +156,53 @@ class Learner:
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict()}
+        """Step count, optimizer and LR schedule. Sharded: a collective (every rank must call it) that
+        gathers the full optimizer state, keyed by parameter name, onto rank 0 (the others get `{}`), so
+        a checkpoint does not depend on the number of ranks that wrote it."""
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            optim = get_optimizer_state_dict(self.model, self.optimizer,
+                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            optim = self.optimizer.state_dict()
+        return {"version": self.version, "optimizer": optim, "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The inverse of `state_dict`. Sharded: a collective; only rank 0's `state["optimizer"]` is read
+        (the full state, broadcast and re-sharded), the other ranks may pass `{}` there."""
         self.version = int(state["version"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            # (the call writes into the dict it is given: hand it a copy)
+            optim = copy.deepcopy(state["optimizer"]) if self.rank == 0 else {}
+            set_optimizer_state_dict(self.model, self.optimizer, optim,
+                                     options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def broadcast_weights(model: Any) -> None:
+    """Make every rank's (unsharded) `model` hold rank 0's weights; a no-op without a process group.
+    Called before the learner shards the model, so ranks that did not load the checkpoint (or run SFT)
+    start from the same policy as rank 0."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    state = model.state_dict()
+    layout = [(name, tuple(t.shape), str(t.dtype)) for name, t in state.items()]
+    box: list[Any] = [layout]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] != layout:
+        theirs = {n: (s, d) for n, s, d in box[0]}
+        ours = {n: (s, d) for n, s, d in layout}
+        diff = sorted(n for n in theirs.keys() | ours.keys() if theirs.get(n) != ours.get(n))
+        raise RuntimeError(f"rank {dist.get_rank()}: the model differs from rank 0's in {len(diff)} tensors "
+                           f"(first: {diff[:3]}); every rank must build the same architecture")
+    with torch.no_grad():
+        for tensor in state.values():
+            dist.broadcast(tensor, src=0)
 
 
 def _accumulate(totals: dict[str, float], weights: dict[str, float], key: str, value: float, w: float) -> None:

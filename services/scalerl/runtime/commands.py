@@ -81,8 +81,10 @@ def run_distributed(spec: JobSpec, out: Path, args: argparse.Namespace) -> int:
         return _fail(f"off_policy.mode: --distributed runs 'pipeline' (PipelineRL-k), got {spec.off_policy.mode!r}")
     if args.overwrite:
         reset_job(spec, bus, store)
+    if args.learner_ranks < 1:
+        return _fail(f"--learner-ranks {args.learner_ranks}: expected 1 or more processes")
     cluster = LocalCluster(spec, out, bus, store, generators=args.generators, verifiers=args.verifiers,
-                           max_restarts=args.max_restarts)
+                           learner_ranks=args.learner_ranks, max_restarts=args.max_restarts)
     cluster.start_all()
     print(f"scalerl: {len(cluster.procs)} role processes started; logs in {out / 'logs'}", file=sys.stderr)
     try:
@@ -120,5 +122,7 @@ def add_distributed_args(run: argparse.ArgumentParser) -> None:
     g.add_argument("--store", help="s3://BUCKET/PREFIX or file:///PATH (default: runtime.store or <out>/store)")
     g.add_argument("--generators", type=int, default=2, help="generator processes (default 2)")
     g.add_argument("--verifiers", type=int, default=2, help="verifier processes (default 2)")
+    g.add_argument("--learner-ranks", type=int, default=1,
+                   help="learner processes under torchrun, FSDP-sharded; rank 0 serves (default 1)")
     g.add_argument("--max-restarts", type=int, default=1, help="restarts allowed per crashed role (default 1)")
     g.add_argument("--timeout", type=float, default=6 * 3600, help="give up after this many seconds")

@@ -9,6 +9,7 @@ last checkpoint, a generator's uncommitted prompts go to the others).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -43,6 +44,8 @@ class LocalCluster:
     generators: int = 2
     verifiers: int = 2
     role_threads: int = 1
+    learner_ranks: int = 1
+    """> 1: the learner runs under torchrun with this many processes (FSDP over gloo on CPU)."""
     max_restarts: int = 0
     env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, RoleProcess] = field(default_factory=dict)
@@ -57,7 +60,10 @@ class LocalCluster:
         self.job_file.write_text(dump_spec(self.spec))
 
     def command(self, role: str, role_id: str) -> list[str]:
-        cmd = [sys.executable, "-m", "scalerl.cli", "serve", role, "--job", str(self.job_file), "--bus", self.bus_url,
+        launch = [sys.executable]
+        if role == "learner" and self.learner_ranks > 1:  # rank 0 serves; the others follow it
+            launch += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(self.learner_ranks)]
+        cmd = [*launch, "-m", "scalerl.cli", "serve", role, "--job", str(self.job_file), "--bus", self.bus_url,
                "--store", self.store_url, "--id", role_id, "--out", str(self.out), "--grpc-port", "0",
                "--http-port", "0"]
         if role != "learner":
@@ -84,8 +90,14 @@ class LocalCluster:
             self.start("generator", f"generator-{i}")
 
     def kill(self, role_id: str, sig: int = signal.SIGKILL) -> None:
+        """`sig` to the role's process and all its descendants (torchrun and its ranks, for a multi-rank
+        learner)."""
         proc = self.procs[role_id]
-        proc.popen.send_signal(sig)
+        # torchrun starts its ranks in sessions of their own: collect them before their parent goes
+        pids = [proc.popen.pid, *_descendants(proc.popen.pid)]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
         proc.popen.wait(timeout=60)
 
     def stop_all(self, timeout_s: float = 60.0) -> dict[str, int | None]:
@@ -127,6 +139,23 @@ class LocalCluster:
 
     def summary(self) -> dict[str, Any]:
         return dict(json.loads((self.out / "summary.json").read_text()))
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def reset_job(spec: JobSpec, bus_url: str, store_url: str) -> None:

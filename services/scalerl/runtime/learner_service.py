@@ -32,7 +32,6 @@ from scalerl.runtime.roles import ServiceContext, ensure_job_topics, input_lag, 
 from scalerl.runtime.trainer import TrainClock, TrainerHost
 from scalerl.store import open_store
 from scalerl.store.checkpoints import download_latest_checkpoint, upload_checkpoint
-from scalerl.store.weights import publish_weights
 from scalerl.telemetry.hops import hop
 
 log = logging.getLogger(__name__)
@@ -59,23 +58,25 @@ class LearnerService(TrainerHost):
 
     # -- assembly ----------------------------------------------------------------------------------
     def build(self) -> None:
+        """Bus, store and checkpoint first (each retried on its own), then the learner: its start is a
+        collective over the torchrun ranks, so it must not be redone by a retry."""
         spec = self.spec
         self._setup_common()
         self.store = open_store(self.ctx.store_url)
-        ckpt = retry_io(lambda: download_latest_checkpoint(self.store, self.out.checkpoints), what="fetch checkpoint")
-        model, tok = self._load_policy(ckpt)
-        self._setup_learner(model, tok)
         self.bus: Bus = open_bus(self.ctx.bus_url)
         retry_io(lambda: ensure_job_topics(self.bus, spec), what="create the job's topics")
         self.scored = retry_io(lambda: self.bus.consumer([self.topics.scored], self.topics.group("learner")),
                                what="join the learner group")
-        if ckpt is not None:
-            self._restore(ckpt)
+        ckpt = retry_io(lambda: download_latest_checkpoint(self.store, self.out.checkpoints), what="fetch checkpoint")
+        state = load_trainer_state(ckpt) if ckpt is not None else None
+        model, tok = self._load_policy(ckpt)
+        self._setup_learner(model, tok, state["learner"] if state is not None else None)
+        if ckpt is not None and state is not None:
+            self._restore(ckpt, state)
         retry_io(self._publish, what="publish policy")
 
-    def _restore(self, ckpt: Path) -> None:
-        state = load_trainer_state(ckpt)
-        self.learner.load_state_dict(state["learner"])
+    def _restore(self, ckpt: Path, state: dict[str, Any]) -> None:
+        """Everything but the learner's own state (restored by `_setup_learner`)."""
         self.eval_engine.set_rng_state(state["eval_rng"])
         self.clock = TrainClock(state["train_s"])
         self.counters.update(state["counters"])
@@ -90,11 +91,6 @@ class LearnerService(TrainerHost):
         log.info("learner resumed from %s at step %d", ckpt.name, self.learner.version)
 
     # -- pieces ------------------------------------------------------------------------------------
-    def _publish(self) -> None:
-        pv = publish_weights(self.store, self.learner.version, self.learner.full_state_dict())
-        self.bus.publish(self.topics.policy, pv, key="policy")
-        self.bus.flush()
-
     def safe_positions(self) -> dict[str, int]:
         """Per partition: the oldest offset not yet consumed by a step (see the module docstring)."""
         pos = dict(self.scored.positions())
@@ -141,12 +137,17 @@ class LearnerService(TrainerHost):
     def _checkpoint(self) -> None:
         safe = self.safe_positions()
         self.counters["duplicates"] = self._count_duplicates(safe)
-        state = {"learner": self.learner.state_dict(), "eval_rng": self.eval_engine.rng_state(),
+        weights = self.ranks.full_state_dict() if self.learner.sharded else None  # (collectives, every rank)
+        state = {"learner": self.ranks.state_dict(), "eval_rng": self.eval_engine.rng_state(),
                  "train_s": self.clock.now_s(), "counters": dict(self.counters),
                  "consumed_ids": sorted(self.consumed_ids), "bus_positions": safe,
                  "duplicate_positions": [p for p in self.duplicate_positions if p[1] < safe.get(p[0], 0)]}
-        folder = save_checkpoint(self.out.checkpoints, self.learner.version, self.learner.model, self.tokenizer,
-                                 state, keep=self.spec.train.keep_checkpoints)
+        model = self.learner.model
+        if weights is not None and self.eval_copy is not None:  # save the unsharded copy, not the FSDP module
+            self.eval_copy.load_state_dict(weights)
+            model, weights = self.eval_copy, None
+        folder = save_checkpoint(self.out.checkpoints, self.learner.version, model, self.tokenizer, state,
+                                 keep=self.spec.train.keep_checkpoints, state_dict=weights)
         (folder / "run").mkdir(exist_ok=True)
         for name in RUN_FILES:
             if (self.out.root / name).is_file():
@@ -206,7 +207,7 @@ class LearnerService(TrainerHost):
             self._wait_for_generators(stop)
             waited_s = time.perf_counter() - t_wait
             groups = [r.value for r in records]
-            stats = self.learner.step(groups)
+            stats = self.ranks.step(groups)
             self.consumed_ids.update(g.group_id for g in groups)
             self._count(stats)
             safe = self.safe_positions()
@@ -248,6 +249,7 @@ class LearnerService(TrainerHost):
         return self.summary
 
     def close(self) -> None:
+        self.ranks.stop()  # release the other torchrun ranks (after the last checkpoint's collectives)
         self.scored.close()
         self.bus.flush()
         self.bus.close()

@@ -66,8 +66,23 @@ def serve(role: str, ctx: ServiceContext, *, grpc_port: int | None = None, http_
     bound ports once the servers are up. Returns what the role's loop returns (the learner's summary).
     """
     stop = stop or threading.Event()
+    if role == "learner":  # under torchrun: ranks > 0 follow rank 0 and bind no ports
+        from scalerl.runtime.learner_ranks import init_process_group_from_env, run_follower
+
+        rank, size = init_process_group_from_env(ctx.spec.model.device)
+        if rank > 0:
+            return run_follower(ctx.spec)
+        if size > 1:  # the learner's start is a collective: a retry would desynchronise the ranks
+            service = build_service(role, ctx, show_progress=show_progress)
+            return _run_with_servers(role, service, ctx, grpc_port, http_port, stop, on_ready)
     # A role started while the broker or store is down (a restart, a rolling upgrade) waits for them.
     service = retry_io(lambda: build_service(role, ctx, show_progress=show_progress), stop, what=f"start {role}")
+    return _run_with_servers(role, service, ctx, grpc_port, http_port, stop, on_ready)
+
+
+def _run_with_servers(role: str, service: RoleService, ctx: ServiceContext, grpc_port: int | None,
+                      http_port: int | None, stop: threading.Event,
+                      on_ready: Callable[[dict[str, int]], None] | None) -> Any:
     servers = start_servers(role, service, ctx, grpc_port=grpc_port, http_port=http_port)
     if on_ready is not None:
         on_ready(servers.ports)

@@ -8,21 +8,26 @@ counts GPU-hours.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
+from scalerl.bus import Bus, TopicNames
 from scalerl.config import JobSpec, dump_spec
 from scalerl.evaluation import evaluate_mean_at_k
 from scalerl.generator.engine import SamplingParams
 from scalerl.generator.role import length_control
 from scalerl.generator.torch_engine import TorchEngine
-from scalerl.learner.learner import Learner
+from scalerl.learner.learner import world
 from scalerl.model.factory import load_model_and_tokenizer, resolve_device
+from scalerl.runtime.learner_ranks import Ranks, start_learner
 from scalerl.runtime.outputs import RunOutputs
 from scalerl.runtime.progress import Progress
 from scalerl.runtime.setup import configure_threads, initial_model, make_task, make_verifier, seed_everything
+from scalerl.store import Store
+from scalerl.store.weights import publish_weights
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +53,12 @@ class TrainClock:
 
 
 class TrainerHost:
-    """Owns the learner, the evaluator and the run folder. Subclasses bring the rollouts."""
+    """Owns the learner, the evaluator and the run folder. Subclasses bring the rollouts, and the bus and
+    store the policy is published to."""
+
+    bus: Bus
+    store: Store
+    topics: TopicNames
 
     def __init__(self, spec: JobSpec, out_dir: Path, *, resume: bool = False, show_progress: bool = True) -> None:
         self.spec = spec
@@ -84,15 +94,22 @@ class TrainerHost:
         bar.close()
         return model, tok
 
-    def _setup_learner(self, model: Any, tok: Any) -> None:
+    def _setup_learner(self, model: Any, tok: Any, resume_state: dict[str, Any] | None = None) -> None:
+        """The learner over `model` (on every rank of a torchrun group: see `learner_ranks`), resumed from
+        `resume_state` (a checkpoint's learner state) when given, and the evaluation engine. Sharded over
+        several ranks, rank 0 evaluates on an unsharded copy refreshed before each evaluation."""
         spec = self.spec
         self.tokenizer = tok
-        self.learner = Learner(spec, model, pad_id=tok.pad_token_id)
-        self.eval_engine = TorchEngine(model, tok, fp32_head=spec.model.fp32_lm_head, seed=spec.seed + 2)
+        self.eval_copy = copy.deepcopy(model) if world()[1] > 1 else None
+        self.learner = start_learner(spec, model, tok.pad_token_id, resume_state)
+        self.ranks = Ranks(self.learner)
+        self.eval_engine = TorchEngine(self.eval_copy if self.eval_copy is not None else model, tok,
+                                       fp32_head=spec.model.fp32_lm_head, seed=spec.seed + 2)
 
     # -- per step ----------------------------------------------------------------------------------
     def compute_device_hours(self) -> float:
-        return self.spec.runtime.devices * self.clock.now_s() / 3600.0
+        """Training wall time × devices: `runtime.devices`, or the learner's ranks when it has more."""
+        return max(self.spec.runtime.devices, self.learner.world_size) * self.clock.now_s() / 3600.0
 
     def _count(self, stats: dict[str, float]) -> None:
         self.counters["gen_tokens"] += int(stats.get("tokens/gen", 0))
@@ -117,6 +134,12 @@ class TrainerHost:
                    stale=f"{rec['staleness_mean'] or 0:.1f}")
         return rec
 
+    def _publish(self) -> None:
+        """Upload the current weights, then announce them on `policy`."""
+        pv = publish_weights(self.store, self.learner.version, self.ranks.full_state_dict())
+        self.bus.publish(self.topics.policy, pv, key="policy")
+        self.bus.flush()
+
     def _eval_due(self) -> bool:
         v = self.learner.version
         return v % self.spec.eval.every_steps == 0 or v == self.spec.train.steps
@@ -130,7 +153,11 @@ class TrainerHost:
         spec = self.spec
         t0 = time.perf_counter()
         bar = self.progress.bar(f"eval@{self.learner.version}", len(self.eval_problems), unit="prompt", leave=False)
-        self.learner.model.eval()
+        if self.eval_copy is not None:  # sharded learner: evaluate rank 0's copy of the current weights
+            self.eval_copy.load_state_dict(self.ranks.full_state_dict())
+            self.eval_copy.eval()
+        else:
+            self.learner.model.eval()
         res = evaluate_mean_at_k(
             self.eval_engine, self.tokenizer, self.eval_problems, self.verifier, k=spec.eval.samples_per_prompt,
             sampling=SamplingParams(spec.eval.temperature, spec.generation.top_p),
