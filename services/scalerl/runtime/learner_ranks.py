@@ -109,14 +109,33 @@ def start_learner(spec: JobSpec, model: Any, pad_id: int, resume_state: dict[str
     return learner
 
 
-def follow(learner: Learner) -> int:
+class FollowerStatus:
+    """What a follower's side port shows: alive, ready once it holds its shard, steps taken."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.steps = 0
+        self.joined = False
+
+    def ready(self) -> bool:
+        return self.joined
+
+    def status(self) -> dict[str, Any]:
+        return {"role": "learner", "id": f"learner-rank-{self.rank}", "ready": self.joined, "step": self.steps,
+                "policy_version": self.steps}
+
+
+def follow(learner: Learner, status: FollowerStatus | None = None) -> int:
     """Ranks > 0: do what rank 0 announces until it says stop. Returns the number of steps taken."""
+    status = status or FollowerStatus(learner.rank)
+    status.joined = True
     steps = 0
     while True:
         command, payload = _broadcast(None)
         if command == "step":
             learner.step(payload)
             steps += 1
+            status.steps = learner.version
         elif command == "weights":
             learner.full_state_dict()
         elif command == "state":
@@ -127,8 +146,11 @@ def follow(learner: Learner) -> int:
             raise RuntimeError(f"rank {learner.rank}: unknown command {command!r} from rank 0")
 
 
-def run_follower(spec: JobSpec) -> int:
-    """`scalerl serve learner` on a rank > 0: build the same model (weights come from rank 0), follow."""
+def run_follower(spec: JobSpec, http_port: int | None = None) -> int:
+    """`scalerl serve learner` on a rank > 0: build the same model (weights come from rank 0), follow.
+
+    The first rank of each other node (LOCAL_RANK 0) serves the side port (/healthz, /readyz once it
+    holds its shard, /metrics), so every learner pod passes its probes; no rank but 0 serves gRPC."""
     from scalerl.model.factory import load_model_and_tokenizer, resolve_device
     from scalerl.runtime.setup import configure_threads, seed_everything
 
@@ -137,8 +159,18 @@ def run_follower(spec: JobSpec) -> int:
     init = spec.model.init_checkpoint  # the architecture rank 0 loads; its weights come by broadcast
     model, tok = load_model_and_tokenizer(spec.model, spec.seed, init if init and Path(init).is_dir() else None)
     model = model.to(resolve_device(spec.model.device))
-    learner = start_learner(spec, model, tok.pad_token_id, None)
-    steps = follow(learner)
+    status = FollowerStatus(world()[0])
+    stop_side = None
+    if http_port is not None and os.environ.get("LOCAL_RANK", "0") == "0":
+        from scalerl.runtime.telemetry_glue import start_sideport
+
+        _, stop_side = start_sideport("learner", status, http_port)
+    try:
+        learner = start_learner(spec, model, tok.pad_token_id, None)
+        steps = follow(learner, status)
+    finally:
+        if stop_side is not None:
+            stop_side()
     log.info("learner rank %d: done after %d steps", learner.rank, steps)
     dist.destroy_process_group()
     return 0

@@ -71,7 +71,7 @@ def serve(role: str, ctx: ServiceContext, *, grpc_port: int | None = None, http_
 
         rank, size = init_process_group_from_env(ctx.spec.model.device)
         if rank > 0:
-            return run_follower(ctx.spec)
+            return run_follower(ctx.spec, http_port)
         if size > 1:  # the learner's start is a collective: a retry would desynchronise the ranks
             service = build_service(role, ctx, show_progress=show_progress)
             return _run_with_servers(role, service, ctx, grpc_port, http_port, stop, on_ready)
