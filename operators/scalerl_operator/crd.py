@@ -91,6 +91,9 @@ CEL_RULES: tuple[CelRule, ...] = (
             ".type"),
     CelRule(("spec", "store"), f"self.uri.matches(r'{S3_URI_PATTERN}')",  # a raw CEL string: \s
             "spec.store.uri must be s3://bucket[/prefix] with a 3-63 character bucket name", ".uri"),
+    CelRule(("spec", "store"), "self.retention != 'delete' || self.uri.matches('^s3://[^/]+/.*[^/].*$')",
+            "spec.store.retention: delete needs a prefix in spec.store.uri (s3://bucket/prefix), so deleting "
+            "the job never empties a whole bucket", ".retention"),
     # A transition rule (oldSelf): the learner's torchrun world is fixed while the job runs.
     CelRule(("spec",),
             "oldSelf.suspend || (self.roles.learner.nodes == oldSelf.roles.learner.nodes && "

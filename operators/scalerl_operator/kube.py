@@ -31,6 +31,7 @@ _COLLECTIONS = {
     ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
     ("v1", "Event"): "/api/v1/namespaces/{ns}/events",
     ("v1", "Pod"): "/api/v1/namespaces/{ns}/pods",
+    ("v1", "Secret"): "/api/v1/namespaces/{ns}/secrets",  # read only, by name (store.credentialsSecret)
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
     ("apps/v1", "StatefulSet"): "/apis/apps/v1/namespaces/{ns}/statefulsets",
     ("coordination.k8s.io/v1", "Lease"): "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",

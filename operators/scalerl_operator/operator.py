@@ -17,6 +17,7 @@ operator posts one Event per scale and per phase change.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import threading
@@ -37,7 +38,7 @@ from scalerl_operator.reconcile import WORKLOADS, is_terminal, reconcile, write_
 from scalerl_operator.render import child_name
 from scalerl_operator.rlstatus import LearnerStatus, MetricsTail, fold
 from scalerl_operator.scaler import autoscale, lag_status, scaling_status
-from scalerl_operator.spec import GROUP, PLURAL, VERSION, RLJobSpec, parse_spec
+from scalerl_operator.spec import GROUP, PLURAL, VERSION, RLJobSpec, StoreSpec, parse_spec
 
 log = logging.getLogger("scalerl_operator")
 
@@ -224,6 +225,36 @@ class Runtime:
                             f"left in Kafka: {', '.join(busy + failed)}", "Cleanup")
         self.kube.event(obj, "Normal", "CleanedUp", f"deleted topics {', '.join(doomed) or '(none)'} and "
                         f"{len(groups) - len(busy)} consumer group(s)", "Cleanup")
+        if spec.store.retention == "delete":
+            deleted = delete_store_objects(self.kube, ns, spec.store)
+            self.kube.event(obj, "Normal", "StoreDeleted", f"deleted {deleted} object(s) under {spec.store.uri} "
+                            "(store.retention: delete)", "Cleanup")
+
+
+def delete_store_objects(kube: Kube, namespace: str, store: StoreSpec) -> int:
+    """Delete every object under `store.uri`, with the key pair of `store.credentialsSecret` (else the
+    operator's own S3_ACCESS_KEY / S3_SECRET_KEY) at `store.endpoint` (else S3_ENDPOINT). Returns the count."""
+    from scalerl.store.s3 import S3Store
+
+    access, secret = os.environ.get("S3_ACCESS_KEY", ""), os.environ.get("S3_SECRET_KEY", "")
+    if (ref := store.credentials_secret) is not None:
+        found = kube.get("v1", "Secret", namespace, ref.name)
+        if found is None:
+            raise RuntimeError(f"store.credentialsSecret: Secret {namespace}/{ref.name} not found")
+        data = found.get("data") or {}
+        missing = [k for k in (ref.access_key_key, ref.secret_key_key) if k not in data]
+        if missing:
+            raise RuntimeError(f"store.credentialsSecret: Secret {namespace}/{ref.name} lacks {', '.join(missing)}")
+        access, secret = (base64.b64decode(data[k]).decode() for k in (ref.access_key_key, ref.secret_key_key))
+    endpoint = store.endpoint or os.environ.get("S3_ENDPOINT", "")
+    if not (endpoint and access and secret):
+        raise RuntimeError("store.retention: delete needs store.endpoint and a key pair (credentialsSecret)")
+    bucket, _, prefix = store.uri.removeprefix("s3://").partition("/")
+    s3 = S3Store(endpoint, access, secret, bucket, prefix, create_bucket=False)
+    keys = s3.list("")
+    for key in keys:
+        s3.delete(key)
+    return len(keys)
 
 
 # ---- kopf wiring --------------------------------------------------------------------------------------

@@ -237,6 +237,9 @@ class StoreSpec(K8sModel):
     endpoint: Annotated[str, StringConstraints(max_length=MAX_URI_LENGTH)] = Field(
         "", description="S3 endpoint URL, e.g. http://minio:9000; empty = the client's default.")
     credentials_secret: SecretKeys | None = Field(None, description="Secret holding the S3 key pair.")
+    retention: Literal["keep", "delete"] = Field(
+        "keep", description="When the RLJob is deleted: keep every object under uri (checkpoints, policies "
+        "and reports outlive the job), or delete them (the finalizer does, after the roles stopped).")
 
     @field_validator("uri")
     @classmethod
@@ -244,6 +247,13 @@ class StoreSpec(K8sModel):
         if not re.match(S3_URI_PATTERN, v):
             raise ValueError(f"must be s3://bucket[/prefix] with a 3-63 character bucket name (got {v!r})")
         return v
+
+    @model_validator(mode="after")
+    def _delete_needs_prefix(self) -> StoreSpec:
+        if self.retention == "delete" and not self.uri.removeprefix("s3://").partition("/")[2].strip("/"):
+            raise ValueError(f"retention: 'delete' needs a prefix in uri (s3://bucket/prefix), so deleting the "
+                             f"job never empties a whole bucket (got {self.uri!r})")
+        return self
 
 
 class TelemetrySpec(K8sModel):

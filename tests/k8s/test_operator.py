@@ -189,6 +189,36 @@ def test_delete_runs_the_finalizer_on_kafka(kube: Kube, namespace: str, bootstra
         bus.close()
 
 
+def test_delete_with_store_retention_delete_empties_the_jobs_prefix(
+        kube: Kube, namespace: str, bootstrap: str, k8s_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`store.retention: delete`: the finalizer deletes every object under the job's prefix in the real
+    MinIO, with the key pair from the Secret the spec names; a neighbour prefix in the bucket stays."""
+    from scalerl.store.s3 import S3Store
+
+    missing = [k for k in ("S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY") if not k8s_env.get(k)]
+    assert not missing, f"build/infra.env lacks {missing}: start MinIO with scripts/infra/up.sh minio"
+    name, bucket = unique_job(), f"ret-{unique_job()}"
+    endpoint, access, secret = k8s_env["S3_ENDPOINT"], k8s_env["S3_ACCESS_KEY"], k8s_env["S3_SECRET_KEY"]
+    job_store = S3Store(endpoint, access, secret, bucket, f"runs/{name}")
+    neighbour = S3Store(endpoint, access, secret, bucket, "runs/other-job")
+    for key in ("checkpoints/LATEST", "checkpoints/step_000002/model.safetensors", "policy/v00000002.safetensors"):
+        job_store.put_bytes(key, b"x")
+    neighbour.put_bytes("checkpoints/LATEST", b"keep me")
+    kube.request("POST", f"/api/v1/namespaces/{namespace}/secrets", body={
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "minio-keys"},
+        "stringData": {"accessKey": access, "secretKey": secret}})
+    store = {"uri": f"s3://{bucket}/runs/{name}", "endpoint": endpoint, "retention": "delete",
+             "credentialsSecret": {"name": "minio-keys"}}
+    with operator(namespace, k8s_env["KUBECONFIG"], monkeypatch):
+        create(kube, namespace, rljob(name, bootstrap, store=store))
+        wait_for("the learner StatefulSet", lambda: kube.get("apps/v1", "StatefulSet", namespace, f"{name}-learner"))
+        kube.request("DELETE", f"/apis/scalerl.dev/v1alpha1/namespaces/{namespace}/rljobs/{name}")
+        wait_for("the RLJob gone", lambda: get_job(kube, namespace, name) is None, timeout_s=30)
+    assert job_store.list("") == []
+    assert neighbour.list("") == ["checkpoints/LATEST"]
+    assert "StoreDeleted" in event_reasons(kube, namespace, name)
+
+
 def test_killed_mid_reconcile_then_restarted_reaches_the_same_state(
         kube: Kube, namespace: str, bootstrap: str, k8s_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A real process (python -m scalerl_operator) is SIGKILLed as soon as its first child exists;

@@ -131,6 +131,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [services, configmaps]
   verbs: [get, list, watch, create, update, patch, delete]
+# Learner pods, read only: their container restarts count against spec.failurePolicy.maxRestarts.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list]
 # The S3 key pair named in spec.store.credentialsSecret (the roles get it as env from the Secret; the
 # operator only ever reads one by name, e.g. for store retention at deletion).
 - apiGroups: [""]
