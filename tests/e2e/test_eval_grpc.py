@@ -1,5 +1,6 @@
 """`scalerl eval --engine grpc` through a real generator service on loopback gives the same numbers as
-`--engine embedded` on the same checkpoint and seed (same requests, same engine seed)."""
+`--engine embedded` on the same checkpoint and seed (same requests, same engine seed), budget forcing
+(sent as the request's budget_forcing field) and greedy included."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def test_grpc_engine_matches_embedded(tiny_spec, tiny_model, tokenizer, tmp_path
     ckpt = run / "checkpoints" / "step_000001"
     save_model_and_tokenizer(tiny_model, tokenizer, ckpt)
     (run / "spec.yaml").write_text(dump_spec(tiny_spec))
-    args = ["eval", str(ckpt), "--strategy", "sample,majority", "--n", "1,2,4", "--seed", "7", "--json", "--quiet"]
+    args = ["eval", str(ckpt), "--strategy", "greedy,sample,majority,budget-forcing", "--n", "1,2,4",
+            "--max-thinking", "4,8", "--seed", "7", "--json", "--quiet"]
 
     assert main(args) == 0
     embedded = json.loads(capsys.readouterr().out)
@@ -39,3 +41,9 @@ def test_grpc_engine_matches_embedded(tiny_spec, tiny_model, tokenizer, tmp_path
     a, b = embedded["checkpoints"][0], served["checkpoints"][0]
     assert a["inference"]["gen_tokens"] == b["inference"]["gen_tokens"] > 0
     assert a["points"] == b["points"]  # accuracy, CIs (seeded bootstrap) and token counts, every k
+    assert {p["strategy"] for p in b["points"]} >= {"greedy", "sample", "majority"}
+    # budget forcing through the service: the same rows, and the caps bind (fewer thinking tokens at 4)
+    assert a["budget_forcing"] == b["budget_forcing"]
+    caps = {r["max_thinking"]: r for r in b["budget_forcing"]}
+    assert set(caps) == {None, 4, 8}
+    assert caps[4]["thinking_tokens_per_sample"] <= 4 < caps[None]["thinking_tokens_per_sample"]

@@ -20,7 +20,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from scalerl.config import LengthPenaltyConfig
 from scalerl.curriculum.server import CurriculumServicer
-from scalerl.generator.engine import SamplingParams
+from scalerl.generator.engine import SamplingParams, budget_forcing, budget_forcing_of
 from scalerl.generator.role import encode_prompt, length_control
 from scalerl.generator.server import GeneratorServicer
 from scalerl.generator.torch_engine import TorchEngine
@@ -105,6 +105,36 @@ def test_generate_equals_the_engine_called_directly(engines, tokenizer, tiny_spe
     assert metrics.tokens._value.get() == tokens
 
 
+def test_generate_with_budget_forcing_equals_the_engine_with_the_same_rules(engines, tokenizer, tiny_spec) -> None:
+    """Budget forcing over gRPC (the ids `budget_forcing_of` sends) = the engine given the rules directly:
+    a forced "</think>" + answer prefix at exactly max_thinking thinking tokens; "Wait" for an early one."""
+    served, direct = engines
+    close = tokenizer.convert_tokens_to_ids("</think>")
+    prefix = tokenizer("A:", add_special_tokens=False)["input_ids"]
+    wait = tokenizer("Wait", add_special_tokens=False)["input_ids"]
+    base = length_control(tiny_spec, tokenizer)
+    prompt = encode_prompt(tokenizer, "12+34=")
+    for _, target in _served(GeneratorServicer(served, tokenizer, tiny_spec)):
+        with GeneratorClient(target) as client:
+            for rules in (budget_forcing(base, max_thinking=5, answer_prefix_ids=prefix),
+                          budget_forcing(base, min_thinking=12, wait_ids=wait, max_waits=2)):
+                sent = budget_forcing_of(rules)
+                got = client.generate([prompt], n=4, temperature=1.0, budget_forcing=sent)
+                want = direct.generate([prompt] * 4, SamplingParams(1.0, tiny_spec.generation.top_p), rules)
+                assert got == want
+            capped = client.generate([prompt], n=4, temperature=1.0,
+                                     budget_forcing=budget_forcing_of(budget_forcing(base, max_thinking=5,
+                                                                                      answer_prefix_ids=prefix)))
+            assert any(c.token_ids.index(close) == 5 for c in capped)
+            for c in capped:  # 5 sampled thinking tokens (or an earlier </think>), then the forced phrase
+                at = c.token_ids.index(close)
+                if at == 5:
+                    assert c.token_ids[6:6 + len(prefix)] == prefix
+                    assert c.loss_mask[5:6 + len(prefix)] == [0] * (1 + len(prefix))  # forced: not trained
+                else:
+                    assert at < 5
+
+
 def test_generate_rejects_bad_requests_with_the_field(engines, tokenizer, tiny_spec) -> None:
     vocab = len(tokenizer)
     cases: list[tuple[dict[str, Any], str]] = [
@@ -116,6 +146,11 @@ def test_generate_rejects_bad_requests_with_the_field(engines, tokenizer, tiny_s
         ({"prompts": [[1, vocab]]}, f"prompts[0].token_ids: [{vocab}] outside the vocabulary 0..{vocab - 1}"),
         ({"prompts": [[]]}, "prompts[0].token_ids: empty"),
         ({"prompts": ["1+1="] * 5, "n": 1000}, "5000 rows, more than this server's max_rows 4096"),
+        ({"prompts": ["1+1="], "budget_forcing": {"max_thinking": 0}},
+         "budget_forcing.max_thinking_tokens: must be in 1.."),
+        ({"prompts": ["1+1="], "budget_forcing": {"max_waits": 2}}, "budget_forcing.wait_ids: required"),
+        ({"prompts": ["1+1="], "budget_forcing": {"max_thinking": 4, "answer_prefix_ids": [vocab]}},
+         f"budget_forcing.answer_prefix_ids: [{vocab}] outside the vocabulary"),
     ]
     for _, target in _served(GeneratorServicer(engines[0], tokenizer, tiny_spec)):
         with GeneratorClient(target) as client:

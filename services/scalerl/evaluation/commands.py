@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 STRATEGIES = ("greedy", "sample", "majority", "best-of-n", "budget-forcing", "tree")
-EMBEDDED_ONLY = ("greedy", "budget-forcing", "tree")
+EMBEDDED_ONLY = ("tree",)  # step-level stops: the Generate request has no stop ids
 EXIT_BAD_INPUT = 2
 
 
@@ -61,7 +61,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--beam", default="1,2,4", help="tree search: beam widths to run")
     p.add_argument("--expansions", default="4", help="tree search: continuations sampled per beam node")
     p.add_argument("--tree-value", default="scorer", help="tree search: scorer (the learned outcome scorer, "
-                   "default) or solver (diagnostic upper bound: the exhaustive solver rates states)")
+                   "default), prefix (a value trained on partial states' Monte-Carlo labels, saved in "
+                   "<checkpoint>/prefix_value/) or solver (diagnostic upper bound: the exhaustive solver rates states)")
+    p.add_argument("--no-calculator", action="store_true", help="tree search: the model writes whole steps "
+                   "(default: it writes 'a op b=' and the result is computed, fed as forced tokens)")
+    p.add_argument("--resample-rounds", default="0", help="tree search: extra calls per depth re-sampling a node "
+                   "once per duplicate step it proposed (default 0: measured not to pay on Countdown)")
     p.add_argument("--problems-served", default=None,
                    help="iso-compute frontier: problems the inference is paid for, one frontier each, e.g. "
                    "100,1000000 (default: the eval's problem count)")
@@ -127,9 +132,9 @@ def _check_engine(args: argparse.Namespace, strategies: tuple[str, ...]) -> None
         local = [s for s in strategies if s in EMBEDDED_ONLY]
         if local or args.checkpoints == "all":
             what = f"--strategy {','.join(local)}" if local else "--checkpoints all"
-            raise BadArgument(f"--engine: {what} needs embedded (the Generate request has no greedy, budget-forcing "
-                              "or step-stop fields, and a service serves one policy); allowed with grpc: sample, "
-                              "majority, best-of-n")
+            raise BadArgument(f"--engine: {what} needs embedded (the Generate request has no step-stop field, "
+                              "and a service serves one policy); allowed with grpc: greedy, sample, majority, "
+                              "best-of-n, budget-forcing")
 
 
 def _check_tasks(tasks: str) -> None:
@@ -150,6 +155,7 @@ def plan(args: argparse.Namespace) -> Plan:
     from scalerl.evaluation.runner import EvalOptions
     from scalerl.evaluation.scorer import is_scorer_folder
     from scalerl.evaluation.scorer_training import ScorerTrainingConfig
+    from scalerl.report.runfiles import RunFileError
 
     strategies = tuple(s.strip() for s in args.strategy.split(",") if s.strip())
     unknown = [s for s in strategies if s not in STRATEGIES]
@@ -169,7 +175,7 @@ def plan(args: argparse.Namespace) -> Plan:
     try:
         spec_file, run, refs = resolve_target(args.target, which=args.checkpoints, spec=args.spec)
         spec = load_spec(spec_file)
-    except (TargetError, SpecError) as exc:
+    except (TargetError, RunFileError, SpecError) as exc:
         raise BadArgument(str(exc)) from None
     if args.checkpoints == "all" and run is not None and (start := start_ref(run, spec.model.init_checkpoint)):
         refs.insert(0, start)
@@ -183,8 +189,8 @@ def plan(args: argparse.Namespace) -> Plan:
     default_max = sorted({max(1, budget * f // 8) for f in (1, 2, 4, 6, 8)})
     max_thinking = _ints("--max-thinking", args.max_thinking) if args.max_thinking else tuple(default_max)
     min_thinking, max_waits = _int("--min-thinking", args.min_thinking, lo=0), _int("--max-waits", args.max_waits, lo=0)
-    if args.tree_value not in ("scorer", "solver"):
-        raise BadArgument(f"--tree-value: {args.tree_value!r}; allowed: scorer, solver")
+    if args.tree_value not in ("scorer", "prefix", "solver"):
+        raise BadArgument(f"--tree-value: {args.tree_value!r}; allowed: scorer, prefix, solver")
     if (min_thinking > 0) != (max_waits > 0):
         raise BadArgument("--min-thinking/--max-waits: give both (a minimum is enforced by at most m 'Wait' "
                           f"insertions), got --min-thinking {min_thinking} --max-waits {max_waits}")
@@ -196,6 +202,7 @@ def plan(args: argparse.Namespace) -> Plan:
         max_thinking=max_thinking, min_thinking=min_thinking, max_waits=max_waits, wait_text=args.wait_text,
         answer_prefix=args.answer_prefix, tree_widths=_ints("--beam", args.beam),
         tree_expansions=_int("--expansions", args.expansions), tree_value=args.tree_value,
+        tree_calculator=not args.no_calculator, tree_resample=_int("--resample-rounds", args.resample_rounds, lo=0),
         prompts_per_batch=spec.generation.prompts_per_batch,
         show_progress=not args.quiet)
     return Plan(spec=spec, run=run, refs=refs, opts=opts, tasks=args.tasks,

@@ -21,7 +21,8 @@ from scalerl.evaluation.output import (
     tree_table,
 )
 from scalerl.evaluation.runner import Context, EmbeddedBackend, evaluate_checkpoint
-from scalerl.generator.engine import LengthControl, SamplingParams
+from scalerl.evaluation.strategies import StrategyPoint
+from scalerl.generator.engine import LengthControl, SamplingParams, budget_forcing_of
 from scalerl.messages import Completion
 from scalerl.runtime.progress import Progress, quiet_third_party_bars
 from scalerl.tasks import Problem, Task, read_jsonl
@@ -41,7 +42,8 @@ class GrpcBackend:
         return self.client.generate(prompt_ids, n, temperature=sampling.temperature, top_p=sampling.top_p,
                                     thinking_budget_tokens=length.thinking_budget,
                                     answer_budget_tokens=length.answer_budget,
-                                    interruption=length.interruption_ids is not None)
+                                    interruption=length.interruption_ids is not None,
+                                    budget_forcing=budget_forcing_of(length))
 
 
 def _problems(plan: Any, task: Task) -> tuple[list[Problem], str]:
@@ -57,7 +59,8 @@ def _problems(plan: Any, task: Task) -> tuple[list[Problem], str]:
 
 
 def _evaluate_ref(plan: Any, ref: CheckpointRef, task: Task, problems: list[Problem], backend: Any,
-                  progress: Progress) -> dict[str, Any]:
+                  progress: Progress) -> tuple[dict[str, Any], list[StrategyPoint]]:
+    """The checkpoint's JSON record, and its strategy points (for the text report)."""
     from scalerl.generator.torch_engine import TorchEngine
     from scalerl.model.factory import load_model_and_tokenizer, resolve_device
     from scalerl.runtime.setup import make_verifier
@@ -77,18 +80,13 @@ def _evaluate_ref(plan: Any, ref: CheckpointRef, task: Task, problems: list[Prob
     if forced:
         record["budget_fit"] = fit_curve([r["thinking_tokens_per_sample"] for r in forced],
                                          [r["accuracy"] for r in forced], x_name="thinking tokens per sample")
-    return record
+    return record, points
 
 
-def _text(record: dict[str, Any], what: str) -> list[str]:
-    from scalerl.evaluation.strategies import StrategyPoint
-
+def _text(record: dict[str, Any], points: list[StrategyPoint], what: str) -> list[str]:
     lines = [f"\ncheckpoint {record['checkpoint']} (step {record['step']}, RL compute "
              + (f"{record['rl_compute_device_hours']:.4f} device-hours" if record["rl_compute_device_hours"]
                 is not None else "unknown") + f"); {record['problems']} problems of {what}"]
-    points = [StrategyPoint(**{k: v for k, v in p.items() if k in ("strategy", "k", "accuracy", "ci_low", "ci_high")},
-                            gen_tokens=p["gen_tokens_per_problem"], thinking_tokens=p["thinking_tokens_per_problem"],
-                            scorer_tokens=p["scorer_tokens_per_problem"]) for p in record["points"]]
     if points:
         lines += [strategy_table(points), "", "Saturating fits (accuracy vs samples, R0 = 0):",
                   *fit_lines(record["fits"])]
@@ -128,9 +126,9 @@ def run_plan(plan: Any) -> tuple[dict[str, Any], str]:
              f"{plan.opts.temperature:g}; engine {plan.engine}"]
     outer = progress.bar("checkpoints", len(plan.refs), unit="checkpoint") if len(plan.refs) > 1 else None
     for ref in plan.refs:
-        record = _evaluate_ref(plan, ref, task, problems, backend, progress)
+        record, points = _evaluate_ref(plan, ref, task, problems, backend, progress)
         result["checkpoints"].append(record)
-        lines += _text(record, what)
+        lines += _text(record, points, what)
         if outer is not None:
             outer.update(1, step=ref.step)
     if outer is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -90,6 +91,19 @@ def budget_forcing(base: LengthControl, *, max_thinking: int | None = None, answ
         out = replace(out, thinking_budget=max_thinking, window=(max_thinking, max_thinking),
                       interruption_ids=(base.think_close_id, *answer_prefix_ids))
     return replace(out, min_thinking=min_thinking, wait_ids=tuple(wait_ids), max_waits=max_waits)
+
+
+def budget_forcing_of(length: LengthControl) -> dict[str, Any] | None:
+    """The `budget_forcing` arguments that made `length` from its base rules (the inverse of
+    `budget_forcing`, for sending the rules to a generator service), or None when it has none: a
+    maximum is an interruption whose phrase starts with `</think>` at a fixed cut."""
+    phrase = length.interruption_ids or ()
+    forced_max = bool(phrase) and phrase[0] == length.think_close_id and length.window[0] == length.window[1]
+    if not forced_max and not (length.min_thinking or length.wait_ids or length.max_waits):
+        return None
+    return {"max_thinking": length.window[0] if forced_max else None,
+            "answer_prefix_ids": tuple(phrase[1:]) if forced_max else (),
+            "min_thinking": length.min_thinking, "wait_ids": tuple(length.wait_ids), "max_waits": length.max_waits}
 
 
 @dataclass(frozen=True, slots=True)

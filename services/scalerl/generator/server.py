@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 
 from scalerl.config import JobSpec
-from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
+from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams, budget_forcing
 from scalerl.generator.role import encode_prompt, length_control
 from scalerl.messages import MessageError, PolicyVersion
 from scalerl.rpc.convert import from_proto, to_proto
@@ -43,6 +43,7 @@ from scalerl.telemetry.metrics import RoleMetrics
 
 MAX_SAMPLES_PER_PROMPT = 1024
 MAX_BUDGET_TOKENS = 1 << 20
+MAX_WAITS = 64
 _COUNTERS = ("tokens_generated", "groups_generated", "requests_served", "weight_updates")
 
 
@@ -134,7 +135,30 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
         lo, hi = length.window
         length = dataclasses.replace(length, thinking_budget=think, answer_budget=answer,
                                      window=(min(lo, think), min(hi, think)))
+        if request.HasField("budget_forcing"):
+            length = self._budget_forcing(request.budget_forcing, length)
         return n, SamplingParams(temperature, top_p), length
+
+    def _budget_forcing(self, bf: Any, length: LengthControl) -> LengthControl:
+        vocab = len(self.tokenizer)
+        for name in ("answer_prefix_ids", "wait_ids"):
+            bad = [t for t in getattr(bf, name) if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"budget_forcing.{name}: {bad[:5]} outside the vocabulary 0..{vocab - 1}")
+        top = bf.max_thinking_tokens if bf.HasField("max_thinking_tokens") else None
+        if top is not None and not 1 <= top <= MAX_BUDGET_TOKENS:
+            raise ValueError(f"budget_forcing.max_thinking_tokens: must be in 1..{MAX_BUDGET_TOKENS}, got {top}")
+        if not 0 <= bf.min_thinking_tokens <= MAX_BUDGET_TOKENS:
+            raise ValueError(f"budget_forcing.min_thinking_tokens: must be in 0..{MAX_BUDGET_TOKENS}, "
+                             f"got {bf.min_thinking_tokens}")
+        if not 0 <= bf.max_waits <= MAX_WAITS:
+            raise ValueError(f"budget_forcing.max_waits: must be in 0..{MAX_WAITS}, got {bf.max_waits}")
+        if bf.max_waits and not bf.wait_ids:
+            raise ValueError("budget_forcing.wait_ids: required when max_waits > 0 (the tokens forced in place "
+                             "of an early </think>)")
+        return budget_forcing(length, max_thinking=top, answer_prefix_ids=tuple(bf.answer_prefix_ids),
+                              min_thinking=bf.min_thinking_tokens, wait_ids=tuple(bf.wait_ids),
+                              max_waits=bf.max_waits)
 
     def Generate(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC name)
         try:

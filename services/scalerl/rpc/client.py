@@ -89,9 +89,20 @@ class GeneratorClient(_Client):
     def generate_groups(self, prompts: Sequence[str | Sequence[int]], n: int = 1, *,
                         temperature: float | None = None, top_p: float | None = None,
                         thinking_budget_tokens: int | None = None, answer_budget_tokens: int | None = None,
-                        interruption: bool | None = None) -> Generated:
-        """Sample `n` completions per prompt (text, or exact token ids); None = the job's setting."""
+                        interruption: bool | None = None, budget_forcing: dict[str, Any] | None = None,
+                        ) -> Generated:
+        """Sample `n` completions per prompt (text, or exact token ids); None = the job's setting.
+        `budget_forcing`: the keyword arguments of `scalerl.generator.engine.budget_forcing` (token ids)."""
         request = spb.GenerateRequest(prompts=[_prompt(p) for p in prompts], samples_per_prompt=n)
+        if budget_forcing is not None:
+            bf = request.budget_forcing
+            bf.SetInParent()
+            if budget_forcing.get("max_thinking") is not None:
+                bf.max_thinking_tokens = budget_forcing["max_thinking"]
+            bf.answer_prefix_ids.extend(budget_forcing.get("answer_prefix_ids", ()))
+            bf.min_thinking_tokens = budget_forcing.get("min_thinking", 0)
+            bf.wait_ids.extend(budget_forcing.get("wait_ids", ()))
+            bf.max_waits = budget_forcing.get("max_waits", 0)
         if temperature is not None:
             request.temperature = temperature
         if top_p is not None:

@@ -137,3 +137,22 @@ def test_bad_rules_are_rejected():
         budget_forcing(BASE, max_thinking=0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1.0)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"max_thinking": 3, "answer_prefix_ids": (F,)},
+    {"max_thinking": 5},
+    {"min_thinking": 4, "wait_ids": (W1, W2), "max_waits": 2},
+    {"max_thinking": 6, "answer_prefix_ids": (F, C), "min_thinking": 2, "wait_ids": (W1,), "max_waits": 1},
+])
+def test_budget_forcing_of_inverts_budget_forcing(kwargs) -> None:
+    """What a generator service is sent (`budget_forcing_of`) rebuilds the same rules on its side."""
+    from scalerl.generator.engine import budget_forcing_of
+
+    base = LengthControl(thinking_budget=8, answer_budget=4, interruption_ids=None, think_close_id=CLOSE,
+                         eos_id=EOS, window=(8, 8))
+    forced = budget_forcing(base, **kwargs)
+    sent = budget_forcing_of(forced)
+    assert sent is not None
+    assert budget_forcing(base, **sent) == forced
+    assert budget_forcing_of(base) is None  # plain rules: nothing to send
