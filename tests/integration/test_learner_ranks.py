@@ -105,6 +105,13 @@ def test_two_rank_learner_matches_one_process_and_resumes(infra, unique, tmp_pat
             assert f"learner resumed from {resumed}" in log
             assert f"learner rank 1: done after {STEPS - n} steps" in log  # only the steps after the restart
 
+            # started again after the end (as a StatefulSet restarts a container that exited): nothing redone
+            evals = (out / "metrics.jsonl").read_text()
+            cluster.start("learner", "learner-0")
+            assert cluster.wait_learner(timeout_s=300) == 0, cluster.tail("learner-0", 60)
+            assert f"already finished at step {STEPS}" in cluster.procs["learner-0"].log_path.read_text()
+            assert (out / "metrics.jsonl").read_text() == evals
+
             steps = _steps(out)
             assert sorted(r["step"] for r in steps) == list(range(1, STEPS + 1))
             by_id = {}

@@ -196,7 +196,11 @@ class LearnerService(TrainerHost):
             self.build()
         spec = self.spec
         first = self._first_eval()
-        last = self.last_eval = first
+        # resumed: the newest evaluation so far (a learner restarted after its last step re-evaluates nothing)
+        last = self.last_eval = self.out.read(self.out.metrics_path)[-1] if self.learner.version else first
+        if self.learner.version >= spec.train.steps:
+            log.info("learner: already finished at step %d (restarted after the end); announcing it again",
+                     self.learner.version)
         bar = self.progress.bar("RL", spec.train.steps, unit="step", initial=self.learner.version)
         self.clock.start()
         while self.learner.version < spec.train.steps and not stop.is_set():
