@@ -85,6 +85,11 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout_s: float = 20.0, eve
 def operator(namespace: str, kubeconfig: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[KopfRunner]:
     """The operator in-process (kopf run), watching one namespace, with a fast tick."""
     monkeypatch.setenv("KUBECONFIG", kubeconfig)
+    # kopf logs in through the kubernetes package, whose default kubeconfig path was fixed from the
+    # environment when it was first imported (before this test set KUBECONFIG, unless the shell did)
+    from kubernetes.config import kube_config
+
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
     monkeypatch.setenv("SCALERL_OPERATOR_INTERVAL_S", str(INTERVAL_S))
     with KopfRunner(["run", "--standalone", "--namespace", namespace, "-m", "scalerl_operator.operator"],
                     timeout=60) as runner:
