@@ -35,7 +35,7 @@ from scalerl.config import SpecError
 from scalerl_operator import conditions as c
 from scalerl_operator.kube import Kube, KubeError, load_client
 from scalerl_operator.reconcile import WORKLOADS, is_terminal, reconcile, write_status
-from scalerl_operator.render import child_name
+from scalerl_operator.render import bus_prefix, child_name
 from scalerl_operator.rlstatus import LearnerStatus, MetricsTail, fold
 from scalerl_operator.scaler import autoscale, lag_status, scaling_status
 from scalerl_operator.spec import GROUP, PLURAL, VERSION, RLJobSpec, StoreSpec, parse_spec
@@ -106,12 +106,12 @@ class Runtime:
             bus.ensure_topics(single, partitions=1)
             self.topics_ready.add(key)
 
-    def learner(self, uid: str, name: str, spec: RLJobSpec) -> tuple[LearnerStatus, bool]:
+    def learner(self, uid: str, name: str, namespace: str, spec: RLJobSpec) -> tuple[LearnerStatus, bool]:
         """(what the learner reported so far, whether this read worked)."""
         prev = self.learners.get(uid, LearnerStatus())
         try:
             if uid not in self.tails:
-                self.tails[uid] = MetricsTail(spec.bus.bootstrap, f"{name}.metrics",
+                self.tails[uid] = MetricsTail(spec.bus.bootstrap, f"{bus_prefix(name, namespace)}.metrics",
                                               timeout_s=self.config.kafka_timeout_s)
             self.learners[uid] = fold(prev, self.tails[uid].poll())
             return self.learners[uid], True
@@ -167,7 +167,7 @@ class Runtime:
                 spec = parse_spec(obj.get("spec") or {})
             except SpecError:
                 spec = None
-            learner, ok = self.learner(uid, name, spec) if spec is not None else (LearnerStatus(), False)
+            learner, ok = self.learner(uid, name, namespace, spec) if spec is not None else (LearnerStatus(), False)
             if spec is not None and scale and not is_terminal(obj.get("status") or {}):
                 obj = self._autoscale(obj, spec, learner if ok else None)
             out = reconcile(self.kube, obj, learner=learner, ensure_topics=self.ensure_topics)
@@ -183,7 +183,7 @@ class Runtime:
                 SCALE_EVENTS.labels(ns, name, role, "up" if d.replicas > d.current else "down").inc()
         patch = scaling_status(obj, decisions, datetime.now(UTC)) if decisions else {}
         try:
-            patch.update(lag_status(bus, obj["metadata"]["name"]))
+            patch.update(lag_status(bus, bus_prefix(obj["metadata"]["name"], obj["metadata"]["namespace"])))
         except Exception as exc:  # lag is informative here; the verifier pool counted its own failure
             log.warning("%s: reading topic lag failed: %s", obj["metadata"]["name"], exc)
         if not patch:
@@ -194,6 +194,7 @@ class Runtime:
         """The finalizer's work; raises kopf.TemporaryError while the role pods still hold the groups."""
         m = obj["metadata"]
         name, ns = m["name"], m["namespace"]
+        prefix = bus_prefix(name, ns)
         try:
             spec = parse_spec(obj.get("spec") or {})
         except SpecError:
@@ -206,7 +207,7 @@ class Runtime:
                                  request_timeout_ms=int(self.config.kafka_timeout_s * 1000),
                                  bootstrap_timeout_ms=int(self.config.kafka_timeout_s * 1000))
         try:
-            groups = [g for g in admin.list_groups() if g["group_id"].startswith(f"{name}.")]
+            groups = [g for g in admin.list_groups() if g["group_id"].startswith(f"{prefix}.")]
             busy = [g["group_id"] for g in groups if g.get("group_state") not in ("Empty", "Dead", None)]
             if busy and retry < CLEANUP_RETRIES:
                 raise kopf.TemporaryError(f"consumer groups still have members: {', '.join(busy)}",
@@ -217,9 +218,9 @@ class Runtime:
         finally:
             admin.close()
         bus = self.bus(spec.bus.bootstrap)
-        doomed = bus.list_topics(prefix=f"{name}.")
+        doomed = bus.list_topics(prefix=f"{prefix}.")
         bus.delete_topics(doomed)
-        self.topics_ready = {k for k in self.topics_ready if not k[1].startswith(f"{name}.")}
+        self.topics_ready = {k for k in self.topics_ready if not k[1].startswith(f"{prefix}.")}
         if busy or failed:
             self.kube.event(obj, "Warning", "CleanupIncomplete",
                             f"left in Kafka: {', '.join(busy + failed)}", "Cleanup")

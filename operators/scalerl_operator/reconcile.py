@@ -28,7 +28,16 @@ import kopf
 from scalerl.config import SpecError
 from scalerl_operator import conditions as c
 from scalerl_operator.kube import Kube, KubeError
-from scalerl_operator.render import ROLES, child_name, desired_replicas, partitions, render, selector, topics
+from scalerl_operator.render import (
+    ROLES,
+    bus_prefix,
+    child_name,
+    desired_replicas,
+    partitions,
+    render,
+    selector,
+    topics,
+)
 from scalerl_operator.rlstatus import LearnerStatus, to_status
 from scalerl_operator.spec import RLJobSpec, parse_spec
 
@@ -208,7 +217,7 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
     try:
         for i, child in enumerate(children):
             if i == 1:  # after the ConfigMap, before the workloads that use the topics
-                data, single = topics(name)
+                data, single = topics(bus_prefix(name, ns))
                 ensure_topics(spec.bus.bootstrap, data, single, partitions(spec))
             old = (kube.get(child["apiVersion"], child["kind"], ns, child["metadata"]["name"]) or {}).get("metadata")
             new = kube.apply(child)

@@ -73,9 +73,16 @@ def topics(job: str) -> tuple[list[str], list[str]]:
     return [f"{job}.{k}" for k in DATA_TOPIC_KINDS], [f"{job}.{k}" for k in SINGLE_TOPIC_KINDS]
 
 
-def job_yaml(name: str, spec: RLJobSpec) -> str:
+def bus_prefix(name: str, namespace: str) -> str:
+    """The prefix of an RLJob's topics and consumer groups: `<namespace>.<name>` (one Kafka cluster can
+    serve RLJobs of the same name in different namespaces)."""
+    return f"{namespace}.{name}"
+
+
+def job_yaml(name: str, namespace: str, spec: RLJobSpec) -> str:
     """The JobSpec the role processes read: spec.job + name + the runtime the cluster provides."""
-    runtime = RuntimeConfig(bus=f"kafka://{spec.bus.bootstrap}", store=spec.store.uri, partitions=partitions(spec))
+    runtime = RuntimeConfig(bus=f"kafka://{spec.bus.bootstrap}", store=spec.store.uri, partitions=partitions(spec),
+                            bus_prefix=bus_prefix(name, namespace))
     return dump_spec(spec.job_spec(name, runtime))
 
 
@@ -240,7 +247,7 @@ def _service(job: str, ns: str, role: str, spec: RLJobSpec, *, headless: bool = 
 
 def render(name: str, namespace: str, spec: RLJobSpec, replicas: dict[str, int]) -> list[dict[str, Any]]:
     """Every child of the RLJob, in apply order (the ConfigMap first: the pods mount it)."""
-    text = job_yaml(name, spec)
+    text = job_yaml(name, namespace, spec)
     spec_hash = hashlib.sha256(text.encode()).hexdigest()[:16]
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, namespace, child_name(name, "spec"), "spec"),
           "data": {"job.yaml": text}}

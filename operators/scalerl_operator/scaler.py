@@ -35,7 +35,7 @@ from scalerl_operator.autoscaler import (
     verifier_proposal,
 )
 from scalerl_operator.kube import Kube
-from scalerl_operator.render import child_name
+from scalerl_operator.render import bus_prefix, child_name
 from scalerl_operator.rlstatus import LearnerStatus
 from scalerl_operator.spec import GeneratorAutoscaling, RLJobSpec, ScaleDownRules, ScaleUpRules, VerifierAutoscaling
 
@@ -74,8 +74,9 @@ def lag_status(bus: KafkaBus, job: str) -> dict[str, Any]:
     return {"lag": lag, "lagTotal": sum(lag.values())}
 
 
-def _proposal(role: str, spec: RLJobSpec, job: str, current: int, cfg: ScalerConfig, bus: KafkaBus,
+def _proposal(role: str, spec: RLJobSpec, name: str, job: str, current: int, cfg: ScalerConfig, bus: KafkaBus,
               learner: LearnerStatus | None) -> Proposal | None:
+    """`name`: the RLJob's; `job`: its topics' prefix (`render.bus_prefix`)."""
     if role == "verifier":
         a = spec.roles.verifier.autoscaling
         target = LagTarget(a.target_lag_per_replica, a.activation_lag, a.no_offset_policy)
@@ -90,7 +91,7 @@ def _proposal(role: str, spec: RLJobSpec, job: str, current: int, cfg: ScalerCon
     if learner.starvation is None or learner.staleness is None:
         return Proposal(current, AWAITING_LEARNER, "no starvation/staleness reported by the learner yet: hold")
     g = spec.roles.generator.autoscaling
-    k = spec.job_spec(job).off_policy.k
+    k = spec.job_spec(name).off_policy.k
     return generator_proposal(LearnerReading(learner.starvation, learner.staleness, k), current=current,
                               target=StarvationTarget(g.target_starvation, g.staleness_headroom), cfg=cfg)
 
@@ -110,7 +111,7 @@ def autoscale(kube: Kube, obj: dict[str, Any], spec: RLJobSpec, *, bus: KafkaBus
             continue
         current = int(scale["spec"].get("replicas") or 0)
         cfg = scaler_config(a)
-        proposal = None if paused else _proposal(role, spec, name, current, cfg, bus, learner)
+        proposal = None if paused else _proposal(role, spec, name, bus_prefix(name, ns), current, cfg, bus, learner)
         d = decide(current=current, proposal=proposal, cfg=cfg, state=ScalerState.from_status(scaling.get(role)),
                    now_s=now_s, paused=paused)
         if d.changed:

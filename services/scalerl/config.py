@@ -198,6 +198,10 @@ class RuntimeConfig(_Strict):
     store: str | None = Field(None, description="file:///path or s3://bucket/prefix; null = <out>/store.")
     devices: int = Field(1, ge=1, description="Devices counted for compute (device-hours); a CPU machine is 1.")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = all cores.")
+    bus_prefix: str = Field("", pattern=r"^([a-zA-Z0-9][a-zA-Z0-9._-]{0,199})?$", description=(
+        "Prefix of the job's Kafka topics and consumer groups (<prefix>.prompts, <prefix>.verifiers, ...); "
+        "empty = the job name. The operator sets <namespace>.<name>, so RLJobs of one name in two namespaces "
+        "can share a Kafka cluster."))
     partitions: int = Field(4, ge=1, le=1024, description=(
         "Kafka partitions of the prompts, rollouts and scored topics: the most generators or verifiers that "
         "can share the work (policy, metrics and dlq have one)."))

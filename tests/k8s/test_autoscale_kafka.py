@@ -70,7 +70,7 @@ def drain(bus: KafkaBus, consumer: Any, topic: str, group: str) -> None:
 def test_verifiers_scale_up_on_a_backlog_and_down_after_the_window(
         kube: Kube, namespace: str, bus: KafkaBus, k8s_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     name = unique_job()
-    topic, group = f"{name}.rollouts", f"{name}.verifiers"
+    topic, group = f"{namespace}.{name}.rollouts", f"{namespace}.{name}.verifiers"  # render.bus_prefix
     verifier = {"replicas": 1, "autoscaling": {
         "enabled": True, "minReplicas": 1, "maxReplicas": 4, "targetLagPerReplica": 10, "noOffsetPolicy": "minReplicas",
         "behavior": fast(4, DOWN_WINDOW_S, {"type": "Percent", "value": 100})}}
@@ -134,7 +134,7 @@ def test_generators_follow_learner_starvation_and_staleness(
         assert replicas(kube, namespace, name)["generator"] == 1
 
         def learner_says(step: int, wait: float, stale: float) -> None:
-            bus.publish(f"{name}.metrics", MetricRecord("train", step, {"batch_wait_frac": wait,
+            bus.publish(f"{namespace}.{name}.metrics", MetricRecord("train", step, {"batch_wait_frac": wait,
                                                                         "staleness_max": stale}), key="learner")
             bus.flush()
 

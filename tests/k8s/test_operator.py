@@ -74,7 +74,8 @@ def test_creates_children_status_and_reacts_to_spec_changes(kube: Kube, namespac
         # topics on the real broker: data topics with spec.bus.partitions, the rest with one
         bus = KafkaBus(bootstrap)
         try:
-            assert len(bus.partitions(f"{name}.rollouts")) == 3 and len(bus.partitions(f"{name}.metrics")) == 1
+            job = f"{namespace}.{name}"  # render.bus_prefix
+            assert len(bus.partitions(f"{job}.rollouts")) == 3 and len(bus.partitions(f"{job}.metrics")) == 1
         finally:
             bus.close()
         pending = wait_for("status Pending", lambda: (j := get_job(kube, namespace, name)) and
@@ -166,23 +167,24 @@ def test_invalid_spec_fails_then_recovers(kube: Kube, namespace: str, bootstrap:
 def test_delete_runs_the_finalizer_on_kafka(kube: Kube, namespace: str, bootstrap: str, k8s_env: dict[str, str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     name = unique_job()
+    job = f"{namespace}.{name}"  # the topics' and groups' prefix (render.bus_prefix)
     bus = KafkaBus(bootstrap)
     try:
         with operator(namespace, k8s_env["KUBECONFIG"], monkeypatch):
             create(kube, namespace, rljob(name, bootstrap))
-            wait_for("topics", lambda: len(bus.list_topics(prefix=f"{name}.")) == 6)
+            wait_for("topics", lambda: len(bus.list_topics(prefix=f"{job}.")) == 6)
             # a verifier group with committed offsets, as running verifiers leave it
-            bus.publish(f"{name}.rollouts", MetricRecord("stand-in", 1, {}), key="p1")  # any decodable message
+            bus.publish(f"{job}.rollouts", MetricRecord("stand-in", 1, {}), key="p1")  # any decodable message
             bus.flush()
-            consumer = bus.consumer([f"{name}.rollouts"], group=f"{name}.verifiers")
+            consumer = bus.consumer([f"{job}.rollouts"], group=f"{job}.verifiers")
             wait_for("a polled record", lambda: consumer.poll(timeout_s=0.5, max_records=1), every_s=0)
             consumer.commit()
             consumer.close()
-            assert bus.committed(f"{name}.verifiers", f"{name}.rollouts")
+            assert bus.committed(f"{job}.verifiers", f"{job}.rollouts")
             kube.request("DELETE", f"/apis/scalerl.dev/v1alpha1/namespaces/{namespace}/rljobs/{name}")
             wait_for("the RLJob gone", lambda: get_job(kube, namespace, name) is None, timeout_s=30)
-        assert bus.list_topics(prefix=f"{name}.") == []
-        assert bus.committed(f"{name}.verifiers", f"{name}.rollouts") == {}
+        assert bus.list_topics(prefix=f"{job}.") == []
+        assert bus.committed(f"{job}.verifiers", f"{job}.rollouts") == {}
         assert replicas(kube, namespace, name) == dict.fromkeys(("generator", "verifier", "curriculum", "learner"), 0)
         assert "CleanedUp" in event_reasons(kube, namespace, name)
     finally:

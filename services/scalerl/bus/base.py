@@ -25,9 +25,14 @@ TOPIC_KINDS = ("prompts", "rollouts", "scored", "policy", "metrics", "dlq")
 
 @dataclass(frozen=True, slots=True)
 class TopicNames:
-    """Per-job topic names: `<job>.<kind>`."""
+    """Per-job topic names: `<job>.<kind>`, where `job` is the spec's `runtime.bus_prefix`, else its name
+    (`TopicNames.of(spec)`)."""
 
     job: str
+
+    @classmethod
+    def of(cls, spec: Any) -> TopicNames:
+        return cls(spec.runtime.bus_prefix or spec.name)
 
     @property
     def prompts(self) -> str:

@@ -69,7 +69,7 @@ class _Worker(threading.Thread):
 class EmbeddedRun(TrainerHost):
     def __init__(self, spec: JobSpec, out_dir: Path, *, resume: bool = False, show_progress: bool = True) -> None:
         super().__init__(spec, out_dir, resume=resume, show_progress=show_progress)
-        self.topics = TopicNames(spec.name)
+        self.topics = TopicNames.of(spec)
 
     # -- assembly ----------------------------------------------------------------------------------
     def _build(self) -> None:

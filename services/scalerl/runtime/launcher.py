@@ -167,9 +167,10 @@ def reset_job(spec: JobSpec, bus_url: str, store_url: str) -> None:
     try:
         delete, listing = getattr(bus, "delete_topics", None), getattr(bus, "list_topics", None)
         if delete is not None and listing is not None:
-            delete(TopicNames(spec.name).all())
+            topics = TopicNames.of(spec)
+            delete(topics.all())
             deadline = time.monotonic() + 60
-            while listing(f"{spec.name}.") and time.monotonic() < deadline:  # deletion is asynchronous
+            while listing(f"{topics.job}.") and time.monotonic() < deadline:  # deletion is asynchronous
                 time.sleep(0.2)
     finally:
         bus.close()

@@ -46,7 +46,7 @@ class LearnerService(TrainerHost):
             raise ValueError("off_policy.mode: the distributed learner runs PipelineRL-k ('pipeline'); "
                              f"got {ctx.spec.off_policy.mode!r} (run PPO-off-policy-k embedded)")
         self.ctx = ctx
-        self.topics = TopicNames(ctx.spec.name)
+        self.topics = TopicNames.of(ctx.spec)
         self.consumed_ids: set[str] = set()
         self.buffer: list[Record] = []
         self.duplicate_positions: list[tuple[str, int]] = []  # (topic:partition, offset) of skipped duplicates

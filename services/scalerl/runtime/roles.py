@@ -54,13 +54,13 @@ class ServiceContext:
     def open(self) -> tuple[Bus, Store, TopicNames]:
         bus = open_bus(self.bus_url)
         retry_io(lambda: ensure_job_topics(bus, self.spec), what="create the job's topics")
-        return bus, open_store(self.store_url), TopicNames(self.spec.name)
+        return bus, open_store(self.store_url), TopicNames.of(self.spec)
 
 
 def ensure_job_topics(bus: Bus, spec: JobSpec) -> None:
     """Create the job's topics: data topics with `runtime.partitions`, the others with one partition
     (the policy topic must keep its announcements in order)."""
-    t = TopicNames(spec.name)
+    t = TopicNames.of(spec)
     bus.ensure_topics([t.prompts, t.rollouts, t.scored], partitions=spec.runtime.partitions)
     bus.ensure_topics([t.policy, t.metrics, t.dlq], partitions=1)
 

@@ -94,6 +94,7 @@ def test_configmap_holds_the_full_jobspec(children: dict[tuple[str, str], dict[s
     assert job.name == JOB and job.train.steps == 5 and job.off_policy.k == 4
     assert job.runtime.bus == "kafka://kafka-0.kafka:9092" and job.runtime.store == "s3://bucket/runs"
     assert job.runtime.partitions == 8  # max(generator maxReplicas 4, verifier maxReplicas 8, replicas 2, 3)
+    assert TopicNames.of(job).prompts == f"{job.runtime.bus_prefix}.prompts" == f"{NS}.{JOB}.prompts"
 
 def test_partitions_and_topics() -> None:
     # bus.partitions 0: max(generator max 4, verifier max 8, replicas 2 and 3) = 8
