@@ -11,10 +11,10 @@ s in metrics.jsonl, else of its step record in train.jsonl; None when the run fo
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from scalerl.report.runfiles import load_run
 
 CHECKPOINT_GLOB = "step_*"
 
@@ -39,27 +39,14 @@ def _step_of(folder: Path) -> int | None:
     return int(digits) if folder.name.startswith("step_") and digits.isdigit() else None
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
 def rl_compute_by_step(run: Path) -> dict[int, float]:
     """{step: device-hours} from metrics.jsonl eval records, then train.jsonl step records."""
+    folder = load_run(run)
     out: dict[int, float] = {}
-    for rec in _records(run / "train.jsonl"):
+    for rec in folder.train:
         if rec.get("kind") == "step" and isinstance(rec.get("compute"), int | float):
             out[int(rec["step"])] = float(rec["compute"])
-    for rec in _records(run / "metrics.jsonl"):
+    for rec in folder.metrics:
         if rec.get("kind", "eval") == "eval" and isinstance(rec.get("compute"), int | float):
             out[int(rec["step"])] = float(rec["compute"])
     return out

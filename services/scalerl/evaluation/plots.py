@@ -26,10 +26,10 @@ def _fit_line(ax: Axes, fit: dict[str, Any] | None, xs: Sequence[float], color: 
 
 
 def scaling_png(record: dict[str, Any], *, title: str = "") -> bytes:
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
-
     """Accuracy vs samples and vs generated tokens per strategy (fits drawn where they exist); a third
     panel of accuracy vs thinking tokens when the record has budget forcing."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
     points = record.get("points", [])
     budget = record.get("budget_forcing") or []
     tree = record.get("tree") or []

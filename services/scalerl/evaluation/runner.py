@@ -20,7 +20,15 @@ from scalerl.config import JobSpec
 from scalerl.evaluation.metrics import bootstrap_ci
 from scalerl.evaluation.rollouts import sample_problems
 from scalerl.evaluation.scorer import Scorer, load_scorer
-from scalerl.evaluation.scorer_training import LabelledRollout, ScorerTrainingConfig, train_outcome_scorer
+from scalerl.evaluation.scorer_training import (
+    LabelledPrefix,
+    LabelledRollout,
+    ScorerTrainingConfig,
+    auc,
+    prefix_value_labels,
+    train_outcome_scorer,
+    train_prefix_value,
+)
 from scalerl.evaluation.strategies import (
     ProblemSamples,
     StrategyPoint,
@@ -31,16 +39,17 @@ from scalerl.evaluation.strategies import (
     sample_points,
     verified_points,
 )
-from scalerl.evaluation.tree_search import SolverValue, TreeSearchConfig, beam_search
+from scalerl.evaluation.tree_search import SolverValue, TreeSearchConfig, beam_search, calc_chains
 from scalerl.generator.engine import LengthControl, SamplingParams, budget_forcing
 from scalerl.generator.role import length_control
 from scalerl.messages import Completion
 from scalerl.model.tokenizer import THINK_CLOSE
 from scalerl.runtime.progress import Progress
-from scalerl.tasks import Problem, Task
+from scalerl.tasks import Problem, Task, arithmetic_only_failure, solvable_state
 from scalerl.verifier.verifier import Verifier
 
 SCORER_DIR = "scorer"
+PREFIX_VALUE_DIR = "prefix_value"
 SELECTION_STRATEGIES = ("sample", "majority", "best-of-n")
 
 
@@ -70,7 +79,10 @@ class EvalOptions:
     tree_widths: tuple[int, ...] = (1, 2, 4)
     tree_expansions: int = 4
     tree_value: str = "scorer"
-    """"scorer" (the learned outcome scorer) or "solver" (diagnostic upper bound: `SolverValue`)."""
+    """"scorer" (the learned outcome scorer), "prefix" (the value trained on partial states' Monte-Carlo
+    labels, `resolve_prefix_value`) or "solver" (diagnostic upper bound: `SolverValue`)."""
+    tree_calculator: bool = True
+    tree_resample: int = 0
     prompts_per_batch: int = 16
     show_progress: bool = True
 
@@ -163,8 +175,7 @@ def evaluate_checkpoint(ctx: Context, problems: list[Problem]) -> dict[str, Any]
     record: dict[str, Any] = {"problems": len(problems)}
     if "greedy" in o.strategies:
         greedy, _ = _sample(ctx, problems, 1, SamplingParams(0.0), base, "greedy")
-        points += [StrategyPoint("greedy", 1, p.accuracy, p.ci_low, p.ci_high, p.gen_tokens, p.thinking_tokens,
-                                 per_problem=p.per_problem) for p in sample_points(greedy, [1], seed=o.seed)]
+        points += [_renamed(p, "greedy") for p in sample_points(greedy, [1], seed=o.seed)]
     needs_samples = any(s in o.strategies for s in (*SELECTION_STRATEGIES, "tree"))
     samples: list[ProblemSamples] = []
     if needs_samples:
@@ -177,7 +188,7 @@ def evaluate_checkpoint(ctx: Context, problems: list[Problem]) -> dict[str, Any]
     if "majority" in o.strategies:
         points += majority_points(samples, o.ks, _majority_judge(ctx.task), seed=o.seed)
     scorer: Scorer | None = None
-    if "best-of-n" in o.strategies or ("tree" in o.strategies and o.tree_value == "scorer"):
+    if "best-of-n" in o.strategies or ("tree" in o.strategies and o.tree_value in ("scorer", "prefix")):
         scorer, record["scorer"] = resolve_scorer(ctx)
     if "best-of-n" in o.strategies and scorer is not None:
         _attach_scores(scorer, samples)
@@ -189,11 +200,7 @@ def evaluate_checkpoint(ctx: Context, problems: list[Problem]) -> dict[str, Any]
     if "budget-forcing" in o.strategies:
         record["budget_forcing"] = budget_forcing_rows(ctx, problems, base, sampling)
     if "tree" in o.strategies:
-        verified = verified_points(samples, o.ks, seed=o.seed)
-        record["verified_sampling"] = [p.to_dict() for p in verified]
-        value = SolverValue() if o.tree_value == "solver" else scorer
-        record["tree_value"] = o.tree_value
-        record["tree"] = tree_rows(ctx, problems, value, sampling, base.answer_budget, verified)
+        record.update(tree_record(ctx, problems, samples, scorer, sampling, base))
     return record
 
 
@@ -210,10 +217,9 @@ def budget_forcing_rows(ctx: Context, problems: list[Problem], base: LengthContr
     prefix_ids = list(tok(o.answer_prefix, add_special_tokens=False)["input_ids"]) if o.answer_prefix else []
     rows = []
     for max_thinking in (None, *o.max_thinking):
-        length = budget_forcing(base, max_thinking=max_thinking, answer_prefix_ids=prefix_ids,
-                                min_thinking=o.min_thinking if max_thinking is not None else 0,
-                                wait_ids=wait_ids if max_thinking is not None else (),
-                                max_waits=o.max_waits if max_thinking is not None else 0)
+        length = base if max_thinking is None else budget_forcing(
+            base, max_thinking=max_thinking, answer_prefix_ids=prefix_ids, min_thinking=o.min_thinking,
+            wait_ids=wait_ids, max_waits=o.max_waits)
         samples, _ = _sample(ctx, problems, o.samples, sampling, length, f"budget forcing max={max_thinking}")
         per_problem = [sum(s.correct) / s.n for s in samples]
         lo, hi = bootstrap_ci(per_problem, seed=o.seed)
@@ -230,13 +236,106 @@ def budget_forcing_rows(ctx: Context, problems: list[Problem], base: LengthContr
     return rows
 
 
+def tree_record(ctx: Context, problems: list[Problem], samples: list[ProblemSamples], scorer: Scorer | None,
+                sampling: SamplingParams, base: LengthControl) -> dict[str, Any]:
+    """The tree search's part of the record: its rows, the sampling baselines (verified, and sample+calc
+    with the calculator), how wrong samples fail, and the learned values' ranking of held-out states."""
+    o = ctx.opts
+    record: dict[str, Any] = {}
+    verified = verified_points(samples, o.ks, seed=o.seed)
+    record["verified_sampling"] = [p.to_dict() for p in verified]
+    wrong = [(s.prompt, t) for s in samples for t, ok in zip(s.texts, s.correct, strict=True) if not ok]
+    record["sampling_wrong_arithmetic_only"] = (sum(arithmetic_only_failure(p, t) for p, t in wrong)
+                                                / max(1, len(wrong)))
+    record["sampling_wrong_fraction"] = len(wrong) / max(1, sum(s.n for s in samples))
+    calc: list[StrategyPoint] = []
+    eval_states: list[LabelledPrefix] = []
+    if o.tree_calculator:
+        calc_samples, eval_chains = calc_chains(problems, ctx.task, n=o.samples, generate=_flat(ctx.backend),
+                                                tokenizer=ctx.tokenizer, cfg=TreeSearchConfig(), sampling=sampling,
+                                                answer_budget=base.answer_budget)
+        calc = [_renamed(p, "verified-calc") for p in verified_points(calc_samples, o.ks, seed=o.seed)]
+        record["verified_calc_sampling"] = [p.to_dict() for p in calc]
+        eval_states = prefix_value_labels([(p.id, p.prompt, r.states, r.solved)
+                                           for p, group in zip(problems, eval_chains, strict=True) for r in group])
+    value: Scorer | None = scorer
+    if o.tree_value == "solver":
+        value = SolverValue()
+    elif o.tree_value == "prefix":
+        value, record["prefix_value"] = resolve_prefix_value(ctx, scorer)
+    record["tree_value"] = o.tree_value
+    if eval_states:  # how each learned value ranks the held-out problems' states, against the solver
+        for name, v in (("outcome_scorer", scorer), ("prefix_value", value if o.tree_value == "prefix" else None)):
+            if v is not None:
+                record[f"{name}_states"] = {"states": len(eval_states), **state_value_auc(v, eval_states, "")}
+    record["tree"] = tree_rows(ctx, problems, value, sampling, base.answer_budget, verified, calc)
+    return record
+
+
+def resolve_prefix_value(ctx: Context, scorer: Scorer | None) -> tuple[Scorer, dict[str, Any]]:
+    """The partial-state value saved in `<checkpoint>/prefix_value/`, or a new one: the policy's own
+    calculator chains on *training* problems, every state labelled with the fraction of chains through it
+    that the verifier accepted (`prefix_value_labels`), a value head fitted to them (`train_prefix_value`).
+    Also the diagnostic: AUC of this value, and of the outcome scorer, against the solver's verdict
+    (can the target still be made?) on the held-out problems' states."""
+    saved = ctx.checkpoint / PREFIX_VALUE_DIR
+    if saved.is_dir():
+        loaded = load_scorer(saved)
+        return loaded, {"source": str(saved), **getattr(loaded, "meta", {})}
+    cfg = ctx.opts.scorer_training
+    train_problems = ctx.task.problems("train")[:cfg.prompts]
+    sampling = SamplingParams(ctx.opts.temperature, ctx.opts.top_p)
+    bar = ctx.progress.bar("prefix value chains", len(train_problems), unit="prompt", leave=False)
+    chains: list[list[Any]] = []
+    chunk = max(1, 1024 // cfg.samples_per_prompt)  # rows per batched call: the engine pads to the longest
+    for start in range(0, len(train_problems), chunk):
+        part = train_problems[start:start + chunk]
+        chains += calc_chains(part, ctx.task, n=cfg.samples_per_prompt, generate=_flat(ctx.backend),
+                              tokenizer=ctx.tokenizer, cfg=TreeSearchConfig(), sampling=sampling,
+                              answer_budget=length_control(ctx.spec, ctx.tokenizer).answer_budget)[1]
+        bar.update(len(part))
+    bar.close()
+    labelled = prefix_value_labels([(p.id, p.prompt, r.states, r.solved)
+                                    for p, group in zip(train_problems, chains, strict=True) for r in group])
+    bar = ctx.progress.bar("prefix value training", cfg.steps, unit="step", leave=False)
+    value, held = train_prefix_value(ctx.policy, ctx.tokenizer, labelled, cfg,
+                                     on_step=lambda _s, loss: bar.update(1, loss=f"{loss:.3f}"))
+    bar.close()
+    if held:
+        diag = {"heldout_states": len(held), **state_value_auc(value, held, "")}
+        if scorer is not None:
+            diag.update(state_value_auc(scorer, held, "outcome_scorer_"))
+        value.meta.update(diag)
+    value.meta["policy_checkpoint"] = str(ctx.checkpoint)
+    value.save(saved)
+    return value, {"source": f"trained, saved to {saved}", **value.meta}
+
+
+def state_value_auc(value: Scorer, states: list[LabelledPrefix], name: str) -> dict[str, Any]:
+    """How well a value ranks search states against the solver's verdict (can the target still be made?):
+    pooled AUC, and the mean AUC within a problem (what ranking one node's children needs)."""
+    values = value.score([x.prompt for x in states], [x.prefix for x in states]).values
+    verdicts = [solvable_state(x.prompt, x.prefix) for x in states]
+    by_problem: dict[str, list[tuple[float, bool]]] = {}
+    for v, ok, x in zip(values, verdicts, states, strict=True):
+        by_problem.setdefault(x.prompt_id, []).append((v, ok))
+    aucs = [auc([v for v, _ in pairs], [y for _, y in pairs]) for pairs in by_problem.values()]
+    within = [a for a in aucs if a is not None]
+    return {f"{name}heldout_solvable_rate": sum(verdicts) / len(states),
+            f"{name}heldout_auc_vs_solver": auc(values, verdicts),
+            f"{name}heldout_within_problem_auc_vs_solver": sum(within) / len(within) if within else None,
+            f"{name}heldout_problems_with_both_verdicts": len(within)}
+
+
 def tree_rows(ctx: Context, problems: list[Problem], scorer: Scorer | None, sampling: SamplingParams,
-              answer_budget: int, verified: list[StrategyPoint]) -> list[dict[str, Any]]:
-    """Beam search at each width, with sampling+verifier's accuracy at the same generated tokens."""
+              answer_budget: int, verified: list[StrategyPoint], calc: list[StrategyPoint]) -> list[dict[str, Any]]:
+    """Beam search at each width, with sampling+verifier's accuracy at the same generated tokens (and
+    sample+calc's: chains with the same calculator, when the search uses it)."""
     o = ctx.opts
     rows = []
     for width in o.tree_widths:
-        cfg = TreeSearchConfig(beam_width=width, expansions=o.tree_expansions)
+        cfg = TreeSearchConfig(beam_width=width, expansions=o.tree_expansions, calculator=o.tree_calculator,
+                               resample_rounds=o.tree_resample, root_width=width)
         depth = ctx.spec.task.countdown_numbers
         bar = ctx.progress.bar(f"tree search beam {width}x{o.tree_expansions}", depth, unit="depth", leave=False)
 
@@ -258,9 +357,12 @@ def tree_rows(ctx: Context, problems: list[Problem], scorer: Scorer | None, samp
                      "prefill_tokens_per_problem": sum(r.prefill_tokens for r in results) / n,
                      "expansions_per_problem": sum(r.expansions for r in results) / n,
                      "illegal_steps_per_problem": sum(r.illegal_steps for r in results) / n,
+                     "duplicate_steps_per_problem": sum(r.duplicate_steps for r in results) / n,
+                     "forced_tokens_per_problem": sum(r.forced_tokens for r in results) / n,
                      "lost_states_per_problem": sum(r.lost_states for r in results) / n,
                      "leaves_per_problem": sum(r.leaves for r in results) / n,
-                     "verified_sampling_accuracy_at_equal_tokens": interpolate_accuracy(verified, gen)})
+                     "verified_sampling_accuracy_at_equal_tokens": interpolate_accuracy(verified, gen),
+                     "verified_calc_sampling_accuracy_at_equal_tokens": interpolate_accuracy(calc, gen)})
     return rows
 
 

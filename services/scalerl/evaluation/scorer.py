@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
+from scalerl.generator.role import encode_prompt
 from scalerl.model.factory import lm_head_logits, save_model_and_tokenizer, trunk_of
 
 SCORER_META = "scorer.json"
@@ -103,9 +104,8 @@ class ValueHeadModel(torch.nn.Module):
 
 def encode_pair(tokenizer: Any, prompt: str, completion: str) -> tuple[list[int], int]:
     """BOS + prompt + completion token ids, and the number of prompt tokens (BOS included)."""
-    p = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    head = encode_prompt(tokenizer, prompt)
     c = list(tokenizer(completion, add_special_tokens=False)["input_ids"]) if completion else []
-    head = [tokenizer.bos_token_id, *p] if tokenizer.bos_token_id is not None else p
     return [*head, *c], len(head)
 
 

@@ -13,6 +13,13 @@ Recipe (an outcome verifier in the style of Cobbe et al. 2021, at toy scale):
 4. Held-out check: a `heldout_fraction` of the prompts (all their rollouts) is kept out of training;
    the AUC and accuracy of the final-token score on them are reported in `scorer.json`.
 
+Partial-state value (`train_prefix_value`, for the tree search): the same head, trained on search
+states rather than whole completions. The policy's own chains (with the search's calculator) on training
+problems give the states; each state prefix is labelled with the fraction of that problem's chains through
+it that the verifier accepted (`prefix_value_labels`: Monte-Carlo value labels from outcomes, as
+Math-Shepherd's soft estimate; no solver, no reference answer beyond the outcome), and the loss is taken
+at the state's last token only, the position the search scores.
+
 Why a frozen policy and not a fine-tuned copy: on the quickstart, a fine-tuned copy (trunk + linear
 head, 300 steps on ~3k rollouts) learned only which prompts are hard: its scores barely moved within
 a problem, so best-of-16 picked the one distinct wrong answer among identical right ones and fell
@@ -27,11 +34,13 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from scalerl.evaluation.scorer import OutcomeScorer, ValueHeadModel, encode_pair, right_pad
+
+_R = TypeVar("_R", "LabelledRollout", "LabelledPrefix")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,35 @@ class LabelledRollout:
     correct: bool
 
 
+@dataclass(frozen=True, slots=True)
+class LabelledPrefix:
+    """A partial completion (a search state) with its Monte-Carlo value label in [0, 1]."""
+
+    prompt_id: str
+    prompt: str
+    prefix: str
+    value: float
+
+
+def prefix_value_labels(chains: Sequence[tuple[str, str, Sequence[str], bool]]) -> list[LabelledPrefix]:
+    """Monte-Carlo value labels for every state prefix of the policy's own chains, from outcomes only.
+
+    `chains`: (prompt id, prompt, the chain's state prefixes in order, whether it was verified correct).
+    A prefix's label is the fraction of that problem's chains through it that ended correct (Math-Shepherd's
+    soft estimate, with the policy's own chains as the completions); no solver, no reference answer
+    beyond the outcome. One example per distinct (problem, prefix), in first-seen order.
+    """
+    tally: dict[tuple[str, str], list[int]] = {}
+    prompts: dict[str, str] = {}
+    for pid, prompt, states, ok in chains:
+        prompts[pid] = prompt
+        for prefix in dict.fromkeys(states):
+            hits = tally.setdefault((pid, prefix), [0, 0])
+            hits[0] += int(ok)
+            hits[1] += 1
+    return [LabelledPrefix(pid, prompts[pid], prefix, ok / n) for (pid, prefix), (ok, n) in tally.items()]
+
+
 def auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
     """Area under the ROC curve (Mann–Whitney, ties count 1/2); None without both classes."""
     pos = [s for s, y in zip(scores, labels, strict=True) if y]
@@ -64,8 +102,7 @@ def auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
     return wins / (len(pos) * len(neg))
 
 
-def _split(rollouts: Sequence[LabelledRollout], fraction: float, seed: int
-           ) -> tuple[list[LabelledRollout], list[LabelledRollout]]:
+def _split(rollouts: Sequence[_R], fraction: float, seed: int) -> tuple[list[_R], list[_R]]:
     ids = sorted({r.prompt_id for r in rollouts})
     random.Random(seed).shuffle(ids)
     held = set(ids[:round(fraction * len(ids))])
@@ -82,17 +119,19 @@ def _loss(model: ValueHeadModel, feats_NLF: torch.Tensor, valued_NL: torch.Tenso
     return per_seq_N.mean()
 
 
-def _featurise(model: ValueHeadModel, tokenizer: Any, rollouts: Sequence[LabelledRollout], device: torch.device,
-               batch: int = 128) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per rollout: (features [T, F] for the valued positions, none padded) and its label as a tensor."""
+def _featurise(model: ValueHeadModel, tokenizer: Any, items: Sequence[tuple[str, str, float]], device: torch.device,
+               *, last_only: bool = False, batch: int = 128) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per (prompt, completion, label): (features [T, F] for the valued positions, none padded: every
+    position from the last prompt token, or only the last one) and the label as a tensor."""
     out = []
-    for start in range(0, len(rollouts), batch):
-        chunk = rollouts[start:start + batch]
-        pairs = [encode_pair(tokenizer, r.prompt, r.completion) for r in chunk]
+    for start in range(0, len(items), batch):
+        chunk = items[start:start + batch]
+        pairs = [encode_pair(tokenizer, prompt, completion) for prompt, completion, _ in chunk]
         ids, mask = right_pad([seq for seq, _ in pairs], tokenizer.pad_token_id)
         feats_NLF = model.features(ids.to(device), mask.to(device), torch.tensor([n for _, n in pairs], device=device))
-        for i, ((seq, n_prompt), r) in enumerate(zip(pairs, chunk, strict=True)):
-            out.append((feats_NLF[i, n_prompt - 1:len(seq)].cpu(), torch.tensor(float(r.correct))))
+        for i, ((seq, n_prompt), (_, _, label)) in enumerate(zip(pairs, chunk, strict=True)):
+            first = len(seq) - 1 if last_only else n_prompt - 1
+            out.append((feats_NLF[i, first:len(seq)].cpu(), torch.tensor(float(label))))
     return out
 
 
@@ -109,14 +148,54 @@ def _stack(examples: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Ten
 
 def train_outcome_scorer(policy: Any, tokenizer: Any, rollouts: Sequence[LabelledRollout], cfg: ScorerTrainingConfig,
                          *, on_step: Callable[[int, float], None] | None = None) -> OutcomeScorer:
-    """Fit a value head on a frozen copy of the policy to the rollouts' labels."""
+    """Fit a value head on a frozen copy of the policy to the rollouts' labels (every position)."""
     if not rollouts:
         raise ValueError("the outcome scorer needs rollouts to train on")
     train, held = _split(rollouts, cfg.heldout_fraction, cfg.seed)
+    model, losses = _fit(policy, tokenizer, [(r.prompt, r.completion, float(r.correct)) for r in train], cfg,
+                         last_only=False, on_step=on_step)
+    meta: dict[str, Any] = {"training": asdict(cfg), "rollouts": len(rollouts), "train_rollouts": len(train),
+                            "positive_rate": sum(r.correct for r in rollouts) / len(rollouts),
+                            "final_loss_nats": sum(losses[-20:]) / len(losses[-20:]) if losses else None}
+    scorer = OutcomeScorer(model, tokenizer, meta=meta)
+    if held:
+        meta.update(heldout_metrics(scorer, held))
+    scorer.meta = meta
+    return scorer
+
+
+def train_prefix_value(policy: Any, tokenizer: Any, prefixes: Sequence[LabelledPrefix], cfg: ScorerTrainingConfig,
+                       *, on_step: Callable[[int, float], None] | None = None
+                       ) -> tuple[OutcomeScorer, list[LabelledPrefix]]:
+    """Fit a value head on a frozen copy of the policy to partial states' Monte-Carlo labels
+    (`prefix_value_labels`), the loss at the state's last token only: the position the search scores.
+    Returns the scorer and the held-out prefixes (a `heldout_fraction` of the problems)."""
+    if not prefixes:
+        raise ValueError("the prefix value needs labelled prefixes to train on")
+    train, held = _split(prefixes, cfg.heldout_fraction, cfg.seed)
+    model, losses = _fit(policy, tokenizer, [(x.prompt, x.prefix, x.value) for x in train], cfg, last_only=True,
+                         on_step=on_step)
+    meta: dict[str, Any] = {"kind": "outcome", "value": "prefix-monte-carlo", "training": asdict(cfg),
+                            "prefixes": len(prefixes), "train_prefixes": len(train),
+                            "mean_label": sum(x.value for x in prefixes) / len(prefixes),
+                            "final_loss_nats": sum(losses[-20:]) / len(losses[-20:]) if losses else None}
+    scorer = OutcomeScorer(model, tokenizer, meta=meta)
+    if held:
+        values = scorer.score([x.prompt for x in held], [x.prefix for x in held]).values
+        meta["heldout_prefixes"] = len(held)
+        meta["heldout_auc_vs_mc_label"] = auc(values, [x.value >= 0.5 for x in held])
+        meta["heldout_mse_vs_mc_label"] = sum((v - x.value) ** 2 for v, x in zip(values, held, strict=True)) / len(held)
+    scorer.meta = meta
+    return scorer, held
+
+
+def _fit(policy: Any, tokenizer: Any, items: Sequence[tuple[str, str, float]], cfg: ScorerTrainingConfig, *,
+         last_only: bool, on_step: Callable[[int, float], None] | None) -> tuple[ValueHeadModel, list[float]]:
+    """The value head's training loop (see the module docstring); the model in eval mode and the losses."""
     device = next(policy.parameters()).device
     torch.manual_seed(cfg.seed)
     model = ValueHeadModel(copy.deepcopy(policy)).to(device)
-    examples = _featurise(model, tokenizer, train, device)
+    examples = _featurise(model, tokenizer, items, device, last_only=last_only)
     opt = torch.optim.AdamW(model.head.parameters(), lr=cfg.lr, weight_decay=0.01)
     warm = max(1, cfg.steps // 20)
 
@@ -137,14 +216,7 @@ def train_outcome_scorer(policy: Any, tokenizer: Any, rollouts: Sequence[Labelle
         if on_step is not None:
             on_step(step, losses[-1])
     model.eval()
-    meta: dict[str, Any] = {"training": asdict(cfg), "rollouts": len(rollouts), "train_rollouts": len(train),
-                            "positive_rate": sum(r.correct for r in rollouts) / len(rollouts),
-                            "final_loss_nats": sum(losses[-20:]) / len(losses[-20:]) if losses else None}
-    scorer = OutcomeScorer(model, tokenizer, meta=meta)
-    if held:
-        meta.update(heldout_metrics(scorer, held))
-    scorer.meta = meta
-    return scorer
+    return model, losses
 
 
 def heldout_metrics(scorer: OutcomeScorer, held: Sequence[LabelledRollout]) -> dict[str, Any]:

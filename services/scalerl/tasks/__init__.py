@@ -18,7 +18,15 @@ from scalerl.tasks.countdown import (
     parse_countdown_prompt,
     steps_to_expression,
 )
-from scalerl.tasks.countdown_search import apply_op, countdown_moves, countdown_step, solve_countdown
+from scalerl.tasks.countdown_search import (
+    apply_op,
+    arithmetic_only_failure,
+    countdown_moves,
+    countdown_step,
+    solvable_state,
+    solve_countdown,
+    step_result,
+)
 from scalerl.tasks.expression import ExpressionError, evaluate_expression
 from scalerl.tasks.jsonl import DatasetError, JsonlTask, read_jsonl, validate_jsonl
 from scalerl.tasks.math_answer import extract_math_answer, math_equal
@@ -38,6 +46,7 @@ __all__ = [
     "addition_solution",
     "answer_after_think",
     "apply_op",
+    "arithmetic_only_failure",
     "build_task",
     "check_countdown_answer",
     "countdown_moves",
@@ -49,7 +58,9 @@ __all__ = [
     "multiplication_solution",
     "parse_countdown_prompt",
     "read_jsonl",
+    "solvable_state",
     "solve_countdown",
+    "step_result",
     "steps_to_expression",
     "validate_jsonl",
 ]

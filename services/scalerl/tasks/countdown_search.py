@@ -3,16 +3,22 @@
 A state is the pool of numbers still available; a step `"a op b=c"` replaces a and b by c, larger
 operand first, every result a positive integer. `countdown_step` and `countdown_moves` are pure
 functions over pools, so a tree search expands exactly the states the model writes in its
-chain of thought; `solve_countdown` produces the gold solutions of `CountdownTask`.
+chain of thought; `solve_countdown` produces the gold solutions of `CountdownTask`. `step_result` is
+the tree search's calculator; `arithmetic_only_failure` and `solvable_state` read chains of thought
+(diagnostics: how sampled chains fail, and the solver's verdict on a search state).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+
+from scalerl.model.tokenizer import THINK_CLOSE, THINK_OPEN
 
 # One step "a op b=c". At most 15 digits a number: int() of a long digit run is slow (and past
 # 4300 digits it raises), and no Countdown value comes near.
 STEP_PATTERN = re.compile(r"\s*(\d{1,15})\s*([-+*/])\s*(\d{1,15})\s*=\s*(\d{1,15})\s*")
+STEP_SEPARATOR = ","
 
 
 def apply_op(a: int, op: str, b: int) -> int | None:
@@ -175,3 +181,52 @@ def _partners(v: int, t: int) -> list[tuple[int, str]]:
     if v > 1:
         out.append((t * v, f"{t * v}/{v}={t}"))
     return out
+
+
+def step_result(pool: Sequence[int], a: int, op: str, b: int) -> str | None:
+    """The result digits the search feeds after `"a op b="`, or None when the step breaks the rules
+    (a or b not in the pool, a == b without two copies, no positive-integer result)."""
+    rest = list(pool)
+    for x in (a, b):
+        if x not in rest:
+            return None
+        rest.remove(x)
+    c = apply_op(a, op, b)
+    return None if c is None else str(c)
+
+
+def arithmetic_only_failure(prompt: str, completion: str) -> bool:
+    """True iff a chain's steps are all well formed with available operands (pool updated by the results
+    as written) and legal operations, but at least one written result is wrong: a calculator alone would
+    have fixed its arithmetic (whether it then reaches the target is another matter)."""
+    pool, _ = _parse(prompt)
+    thinking = completion.removeprefix(THINK_OPEN).split(THINK_CLOSE, 1)[0]
+    wrong = False
+    for step in filter(None, thinking.split(STEP_SEPARATOR)):
+        m = re.fullmatch(r"(\d{1,15})([-+*/])(\d{1,15})=(\d{1,15})", step)
+        if m is None:
+            return False
+        a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+        right = step_result(pool, a, op, b)
+        if right is None:
+            return False
+        wrong |= int(right) != c
+        pool = [*pool, c]
+        pool.remove(a)
+        pool.remove(b)
+    return wrong
+
+
+def solvable_state(prompt: str, prefix: str) -> bool:
+    """Whether the exhaustive solver can still make the target from the pool after `prefix`'s steps
+    (both "a op b=c," and calculator "a op b=c" prefixes)."""
+    pool, target = _parse(prompt)
+    for step in filter(None, prefix.removeprefix(THINK_OPEN).split(THINK_CLOSE, 1)[0].split(STEP_SEPARATOR)):
+        pool = countdown_step(pool, step) or []
+    return bool(pool) and solve_countdown(pool, target) is not None
+
+
+def _parse(prompt: str) -> tuple[list[int], int]:
+    from scalerl.tasks.countdown import parse_countdown_prompt  # countdown.py imports this module
+
+    return parse_countdown_prompt(prompt)
