@@ -28,10 +28,19 @@ SCRIPT = {  # prefix -> continuations, in the order the generator returns them
 
 
 class ScriptedGenerator:
+    """Replies from `script`: the i-th call with a prefix gets its i-th option (cycling)."""
+
+    script = SCRIPT
+
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.calls = []
         self.seen: dict[str, int] = {}
+
+    def finish(self, prefix: str, text: str) -> str:
+        if prefix.endswith("</think>"):  # an answer: ends with EOS
+            return "stop"
+        return "stop" if text.endswith((",", "</think>")) else "length"  # a step: "," or </think>, else cut
 
     def __call__(self, inputs, sampling, length):
         self.calls.append(length)
@@ -40,16 +49,13 @@ class ScriptedGenerator:
             prefix = self.tok.decode(ids, skip_special_tokens=False).split(":", 1)[1]
             i = self.seen.get(prefix, 0)
             self.seen[prefix] = i + 1
-            options = SCRIPT[prefix]
+            options = self.script[prefix]
             text = options[i % len(options)]
             ids_ = list(self.tok(text, add_special_tokens=False)["input_ids"])
-            if prefix.endswith("</think>"):  # an answer: ends with EOS
+            if prefix.endswith("</think>"):
                 ids_.append(self.tok.eos_token_id)
-                finish = "stop"
-            else:  # a step: stops at "," or </think>, else was cut
-                finish = "stop" if text.endswith((",", "</think>")) else "length"
             out.append(Completion(token_ids=ids_, logprobs=[0.0] * len(ids_), versions=[0] * len(ids_),
-                                  loss_mask=[True] * len(ids_), finish_reason=finish, text=text,
+                                  loss_mask=[True] * len(ids_), finish_reason=self.finish(prefix, text), text=text,
                                   thinking_tokens=len(ids_)))
         return out
 
@@ -147,21 +153,12 @@ CALC_SCRIPT = {
 
 
 class CalcGenerator(ScriptedGenerator):
-    def __call__(self, inputs, sampling, length):
-        self.calls.append(length)
-        out = []
-        for ids in inputs:
-            prefix = self.tok.decode(ids, skip_special_tokens=False).split(":", 1)[1]
-            i = self.seen.get(prefix, 0)
-            self.seen[prefix] = i + 1
-            text = CALC_SCRIPT[prefix][i % len(CALC_SCRIPT[prefix])]
-            ids_ = list(self.tok(text, add_special_tokens=False)["input_ids"])
-            if prefix.endswith("</think>"):
-                ids_.append(self.tok.eos_token_id)
-            out.append(Completion(token_ids=ids_, logprobs=[0.0] * len(ids_), versions=[0] * len(ids_),
-                                  loss_mask=[True] * len(ids_), finish_reason="stop", text=text,
-                                  thinking_tokens=len(ids_)))
-        return out
+    """Calculator mode: every call stops at a stop id (the engine's stop ids end each piece)."""
+
+    script = CALC_SCRIPT
+
+    def finish(self, prefix: str, text: str) -> str:
+        return "stop"
 
 
 def test_step_result_and_rule_breaks(tokenizer):
