@@ -74,7 +74,6 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_st
     try:
         cluster.start_all()
         _wait_step(cluster, out, 2)
-        _check_side_port(cluster, "generator-1", f"{unique}.prompts")
         cluster.kill("generator-0")  # SIGKILL mid-run; not restarted
         bus.publish_raw(f"{unique}.rollouts", b"\x00poison-rollout", key=b"p")
         bus.publish_raw(f"{unique}.scored", b"\x00poison-scored", key=b"p")
@@ -84,6 +83,8 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_st
         cluster.start("learner", "learner-0")
         restart_kafka()
         assert cluster.wait_learner(timeout_s=480) == 0, cluster.tail("learner-0")
+        # (checked at the end: waiting for it mid-run could let the learner finish before it is killed)
+        _check_side_port(cluster, "generator-1", f"{unique}.prompts")
         codes = cluster.stop_all()
     finally:
         cluster.stop_all(timeout_s=30)
