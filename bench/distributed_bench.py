@@ -76,12 +76,12 @@ def bench_weight_swap(spec: JobSpec, model: Any, tok: Any, repeats: int) -> dict
     bus = KafkaBus(os.environ["KAFKA_BOOTSTRAP"])
     ensure_job_topics(bus, job)
     store = S3Store.from_url(f"s3://{name}/weights")
-    topics = TopicNames(name)
+    topics = TopicNames.of(job)
     engine = TorchEngine(model, tok, seed=0)
     role = GeneratorRole(job, engine, tok, bus, store, topics, group=topics.group("generators"))
     role.policy = BackgroundConsumer(role.policy)
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    latencies, size = [], 0
+    latencies = []
     try:
         for v in range(1, repeats + 2):
             t0 = time.perf_counter()
@@ -91,9 +91,9 @@ def bench_weight_swap(spec: JobSpec, model: Any, tok: Any, repeats: int) -> dict
             while role.loaded != pv:
                 role.sync_policy()
                 time.sleep(0.001)
-            if v > 1:  # the first one includes the group join
+            if v > 1:  # the first one includes the policy reader's start-up
                 latencies.append(time.perf_counter() - t0)
-            size = len(store.get_bytes(store.key_of(pv.uri)))
+        size = len(store.get_bytes(store.key_of(pv.uri)))
     finally:
         role.policy.close()
         role.prompts.close()

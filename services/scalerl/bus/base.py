@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,8 +121,6 @@ class Bus(ABC):
 
     def reader(self, topics: list[str]) -> Consumer:
         """Every record of `topics` from the beginning, for this reader alone (commits nothing)."""
-        import uuid
-
         return self.consumer(topics, group=f"reader-{uuid.uuid4().hex}")
 
     def ensure_topics(self, topics: list[str], partitions: int = 1) -> None:  # noqa: B027

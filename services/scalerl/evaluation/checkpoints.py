@@ -85,8 +85,9 @@ def resolve_target(target: Path, *, which: str, spec: Path | None) -> tuple[Path
         where = f"{spec_file} does not exist" if spec_file is not None else f"{target} is not inside a run folder"
         raise TargetError(f"--spec: {where}; give --spec SPEC.yaml (the job spec the policy was trained with)")
     compute = rl_compute_by_step(run) if run is not None else {}
-    refs = [CheckpointRef(step=_step_of(f) or 0, folder=f, rl_device_hours=compute.get(_step_of(f) or -1))
-            for f in folders]
+    steps = [_step_of(f) for f in folders]  # None: not a step_* folder (no RL compute of its own)
+    refs = [CheckpointRef(step=s or 0, folder=f, rl_device_hours=None if s is None else compute.get(s))
+            for f, s in zip(folders, steps, strict=True)]
     return spec_file, run, refs
 
 

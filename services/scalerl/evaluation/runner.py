@@ -28,6 +28,7 @@ from scalerl.evaluation.scorer_training import (
     prefix_value_labels,
     train_outcome_scorer,
     train_prefix_value,
+    within_problem_auc,
 )
 from scalerl.evaluation.strategies import (
     ProblemSamples,
@@ -288,11 +289,12 @@ def resolve_prefix_value(ctx: Context, scorer: Scorer | None) -> tuple[Scorer, d
     bar = ctx.progress.bar("prefix value chains", len(train_problems), unit="prompt", leave=False)
     chains: list[list[Any]] = []
     chunk = max(1, 1024 // cfg.samples_per_prompt)  # rows per batched call: the engine pads to the longest
+    answer_budget = length_control(ctx.spec, ctx.tokenizer).answer_budget
     for start in range(0, len(train_problems), chunk):
         part = train_problems[start:start + chunk]
         chains += calc_chains(part, ctx.task, n=cfg.samples_per_prompt, generate=_flat(ctx.backend),
                               tokenizer=ctx.tokenizer, cfg=TreeSearchConfig(), sampling=sampling,
-                              answer_budget=length_control(ctx.spec, ctx.tokenizer).answer_budget)[1]
+                              answer_budget=answer_budget)[1]
         bar.update(len(part))
     bar.close()
     labelled = prefix_value_labels([(p.id, p.prompt, r.states, r.solved)
@@ -316,15 +318,11 @@ def state_value_auc(value: Scorer, states: list[LabelledPrefix], name: str) -> d
     pooled AUC, and the mean AUC within a problem (what ranking one node's children needs)."""
     values = value.score([x.prompt for x in states], [x.prefix for x in states]).values
     verdicts = [solvable_state(x.prompt, x.prefix) for x in states]
-    by_problem: dict[str, list[tuple[float, bool]]] = {}
-    for v, ok, x in zip(values, verdicts, states, strict=True):
-        by_problem.setdefault(x.prompt_id, []).append((v, ok))
-    aucs = [auc([v for v, _ in pairs], [y for _, y in pairs]) for pairs in by_problem.values()]
-    within = [a for a in aucs if a is not None]
+    within, problems = within_problem_auc(values, verdicts, [x.prompt_id for x in states])
     return {f"{name}heldout_solvable_rate": sum(verdicts) / len(states),
             f"{name}heldout_auc_vs_solver": auc(values, verdicts),
-            f"{name}heldout_within_problem_auc_vs_solver": sum(within) / len(within) if within else None,
-            f"{name}heldout_problems_with_both_verdicts": len(within)}
+            f"{name}heldout_within_problem_auc_vs_solver": within,
+            f"{name}heldout_problems_with_both_verdicts": problems}
 
 
 def tree_rows(ctx: Context, problems: list[Problem], scorer: Scorer | None, sampling: SamplingParams,

@@ -102,6 +102,16 @@ def auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
     return wins / (len(pos) * len(neg))
 
 
+def within_problem_auc(scores: Sequence[float], labels: Sequence[bool],
+                       groups: Sequence[str]) -> tuple[float | None, int]:
+    """The mean AUC within a group (problem), over the groups with both labels, and how many those are."""
+    by_group: dict[str, list[tuple[float, bool]]] = {}
+    for s, y, g in zip(scores, labels, groups, strict=True):
+        by_group.setdefault(g, []).append((s, y))
+    within = [a for pairs in by_group.values() if (a := auc([s for s, _ in pairs], [y for _, y in pairs])) is not None]
+    return (sum(within) / len(within) if within else None), len(within)
+
+
 def _split(rollouts: Sequence[_R], fraction: float, seed: int) -> tuple[list[_R], list[_R]]:
     ids = sorted({r.prompt_id for r in rollouts})
     random.Random(seed).shuffle(ids)
@@ -154,13 +164,12 @@ def train_outcome_scorer(policy: Any, tokenizer: Any, rollouts: Sequence[Labelle
     train, held = _split(rollouts, cfg.heldout_fraction, cfg.seed)
     model, losses = _fit(policy, tokenizer, [(r.prompt, r.completion, float(r.correct)) for r in train], cfg,
                          last_only=False, on_step=on_step)
-    meta: dict[str, Any] = {"training": asdict(cfg), "rollouts": len(rollouts), "train_rollouts": len(train),
-                            "positive_rate": sum(r.correct for r in rollouts) / len(rollouts),
-                            "final_loss_nats": sum(losses[-20:]) / len(losses[-20:]) if losses else None}
-    scorer = OutcomeScorer(model, tokenizer, meta=meta)
+    scorer = OutcomeScorer(model, tokenizer, meta={
+        "training": asdict(cfg), "rollouts": len(rollouts), "train_rollouts": len(train),
+        "positive_rate": sum(r.correct for r in rollouts) / len(rollouts),
+        "final_loss_nats": sum(losses[-20:]) / len(losses[-20:]) if losses else None})
     if held:
-        meta.update(heldout_metrics(scorer, held))
-    scorer.meta = meta
+        scorer.meta.update(heldout_metrics(scorer, held))
     return scorer
 
 
@@ -175,17 +184,15 @@ def train_prefix_value(policy: Any, tokenizer: Any, prefixes: Sequence[LabelledP
     train, held = _split(prefixes, cfg.heldout_fraction, cfg.seed)
     model, losses = _fit(policy, tokenizer, [(x.prompt, x.prefix, x.value) for x in train], cfg, last_only=True,
                          on_step=on_step)
-    meta: dict[str, Any] = {"kind": "outcome", "value": "prefix-monte-carlo", "training": asdict(cfg),
-                            "prefixes": len(prefixes), "train_prefixes": len(train),
-                            "mean_label": sum(x.value for x in prefixes) / len(prefixes),
-                            "final_loss_nats": sum(losses[-20:]) / len(losses[-20:]) if losses else None}
-    scorer = OutcomeScorer(model, tokenizer, meta=meta)
+    scorer = OutcomeScorer(model, tokenizer, meta={
+        "kind": "outcome", "value": "prefix-monte-carlo", "training": asdict(cfg), "prefixes": len(prefixes),
+        "train_prefixes": len(train), "mean_label": sum(x.value for x in prefixes) / len(prefixes),
+        "final_loss_nats": sum(losses[-20:]) / len(losses[-20:]) if losses else None})
     if held:
         values = scorer.score([x.prompt for x in held], [x.prefix for x in held]).values
-        meta["heldout_prefixes"] = len(held)
-        meta["heldout_auc_vs_mc_label"] = auc(values, [x.value >= 0.5 for x in held])
-        meta["heldout_mse_vs_mc_label"] = sum((v - x.value) ** 2 for v, x in zip(values, held, strict=True)) / len(held)
-    scorer.meta = meta
+        scorer.meta.update({
+            "heldout_prefixes": len(held), "heldout_auc_vs_mc_label": auc(values, [x.value >= 0.5 for x in held]),
+            "heldout_mse_vs_mc_label": sum((v - x.value) ** 2 for v, x in zip(values, held, strict=True)) / len(held)})
     return scorer, held
 
 
@@ -224,12 +231,7 @@ def heldout_metrics(scorer: OutcomeScorer, held: Sequence[LabelledRollout]) -> d
     best-of-N needs: ranking one problem's samples, not telling easy problems from hard ones)."""
     values = scorer.score([r.prompt for r in held], [r.completion for r in held]).values
     labels = [r.correct for r in held]
-    by_problem: dict[str, list[tuple[float, bool]]] = {}
-    for v, r in zip(values, held, strict=True):
-        by_problem.setdefault(r.prompt_id, []).append((v, r.correct))
-    within = [a for pairs in by_problem.values()
-              if (a := auc([v for v, _ in pairs], [y for _, y in pairs])) is not None]
+    within, problems = within_problem_auc(values, labels, [r.prompt_id for r in held])
     return {"heldout_rollouts": len(held), "heldout_auc": auc(values, labels),
             "heldout_accuracy": sum((v >= 0.5) == y for v, y in zip(values, labels, strict=True)) / len(held),
-            "heldout_within_problem_auc": sum(within) / len(within) if within else None,
-            "heldout_problems_with_both_labels": len(within)}
+            "heldout_within_problem_auc": within, "heldout_problems_with_both_labels": problems}

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -106,11 +106,14 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
             ids = list(p.token_ids.ids)
             if not ids:
                 raise ValueError(f"prompts[{i}].token_ids: empty")
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(f"prompts[{i}].token_ids: {bad[:3]} outside the vocabulary 0..{self.vocab_size - 1}")
+            self._check_vocab(f"prompts[{i}].token_ids", ids)
             out.append(ids)
         return out
+
+    def _check_vocab(self, name: str, ids: Sequence[int]) -> None:
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"{name}: {bad[:3]} outside the vocabulary 0..{self.vocab_size - 1}")
 
     def _options(self, request: Any, rows: int) -> tuple[int, SamplingParams, LengthControl]:
         n = request.samples_per_prompt if request.HasField("samples_per_prompt") else 1
@@ -140,11 +143,8 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
         return n, SamplingParams(temperature, top_p), length
 
     def _budget_forcing(self, bf: Any, length: LengthControl) -> LengthControl:
-        vocab = len(self.tokenizer)
         for name in ("answer_prefix_ids", "wait_ids"):
-            bad = [t for t in getattr(bf, name) if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"budget_forcing.{name}: {bad[:5]} outside the vocabulary 0..{vocab - 1}")
+            self._check_vocab(f"budget_forcing.{name}", getattr(bf, name))
         top = bf.max_thinking_tokens if bf.HasField("max_thinking_tokens") else None
         if top is not None and not 1 <= top <= MAX_BUDGET_TOKENS:
             raise ValueError(f"budget_forcing.max_thinking_tokens: must be in 1..{MAX_BUDGET_TOKENS}, got {top}")

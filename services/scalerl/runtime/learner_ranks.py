@@ -68,6 +68,7 @@ class Ranks:
         self.rank, self.world_size = world()
         if self.rank != 0:
             raise RuntimeError(f"Ranks is rank 0's side; rank {self.rank} runs follow()")
+        self._weights: tuple[int, dict[str, torch.Tensor]] | None = None  # (version, full weights)
 
     def _tell(self, command: str, payload: Any = None) -> None:
         if self.world_size > 1:
@@ -78,8 +79,12 @@ class Ranks:
         return self.learner.step(groups)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        self._tell("weights")
-        return self.learner.full_state_dict()
+        """The full weights of the current version, gathered once per version (publishing, the evaluation
+        copy and the checkpoint of one step share them; the followers are told only when a gather runs)."""
+        if self._weights is None or self._weights[0] != self.learner.version:
+            self._tell("weights")
+            self._weights = (self.learner.version, self.learner.full_state_dict())
+        return self._weights[1]
 
     def state_dict(self) -> dict[str, Any]:
         self._tell("state")

@@ -66,23 +66,21 @@ def serve(role: str, ctx: ServiceContext, *, grpc_port: int | None = None, http_
     bound ports once the servers are up. Returns what the role's loop returns (the learner's summary).
     """
     stop = stop or threading.Event()
+    ranks = 1
     if role == "learner":  # under torchrun: ranks > 0 follow rank 0 and bind no ports
         from scalerl.runtime.learner_ranks import init_process_group_from_env, run_follower
 
-        rank, size = init_process_group_from_env(ctx.spec.model.device)
+        rank, ranks = init_process_group_from_env(ctx.spec.model.device)
         if rank > 0:
             return run_follower(ctx.spec, http_port)
-        if size > 1:  # the learner's start is a collective: a retry would desynchronise the ranks
-            service = build_service(role, ctx, show_progress=show_progress)
-            return _run_with_servers(role, service, ctx, grpc_port, http_port, stop, on_ready)
-    # A role started while the broker or store is down (a restart, a rolling upgrade) waits for them.
-    service = retry_io(lambda: build_service(role, ctx, show_progress=show_progress), stop, what=f"start {role}")
-    return _run_with_servers(role, service, ctx, grpc_port, http_port, stop, on_ready)
 
+    def build() -> RoleService:
+        return build_service(role, ctx, show_progress=show_progress)
 
-def _run_with_servers(role: str, service: RoleService, ctx: ServiceContext, grpc_port: int | None,
-                      http_port: int | None, stop: threading.Event,
-                      on_ready: Callable[[dict[str, int]], None] | None) -> Any:
+    # A role started while the broker or store is down (a restart, a rolling upgrade) waits for them; a
+    # learner over several ranks does not retry as a whole (its start is a collective, and a retry would
+    # desynchronise the ranks: its I/O steps retry one by one instead).
+    service = build() if ranks > 1 else retry_io(build, stop, what=f"start {role}")
     servers = start_servers(role, service, ctx, grpc_port=grpc_port, http_port=http_port)
     if on_ready is not None:
         on_ready(servers.ports)
