@@ -85,6 +85,18 @@ def rfc3339(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def rfc3339_us(t: float) -> str:
+    """`2027-01-15T08:00:00.250000Z`: RFC 3339 UTC with microseconds (metav1.MicroTime: Lease times,
+    autoscaler cool-downs)."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_rfc3339(s: str) -> float:
+    """Epoch seconds of an RFC 3339 time ("...Z" or "+00:00", with or without fractional seconds)."""
+    t = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+
+
 def get_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> dict[str, Any] | None:
     """The condition of this type, or None (looked up by type, never by position)."""
     for cond in conditions or ():

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any, Literal
 
 from scalerl_operator import conditions as c
@@ -107,17 +106,6 @@ class Timed:
     value: int
 
 
-def rfc3339_us(t: float) -> str:
-    """`2027-01-15T08:00:00.250000Z`: RFC 3339 UTC with microseconds (cool-downs need sub-seconds)."""
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_rfc3339(s: str) -> float:
-    """Epoch seconds of an RFC 3339 time ("...Z" or "+00:00", with or without fractional seconds)."""
-    t = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
-
-
 @dataclass(frozen=True, slots=True)
 class ScalerState:
     """What a pool's autoscaler remembers between decisions (kept in status.scaling.<role>)."""
@@ -131,11 +119,11 @@ class ScalerState:
     def to_status(self) -> dict[str, Any]:
         """camelCase JSON for status.scaling.<role> (spec.ScalingState; scaleEvents is an extra key)."""
         return {
-            "lastScaleTime": None if self.last_scale_time_s is None else rfc3339_us(self.last_scale_time_s),
+            "lastScaleTime": None if self.last_scale_time_s is None else c.rfc3339_us(self.last_scale_time_s),
             "lastReplicas": self.last_replicas,
             "consecutiveFailures": self.consecutive_failures,
-            "recommendations": [{"time": rfc3339_us(r.time_s), "replicas": r.value} for r in self.recommendations],
-            "scaleEvents": [{"time": rfc3339_us(e.time_s), "change": e.value} for e in self.scale_events],
+            "recommendations": [{"time": c.rfc3339_us(r.time_s), "replicas": r.value} for r in self.recommendations],
+            "scaleEvents": [{"time": c.rfc3339_us(e.time_s), "change": e.value} for e in self.scale_events],
         }
 
     @classmethod
@@ -145,10 +133,10 @@ class ScalerState:
             return cls()
         t = d.get("lastScaleTime")
         return cls(
-            recommendations=tuple(Timed(parse_rfc3339(r["time"]), int(r["replicas"]))
+            recommendations=tuple(Timed(c.parse_rfc3339(r["time"]), int(r["replicas"]))
                                   for r in d.get("recommendations") or []),
-            scale_events=tuple(Timed(parse_rfc3339(e["time"]), int(e["change"])) for e in d.get("scaleEvents") or []),
-            last_scale_time_s=parse_rfc3339(t) if t else None,
+            scale_events=tuple(Timed(c.parse_rfc3339(e["time"]), int(e["change"])) for e in d.get("scaleEvents") or []),
+            last_scale_time_s=c.parse_rfc3339(t) if t else None,
             last_replicas=d.get("lastReplicas"),
             consecutive_failures=int(d.get("consecutiveFailures") or 0),
         )

@@ -2,8 +2,8 @@
 its configuration, authentication and TLS, without its generated models).
 
 Why raw paths: the operator handles a handful of kinds (ConfigMap, Service, Deployment, StatefulSet,
-RLJob, Event, Lease) as the plain dicts `render` produces, applies them with server-side apply and
-compares resourceVersions; one `request` with a path table keeps that uniform, where the generated
+RLJob, Event, Lease) as the plain dicts `render` produces and applies them with server-side apply;
+one `request` with a path table keeps that uniform, where the generated
 per-kind methods would convert to and from model classes at every call.
 """
 
@@ -19,6 +19,7 @@ from urllib.parse import quote, urlencode
 
 from kubernetes import client, config
 
+from scalerl_operator.conditions import rfc3339
 from scalerl_operator.spec import GROUP, PLURAL, VERSION
 
 FIELD_MANAGER = "scalerl-operator"
@@ -136,7 +137,7 @@ class Kube:
     def event(self, owner: dict[str, Any], type_: str, reason: str, message: str, action: str) -> None:
         """A core/v1 Event about `owner` (what `kubectl describe rlj` lists)."""
         m = owner["metadata"]
-        now = datetime.now(UTC)
+        now = rfc3339(datetime.now(UTC))
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{m['name']}.", "namespace": m["namespace"]},
@@ -146,7 +147,7 @@ class Kube:
             "type": type_, "reason": reason, "message": message[:1024], "action": action,
             "source": {"component": FIELD_MANAGER},
             "reportingComponent": "scalerl.dev/operator", "reportingInstance": identity(),
-            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "firstTimestamp": now, "lastTimestamp": now,
             "count": 1,
         }
         self.request("POST", path("v1", "Event", m["namespace"]), body=body)

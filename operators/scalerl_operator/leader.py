@@ -22,9 +22,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Literal
 
+from scalerl_operator.conditions import parse_rfc3339, rfc3339_us
 from scalerl_operator.kube import Kube, KubeError, path
 
 log = logging.getLogger(__name__)
@@ -40,19 +40,12 @@ class LeaseRecord:
     transitions: int = 0
 
 
-def _micro(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse(s: str | None) -> float | None:
-    return None if not s else datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
-
-
 def record_of(lease: dict[str, Any] | None) -> LeaseRecord | None:
     if lease is None:
         return None
     s = lease.get("spec") or {}
-    return LeaseRecord(s.get("holderIdentity") or None, _parse(s.get("renewTime")),
+    renew = s.get("renewTime")
+    return LeaseRecord(s.get("holderIdentity") or None, parse_rfc3339(renew) if renew else None,
                        int(s.get("leaseDurationSeconds") or 0), int(s.get("leaseTransitions") or 0))
 
 
@@ -82,10 +75,10 @@ class LeaderElector:
 
     def _spec(self, now_s: float, rec: LeaseRecord | None, acquire: bool) -> dict[str, Any]:
         spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.lease_duration_s,
-                "renewTime": _micro(now_s), "leaseTransitions": (rec.transitions if rec else 0) + (
+                "renewTime": rfc3339_us(now_s), "leaseTransitions": (rec.transitions if rec else 0) + (
                     1 if acquire and rec is not None else 0)}
         if acquire:
-            spec["acquireTime"] = _micro(now_s)
+            spec["acquireTime"] = rfc3339_us(now_s)
         return spec
 
     def try_once(self, now_s: float | None = None) -> bool:
@@ -164,7 +157,7 @@ class LeaderElector:
         if lease is None or rec is None or rec.holder != self.identity:
             return
         lease["spec"] = {**lease["spec"], "holderIdentity": None, "leaseDurationSeconds": 1,
-                         "renewTime": _micro(time.time())}
+                         "renewTime": rfc3339_us(time.time())}
         try:
             self.kube.request("PUT", path("coordination.k8s.io/v1", "Lease", self.namespace, self.name), body=lease)
         except KubeError as exc:

@@ -109,14 +109,14 @@ class Runtime:
     def learner(self, uid: str, name: str, namespace: str, spec: RLJobSpec) -> tuple[LearnerStatus, bool]:
         """(what the learner reported so far, whether this read worked)."""
         prev = self.learners.get(uid, LearnerStatus())
+        topic = f"{bus_prefix(name, namespace)}.metrics"
         try:
             if uid not in self.tails:
-                self.tails[uid] = MetricsTail(spec.bus.bootstrap, f"{bus_prefix(name, namespace)}.metrics",
-                                              timeout_s=self.config.kafka_timeout_s)
+                self.tails[uid] = MetricsTail(spec.bus.bootstrap, topic, timeout_s=self.config.kafka_timeout_s)
             self.learners[uid] = fold(prev, self.tails[uid].poll())
             return self.learners[uid], True
         except Exception as exc:  # the status keeps the last values; the autoscaler counts a failure
-            log.warning("%s: reading %s.metrics failed: %s", name, name, exc)
+            log.warning("%s: reading %s failed: %s", name, topic, exc)
             self.forget(uid, keep_status=True)  # a fresh reader next time
             return prev, False
 
@@ -183,12 +183,12 @@ class Runtime:
                 SCALE_EVENTS.labels(ns, name, role, "up" if d.replicas > d.current else "down").inc()
         patch = scaling_status(obj, decisions, datetime.now(UTC)) if decisions else {}
         try:
-            patch.update(lag_status(bus, bus_prefix(obj["metadata"]["name"], obj["metadata"]["namespace"])))
+            patch.update(lag_status(bus, bus_prefix(name, ns)))
         except Exception as exc:  # lag is informative here; the verifier pool counted its own failure
-            log.warning("%s: reading topic lag failed: %s", obj["metadata"]["name"], exc)
+            log.warning("%s: reading topic lag failed: %s", name, exc)
         if not patch:
             return obj
-        return self.kube.patch_status(obj["metadata"]["namespace"], obj["metadata"]["name"], patch)
+        return self.kube.patch_status(ns, name, patch)
 
     def cleanup(self, obj: dict[str, Any], retry: int) -> None:
         """The finalizer's work; raises kopf.TemporaryError while the role pods still hold the groups."""

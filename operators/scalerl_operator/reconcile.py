@@ -52,7 +52,6 @@ class Outcome:
     """What one reconcile did (for Events, logs and tests)."""
 
     phase: str
-    applied: list[str] = field(default_factory=list)  # "Kind/name" of children whose resourceVersion changed
     scaled: dict[str, tuple[int, int]] = field(default_factory=dict)  # role -> (before, after)
     error: str | None = None
 
@@ -140,8 +139,7 @@ def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple
     elif out["restarts"] > spec.failure_policy.max_restarts:
         phase, why = c.PHASE_FAILED, (c.REASON_MAX_RESTARTS_EXCEEDED, f"the learner restarted {out['restarts']} "
                                       f"times, failurePolicy.maxRestarts is {spec.failure_policy.max_restarts}")
-    elif deadline is not None and start and (now - datetime.fromisoformat(start.replace("Z", "+00:00"))
-                                              ).total_seconds() > deadline:
+    elif deadline is not None and start and now.timestamp() - c.parse_rfc3339(start) > deadline:
         phase, why = c.PHASE_FAILED, (c.REASON_DEADLINE_EXCEEDED, f"activeDeadlineSeconds {deadline} passed")
     else:
         ready_all = all(rd >= d for rd, d in roles.values())
@@ -219,13 +217,9 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
             if i == 1:  # after the ConfigMap, before the workloads that use the topics
                 data, single = topics(bus_prefix(name, ns))
                 ensure_topics(spec.bus.bootstrap, data, single, partitions(spec))
-            old = (kube.get(child["apiVersion"], child["kind"], ns, child["metadata"]["name"]) or {}).get("metadata")
             new = kube.apply(child)
-            if new["metadata"]["resourceVersion"] != (old or {}).get("resourceVersion"):
-                out.applied.append(f"{child['kind']}/{child['metadata']['name']}")
-            role = child["metadata"]["labels"]["app.kubernetes.io/component"]
             if child["kind"] in ("Deployment", "StatefulSet"):
-                live[role] = new
+                live[child["metadata"]["labels"]["app.kubernetes.io/component"]] = new
     except KubeError as exc:
         if exc.status in (400, 422):  # the API server rejects what we rendered: the spec cannot be realised
             return _fail(kube, obj, c.REASON_CHILD_APPLY_FAILED, str(exc), now)

@@ -148,6 +148,16 @@ def namespace(k8s: Any) -> Iterator[str]:
         _remove_namespace(k8s, name)
 
 
+NAMESPACED_COLLECTIONS = (
+    "/api/v1/namespaces/{ns}/services", "/api/v1/namespaces/{ns}/configmaps", "/api/v1/namespaces/{ns}/secrets",
+    "/api/v1/namespaces/{ns}/events", "/apis/apps/v1/namespaces/{ns}/deployments",
+    "/apis/apps/v1/namespaces/{ns}/statefulsets", "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
+    "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    "/api/v1/namespaces/{ns}/serviceaccounts",
+)
+
+
 def _remove_namespace(api: Any, name: str) -> None:
     from scalerl_operator.spec import GROUP, PLURAL, VERSION
 
@@ -159,6 +169,10 @@ def _remove_namespace(api: Any, name: str) -> None:
             k8s_request(api, "PATCH", obj, {"metadata": {"finalizers": None}},
                         content_type="application/merge-patch+json")
         k8s_request(api, "DELETE", obj)
+    # No namespace controller (and no garbage collector) either: delete what the tests and the operator
+    # created, else it stays in etcd, and Services keep their ClusterIPs until the range runs out.
+    for collection in NAMESPACED_COLLECTIONS:
+        k8s_request(api, "DELETE", collection.format(ns=name))
     k8s_request(api, "DELETE", f"/api/v1/namespaces/{name}")
     # No namespace controller: remove the `kubernetes` finalizer so the namespace goes away.
     status, ns = k8s_request(api, "GET", f"/api/v1/namespaces/{name}")
