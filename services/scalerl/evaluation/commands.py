@@ -219,9 +219,14 @@ def eval_command(args: argparse.Namespace) -> int:
     except BadArgument as exc:
         print(f"scalerl eval: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from scalerl.evaluation.scorer_training import ScorerDataError
     from scalerl.evaluation.session import run_plan
 
-    result, text = run_plan(p)
+    try:
+        result, text = run_plan(p)
+    except ScorerDataError as exc:
+        print(f"scalerl eval: error: {exc}", file=sys.stderr)
+        return 1
     if args.plot is not None:
         from scalerl.evaluation.plots import frontier_png, scaling_png
 

@@ -43,6 +43,10 @@ from scalerl.evaluation.scorer import OutcomeScorer, ValueHeadModel, encode_pair
 _R = TypeVar("_R", "LabelledRollout", "LabelledPrefix")
 
 
+class ScorerDataError(ValueError):
+    """The policy's own samples give a scorer nothing to learn from (one-line message)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ScorerTrainingConfig:
     prompts: int = 384
@@ -160,7 +164,7 @@ def train_outcome_scorer(policy: Any, tokenizer: Any, rollouts: Sequence[Labelle
                          *, on_step: Callable[[int, float], None] | None = None) -> OutcomeScorer:
     """Fit a value head on a frozen copy of the policy to the rollouts' labels (every position)."""
     if not rollouts:
-        raise ValueError("the outcome scorer needs rollouts to train on")
+        raise ScorerDataError("the outcome scorer needs rollouts to train on (the policy produced none)")
     train, held = _split(rollouts, cfg.heldout_fraction, cfg.seed)
     model, losses = _fit(policy, tokenizer, [(r.prompt, r.completion, float(r.correct)) for r in train], cfg,
                          last_only=False, on_step=on_step)
@@ -180,7 +184,8 @@ def train_prefix_value(policy: Any, tokenizer: Any, prefixes: Sequence[LabelledP
     (`prefix_value_labels`), the loss at the state's last token only: the position the search scores.
     Returns the scorer and the held-out prefixes (a `heldout_fraction` of the problems)."""
     if not prefixes:
-        raise ValueError("the prefix value needs labelled prefixes to train on")
+        raise ScorerDataError("the prefix value needs labelled prefixes to train on: the policy wrote no legal "
+                              "step in its chains (try --tree-value scorer or solver)")
     train, held = _split(prefixes, cfg.heldout_fraction, cfg.seed)
     model, losses = _fit(policy, tokenizer, [(x.prompt, x.prefix, x.value) for x in train], cfg, last_only=True,
                          on_step=on_step)

@@ -55,3 +55,24 @@ def test_prefix_value_learns_a_visible_rule(tiny_model, tokenizer):
     assert scorer.meta["heldout_auc_vs_mc_label"] > 0.9
     even, odd = scorer.score(["3 1 -> 5:"] * 2, ["<think>13+1=14", "<think>14+1=15"]).values
     assert even > odd
+
+
+def test_no_labelled_prefixes_is_a_one_line_error_of_scalerl_eval(tiny_model, tokenizer, monkeypatch, capsys):
+    """A policy that never writes a legal step leaves the prefix value nothing to learn: `scalerl eval`
+    says so in one line and exits 1 (no traceback)."""
+    import argparse
+
+    from scalerl.evaluation import commands, session
+    from scalerl.evaluation.scorer_training import ScorerDataError
+
+    with pytest.raises(ScorerDataError, match="no legal step"):
+        train_prefix_value(tiny_model, tokenizer, [], ScorerTrainingConfig())
+
+    def no_prefixes(_plan):
+        train_prefix_value(tiny_model, tokenizer, [], ScorerTrainingConfig())
+
+    monkeypatch.setattr(commands, "plan", lambda args: object())
+    monkeypatch.setattr(session, "run_plan", no_prefixes)
+    assert commands.eval_command(argparse.Namespace()) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("scalerl eval: error: the prefix value needs labelled prefixes") and err.count("\n") == 1
