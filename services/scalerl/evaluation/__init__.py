@@ -2,7 +2,8 @@
 
 Test-time scaling lives in `metrics` (pass@k, mean@k, maj@k, best-of-N, bootstrap CIs: re-exported
 here), `strategies` (those metrics over n samples per problem, with their cost), `scorer` (the `Scorer`
-interface and the learned outcome scorer), `tree_search` (Countdown beam search), `frontier`
+interface and the learned outcome scorer), `unique_search` (Countdown tree search drawing chains
+without replacement) and `tree_search` (Countdown beam search), both run by `tree_eval`, `frontier`
 (train-time vs test-time compute), and `commands` (the CLI).
 """
 

@@ -58,6 +58,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--wait-text", default="Wait", help="text forced in place of an early </think>")
     p.add_argument("--answer-prefix", default="",
                    help="text forced after </think> at the maximum, e.g. 'Final Answer:'")
+    p.add_argument("--tree-method", default="unique", help="tree search: unique (chains drawn without "
+                   "replacement over the tree of steps, shared prefixes paid once; default) and/or beam "
+                   "(step-level beam search ranked by --tree-value), comma-separated")
+    p.add_argument("--tree-budget", default="64,128,256,512,1024",
+                   help="unique tree search: generated tokens per problem to report (it runs to the largest)")
+    p.add_argument("--tree-prune", default=None, metavar="V",
+                   help="unique tree search: drop states --tree-value rates below V (default: no value)")
     p.add_argument("--beam", default="1,2,4", help="tree search: beam widths to run")
     p.add_argument("--expansions", default="4", help="tree search: continuations sampled per beam node")
     p.add_argument("--tree-value", default="scorer", help="tree search: scorer (the learned outcome scorer, "
@@ -191,6 +198,12 @@ def plan(args: argparse.Namespace) -> Plan:
     min_thinking, max_waits = _int("--min-thinking", args.min_thinking, lo=0), _int("--max-waits", args.max_waits, lo=0)
     if args.tree_value not in ("scorer", "prefix", "solver"):
         raise BadArgument(f"--tree-value: {args.tree_value!r}; allowed: scorer, prefix, solver")
+    tree_methods = tuple(m.strip() for m in args.tree_method.split(",") if m.strip())
+    if not tree_methods or any(m not in ("unique", "beam") for m in tree_methods):
+        raise BadArgument(f"--tree-method: {args.tree_method!r}; allowed: unique, beam (comma-separated)")
+    if "tree" in strategies and "unique" in tree_methods and args.no_calculator:
+        raise BadArgument("--no-calculator: the unique tree search always computes results (use --tree-method beam)")
+    tree_prune = None if args.tree_prune is None else _floats("--tree-prune", args.tree_prune)[0]
     if (min_thinking > 0) != (max_waits > 0):
         raise BadArgument("--min-thinking/--max-waits: give both (a minimum is enforced by at most m 'Wait' "
                           f"insertions), got --min-thinking {min_thinking} --max-waits {max_waits}")
@@ -203,6 +216,7 @@ def plan(args: argparse.Namespace) -> Plan:
         answer_prefix=args.answer_prefix, tree_widths=_ints("--beam", args.beam),
         tree_expansions=_int("--expansions", args.expansions), tree_value=args.tree_value,
         tree_calculator=not args.no_calculator, tree_resample=_int("--resample-rounds", args.resample_rounds, lo=0),
+        tree_methods=tree_methods, tree_budgets=_ints("--tree-budget", args.tree_budget), tree_prune=tree_prune,
         prompts_per_batch=spec.generation.prompts_per_batch,
         show_progress=not args.quiet)
     return Plan(spec=spec, run=run, refs=refs, opts=opts, tasks=args.tasks,

@@ -80,17 +80,30 @@ def budget_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def tree_table(rows: Sequence[dict[str, Any]]) -> str:
-    head = ["search", "accuracy", "generated tokens/problem", "scorer tokens/problem", "prefill tokens/problem",
-            "sampling+verifier at equal tokens", "illegal steps/problem"]
+    head = ["search", "accuracy (95% CI)", "generated tokens/problem", "sampling+verifier at equal tokens",
+            "sample+calc at equal tokens", "scorer tokens/problem", "prefill tokens/problem"]
     body = []
     for r in rows:
-        eq = r.get("verified_sampling_accuracy_at_equal_tokens")
-        body.append([f"beam {r['beam_width']} x {r['expansions']}", _pct(r["accuracy"]),
-                     _tok(r["gen_tokens_per_problem"]), _tok(r["scorer_tokens_per_problem"]),
-                     _tok(r["prefill_tokens_per_problem"]),
-                     _pct(eq) if eq is not None else "outside the sampled range",
-                     f"{r['illegal_steps_per_problem']:.1f}"])
+        beam = r["method"] == "beam"
+        name = (f"beam {r['beam_width']} x {r['expansions']}" if beam
+                else f"unique, <= {r['budget']} tokens" + ("" if r["prune_below"] is None
+                                                          else f", prune < {r['prune_below']:g}"))
+        eqs = [r.get("verified_sampling_accuracy_at_equal_tokens"),
+               r.get("verified_calc_sampling_accuracy_at_equal_tokens")]
+        body.append([name, f"{_pct(r['accuracy'])} [{_pct(r['ci_low'])}, {_pct(r['ci_high'])}]",
+                     _tok(r["gen_tokens_per_problem"]),
+                     *(_pct(eq) if eq is not None else "outside the sampled range" for eq in eqs),
+                     *((_tok(r["scorer_tokens_per_problem"]), _tok(r["prefill_tokens_per_problem"])) if beam
+                       else ("(below)", "(below)"))])
     return render_text((head, body))
+
+
+def unique_run_line(run: dict[str, Any]) -> str:
+    outcomes = ", ".join(f"{k} {v:.1f}" for k, v in run["chain_outcomes_per_problem"].items())
+    return (f"  unique search to {run['budget']} tokens: {run['chains_per_problem']:.1f} chains/problem ({outcomes}); "
+            f"{_tok(run['forced_tokens_per_problem'])} of the generated tokens forced; prefill "
+            f"{_tok(run['prefill_tokens_per_problem'])} and scorer {_tok(run['scorer_tokens_per_problem'])} "
+            f"tokens/problem; {run['exhausted_problems']} problems' trees exhausted; {run['wall_s']:.1f} s wall")
 
 
 def fit_lines(fits: dict[str, dict[str, Any]]) -> list[str]:

@@ -49,9 +49,15 @@ def scaling_png(record: dict[str, Any], *, title: str = "") -> bytes:
         axes[0].plot(ks, acc, style, color=color, label=name, lw=1.2)
         _fit_line(axes[0], (record.get("fits") or {}).get(name), ks, color)
         axes[1].plot([p["gen_tokens_per_problem"] for p in pts], acc, style, color=color, label=name, lw=1.2)
-    if tree:
-        axes[1].plot([r["gen_tokens_per_problem"] for r in tree], [r["accuracy"] for r in tree], "s--",
-                     color="k", label="tree (beam)")
+    calc = record.get("verified_calc_sampling") or []
+    if calc:
+        axes[1].plot([p["gen_tokens_per_problem"] for p in calc], [p["accuracy"] for p in calc], "o:",
+                     color="0.4", label="sample+calc", lw=1.2)
+    for method, style in (("beam", "s--"), ("unique", "D-")):
+        rows = [r for r in tree if r.get("method") == method]
+        if rows:
+            axes[1].plot([r["gen_tokens_per_problem"] for r in rows], [r["accuracy"] for r in rows], style,
+                         color="k", label=f"tree ({method})", lw=1.2)
     axes[0].set_xscale("log", base=2)
     axes[0].set_xlabel("samples per problem (k)")
     axes[1].set_xscale("log")

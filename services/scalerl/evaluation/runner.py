@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from scalerl.config import JobSpec
@@ -21,36 +22,29 @@ from scalerl.evaluation.metrics import bootstrap_ci
 from scalerl.evaluation.rollouts import sample_problems
 from scalerl.evaluation.scorer import Scorer, load_scorer
 from scalerl.evaluation.scorer_training import (
-    LabelledPrefix,
     LabelledRollout,
     ScorerTrainingConfig,
-    auc,
-    prefix_value_labels,
     train_outcome_scorer,
-    train_prefix_value,
-    within_problem_auc,
 )
 from scalerl.evaluation.strategies import (
     ProblemSamples,
     StrategyPoint,
     best_of_n_points,
-    interpolate_accuracy,
     majority_points,
     random_points,
+    renamed,
     sample_points,
-    verified_points,
 )
-from scalerl.evaluation.tree_search import SolverValue, TreeSearchConfig, beam_search, calc_chains
+from scalerl.evaluation.tree_eval import tree_record, tree_uses_value
 from scalerl.generator.engine import LengthControl, SamplingParams, budget_forcing
 from scalerl.generator.role import length_control
 from scalerl.messages import Completion
 from scalerl.model.tokenizer import THINK_CLOSE
 from scalerl.runtime.progress import Progress
-from scalerl.tasks import Problem, Task, arithmetic_only_failure, solvable_state
+from scalerl.tasks import Problem, Task
 from scalerl.verifier.verifier import Verifier
 
 SCORER_DIR = "scorer"
-PREFIX_VALUE_DIR = "prefix_value"
 SELECTION_STRATEGIES = ("sample", "majority", "best-of-n")
 
 
@@ -84,6 +78,12 @@ class EvalOptions:
     labels, `resolve_prefix_value`) or "solver" (diagnostic upper bound: `SolverValue`)."""
     tree_calculator: bool = True
     tree_resample: int = 0
+    tree_methods: tuple[str, ...] = ("unique",)
+    """"unique" (search without replacement, `unique_search`) and/or "beam" (`tree_search.beam_search`)."""
+    tree_budgets: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    """Generated tokens per problem at which the unique search is read (it runs to the largest)."""
+    tree_prune: float | None = None
+    """Unique search: drop states the value rates below this (None: the policy alone)."""
     prompts_per_batch: int = 16
     show_progress: bool = True
 
@@ -100,11 +100,6 @@ class Context:
     checkpoint: Path
     opts: EvalOptions
     progress: Progress
-
-
-def _flat(backend: Backend) -> Callable[[list[list[int]], SamplingParams, LengthControl], list[Completion]]:
-    """A backend as the per-row `generate(prompt_ids, sampling, length)` the samplers call (n = 1 rows)."""
-    return lambda ids, sampling, length: backend.generate(ids, 1, sampling, length)
 
 
 def _sample(ctx: Context, problems: list[Problem], n: int, sampling: SamplingParams, length: LengthControl,
@@ -176,7 +171,7 @@ def evaluate_checkpoint(ctx: Context, problems: list[Problem]) -> dict[str, Any]
     record: dict[str, Any] = {"problems": len(problems)}
     if "greedy" in o.strategies:
         greedy, _ = _sample(ctx, problems, 1, SamplingParams(0.0), base, "greedy")
-        points += [_renamed(p, "greedy") for p in sample_points(greedy, [1], seed=o.seed)]
+        points += [renamed(p, "greedy") for p in sample_points(greedy, [1], seed=o.seed)]
     needs_samples = any(s in o.strategies for s in (*SELECTION_STRATEGIES, "tree"))
     samples: list[ProblemSamples] = []
     if needs_samples:
@@ -189,25 +184,20 @@ def evaluate_checkpoint(ctx: Context, problems: list[Problem]) -> dict[str, Any]
     if "majority" in o.strategies:
         points += majority_points(samples, o.ks, _majority_judge(ctx.task), seed=o.seed)
     scorer: Scorer | None = None
-    if "best-of-n" in o.strategies or ("tree" in o.strategies and o.tree_value in ("scorer", "prefix")):
+    if "best-of-n" in o.strategies or (tree_uses_value(o) and o.tree_value in ("scorer", "prefix")):
         scorer, record["scorer"] = resolve_scorer(ctx)
     if "best-of-n" in o.strategies and scorer is not None:
         _attach_scores(scorer, samples)
         points += best_of_n_points(samples, o.ks, seed=o.seed)
         points += random_points(samples, o.ks, seed=o.seed)
         if "sample" not in o.strategies:
-            points += [_renamed(p, "oracle") for p in sample_points(samples, o.ks, seed=o.seed)]
+            points += [renamed(p, "oracle") for p in sample_points(samples, o.ks, seed=o.seed)]
     record["points"] = points
     if "budget-forcing" in o.strategies:
         record["budget_forcing"] = budget_forcing_rows(ctx, problems, base, sampling)
     if "tree" in o.strategies:
         record.update(tree_record(ctx, problems, samples, scorer, sampling, base))
     return record
-
-
-def _renamed(p: StrategyPoint, name: str) -> StrategyPoint:
-    p.strategy = name
-    return p
 
 
 def budget_forcing_rows(ctx: Context, problems: list[Problem], base: LengthControl,
@@ -237,133 +227,6 @@ def budget_forcing_rows(ctx: Context, problems: list[Problem], base: LengthContr
     return rows
 
 
-def tree_record(ctx: Context, problems: list[Problem], samples: list[ProblemSamples], scorer: Scorer | None,
-                sampling: SamplingParams, base: LengthControl) -> dict[str, Any]:
-    """The tree search's part of the record: its rows, the sampling baselines (verified, and sample+calc
-    with the calculator), how wrong samples fail, and the learned values' ranking of held-out states."""
-    o = ctx.opts
-    record: dict[str, Any] = {}
-    verified = verified_points(samples, o.ks, seed=o.seed)
-    record["verified_sampling"] = [p.to_dict() for p in verified]
-    wrong = [(s.prompt, t) for s in samples for t, ok in zip(s.texts, s.correct, strict=True) if not ok]
-    record["sampling_wrong_arithmetic_only"] = (sum(arithmetic_only_failure(p, t) for p, t in wrong)
-                                                / max(1, len(wrong)))
-    record["sampling_wrong_fraction"] = len(wrong) / max(1, sum(s.n for s in samples))
-    calc: list[StrategyPoint] = []
-    eval_states: list[LabelledPrefix] = []
-    if o.tree_calculator:
-        calc_samples, eval_chains = calc_chains(problems, ctx.task, n=o.samples, generate=_flat(ctx.backend),
-                                                tokenizer=ctx.tokenizer, cfg=TreeSearchConfig(), sampling=sampling,
-                                                answer_budget=base.answer_budget)
-        calc = [_renamed(p, "verified-calc") for p in verified_points(calc_samples, o.ks, seed=o.seed)]
-        record["verified_calc_sampling"] = [p.to_dict() for p in calc]
-        eval_states = prefix_value_labels([(p.id, p.prompt, r.states, r.solved)
-                                           for p, group in zip(problems, eval_chains, strict=True) for r in group])
-    value: Scorer | None = scorer
-    if o.tree_value == "solver":
-        value = SolverValue()
-    elif o.tree_value == "prefix":
-        value, record["prefix_value"] = resolve_prefix_value(ctx, scorer)
-    record["tree_value"] = o.tree_value
-    if eval_states:  # how each learned value ranks the held-out problems' states, against the solver
-        for name, v in (("outcome_scorer", scorer), ("prefix_value", value if o.tree_value == "prefix" else None)):
-            if v is not None:
-                record[f"{name}_states"] = {"states": len(eval_states), **state_value_auc(v, eval_states, "")}
-    record["tree"] = tree_rows(ctx, problems, value, sampling, base.answer_budget, verified, calc)
-    return record
-
-
-def resolve_prefix_value(ctx: Context, scorer: Scorer | None) -> tuple[Scorer, dict[str, Any]]:
-    """The partial-state value saved in `<checkpoint>/prefix_value/`, or a new one: the policy's own
-    calculator chains on *training* problems, every state labelled with the fraction of chains through it
-    that the verifier accepted (`prefix_value_labels`), a value head fitted to them (`train_prefix_value`).
-    Also the diagnostic: AUC of this value, and of the outcome scorer, against the solver's verdict
-    (can the target still be made?) on the held-out problems' states."""
-    saved = ctx.checkpoint / PREFIX_VALUE_DIR
-    if saved.is_dir():
-        loaded = load_scorer(saved)
-        return loaded, {"source": str(saved), **getattr(loaded, "meta", {})}
-    cfg = ctx.opts.scorer_training
-    train_problems = ctx.task.problems("train")[:cfg.prompts]
-    sampling = SamplingParams(ctx.opts.temperature, ctx.opts.top_p)
-    bar = ctx.progress.bar("prefix value chains", len(train_problems), unit="prompt", leave=False)
-    chains: list[list[Any]] = []
-    chunk = max(1, 1024 // cfg.samples_per_prompt)  # rows per batched call: the engine pads to the longest
-    answer_budget = length_control(ctx.spec, ctx.tokenizer).answer_budget
-    for start in range(0, len(train_problems), chunk):
-        part = train_problems[start:start + chunk]
-        chains += calc_chains(part, ctx.task, n=cfg.samples_per_prompt, generate=_flat(ctx.backend),
-                              tokenizer=ctx.tokenizer, cfg=TreeSearchConfig(), sampling=sampling,
-                              answer_budget=answer_budget)[1]
-        bar.update(len(part))
-    bar.close()
-    labelled = prefix_value_labels([(p.id, p.prompt, r.states, r.solved)
-                                    for p, group in zip(train_problems, chains, strict=True) for r in group])
-    bar = ctx.progress.bar("prefix value training", cfg.steps, unit="step", leave=False)
-    value, held = train_prefix_value(ctx.policy, ctx.tokenizer, labelled, cfg,
-                                     on_step=lambda _s, loss: bar.update(1, loss=f"{loss:.3f}"))
-    bar.close()
-    if held:
-        diag = {"heldout_states": len(held), **state_value_auc(value, held, "")}
-        if scorer is not None:
-            diag.update(state_value_auc(scorer, held, "outcome_scorer_"))
-        value.meta.update(diag)
-    value.meta["policy_checkpoint"] = str(ctx.checkpoint)
-    value.save(saved)
-    return value, {"source": f"trained, saved to {saved}", **value.meta}
-
-
-def state_value_auc(value: Scorer, states: list[LabelledPrefix], name: str) -> dict[str, Any]:
-    """How well a value ranks search states against the solver's verdict (can the target still be made?):
-    pooled AUC, and the mean AUC within a problem (what ranking one node's children needs)."""
-    values = value.score([x.prompt for x in states], [x.prefix for x in states]).values
-    verdicts = [solvable_state(x.prompt, x.prefix) for x in states]
-    within, problems = within_problem_auc(values, verdicts, [x.prompt_id for x in states])
-    return {f"{name}heldout_solvable_rate": sum(verdicts) / len(states),
-            f"{name}heldout_auc_vs_solver": auc(values, verdicts),
-            f"{name}heldout_within_problem_auc_vs_solver": within,
-            f"{name}heldout_problems_with_both_verdicts": problems}
-
-
-def tree_rows(ctx: Context, problems: list[Problem], scorer: Scorer | None, sampling: SamplingParams,
-              answer_budget: int, verified: list[StrategyPoint], calc: list[StrategyPoint]) -> list[dict[str, Any]]:
-    """Beam search at each width, with sampling+verifier's accuracy at the same generated tokens (and
-    sample+calc's: chains with the same calculator, when the search uses it)."""
-    o = ctx.opts
-    rows = []
-    for width in o.tree_widths:
-        cfg = TreeSearchConfig(beam_width=width, expansions=o.tree_expansions, calculator=o.tree_calculator,
-                               resample_rounds=o.tree_resample, root_width=width)
-        depth = ctx.spec.task.countdown_numbers
-        bar = ctx.progress.bar(f"tree search beam {width}x{o.tree_expansions}", depth, unit="depth", leave=False)
-
-        def on_depth(_depth: int, solved: int, bar: Any = bar) -> None:
-            bar.update(1, solved=solved)
-
-        results = beam_search(problems, ctx.task, generate=_flat(ctx.backend), tokenizer=ctx.tokenizer,
-                              scorer=scorer, cfg=cfg, sampling=sampling, answer_budget=answer_budget,
-                              on_depth=on_depth)
-        bar.close()
-        n = len(results)
-        per_problem = [float(r.solved) for r in results]
-        lo, hi = bootstrap_ci(per_problem, seed=o.seed)
-        gen = sum(r.gen_tokens for r in results) / n
-        rows.append({"beam_width": width, "expansions": o.tree_expansions, "accuracy": sum(per_problem) / n,
-                     "ci_low": lo, "ci_high": hi, "gen_tokens_per_problem": gen,
-                     "thinking_tokens_per_problem": sum(r.thinking_tokens for r in results) / n,
-                     "scorer_tokens_per_problem": sum(r.scorer_tokens for r in results) / n,
-                     "prefill_tokens_per_problem": sum(r.prefill_tokens for r in results) / n,
-                     "expansions_per_problem": sum(r.expansions for r in results) / n,
-                     "illegal_steps_per_problem": sum(r.illegal_steps for r in results) / n,
-                     "duplicate_steps_per_problem": sum(r.duplicate_steps for r in results) / n,
-                     "forced_tokens_per_problem": sum(r.forced_tokens for r in results) / n,
-                     "lost_states_per_problem": sum(r.lost_states for r in results) / n,
-                     "leaves_per_problem": sum(r.leaves for r in results) / n,
-                     "verified_sampling_accuracy_at_equal_tokens": interpolate_accuracy(verified, gen),
-                     "verified_calc_sampling_accuracy_at_equal_tokens": interpolate_accuracy(calc, gen)})
-    return rows
-
-
 class EmbeddedBackend:
     """The torch engine in this process (the checkpoint's weights)."""
 
@@ -374,3 +237,8 @@ class EmbeddedBackend:
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
                  length: LengthControl) -> list[Completion]:
         return list(self.engine.generate([p for p in prompt_ids for _ in range(n)], sampling, length))
+
+    def next_probs(self, prefix_ids: list[list[int]], sampling: SamplingParams) -> np.ndarray:
+        """The next-token distribution after each prefix, [B, V] (the unique tree search's draws)."""
+        probs: np.ndarray = self.engine.next_token_probs(prefix_ids, sampling).numpy()
+        return probs

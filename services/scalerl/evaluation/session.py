@@ -19,6 +19,7 @@ from scalerl.evaluation.output import (
     frontier_lines,
     strategy_table,
     tree_table,
+    unique_run_line,
 )
 from scalerl.evaluation.runner import Context, EmbeddedBackend, evaluate_checkpoint
 from scalerl.evaluation.strategies import StrategyPoint
@@ -104,6 +105,8 @@ def _text(record: dict[str, Any], points: list[StrategyPoint], what: str) -> lis
             lines += fit_lines({"budget forcing": record["budget_fit"]})
     if record.get("tree"):
         lines += ["", "Tree search vs sampling with the verifier (Countdown, per problem):", tree_table(record["tree"])]
+        if record.get("tree_unique_run"):
+            lines.append(unique_run_line(record["tree_unique_run"]))
     return lines
 
 

@@ -86,6 +86,12 @@ class StrategyPoint:
                 "scorer_tokens_per_problem": self.scorer_tokens, **self.extra}
 
 
+def renamed(p: StrategyPoint, name: str) -> StrategyPoint:
+    """The same point under another strategy name (greedy, oracle, verified-calc)."""
+    p.strategy = name
+    return p
+
+
 def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs)
 

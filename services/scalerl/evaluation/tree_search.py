@@ -1,4 +1,4 @@
-"""Step-level beam search over the model's own Countdown steps (`scalerl eval --strategy tree`).
+"""Step-level beam search over the model's Countdown steps (`scalerl eval --strategy tree --tree-method beam`).
 
 A Countdown chain of thought is a list of steps `"a op b=c"` separated by "," inside `<think>`, the
 last one followed by `</think>` and the answer; each step replaces two numbers of the pool by one

@@ -71,19 +71,42 @@ class TorchEngine(GenerationEngine):
         self.rng.set_state(state)
 
     # -- sampling ----------------------------------------------------------------------------------
-    def _sample(self, logits_BV: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (sampled token [B], temperature-scaled log-probs [B, V]); temperature 0 = argmax."""
+    @staticmethod
+    def _sampling_probs(logits_BV: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """(probabilities the sampler draws from [B, V], temperature-scaled log-probs [B, V]): temperature,
+        then the top-p nucleus (the token crossing top_p kept). Temperature 0 is the argmax (one-hot)."""
         if sampling.temperature == 0:
-            return logits_BV.argmax(-1), torch.log_softmax(logits_BV.float(), dim=-1)
+            probs_BV = torch.nn.functional.one_hot(logits_BV.argmax(-1), logits_BV.shape[-1]).float()
+            return probs_BV, torch.log_softmax(logits_BV.float(), dim=-1)
         logp_BV = torch.log_softmax(logits_BV.float() / sampling.temperature, dim=-1)
         probs_BV = logp_BV.exp()
         if sampling.top_p < 1.0:
             sorted_p, order = probs_BV.sort(dim=-1, descending=True)
-            outside = sorted_p.cumsum(-1) - sorted_p > sampling.top_p  # keep the token crossing top_p
+            outside = sorted_p.cumsum(-1) - sorted_p > sampling.top_p
             sorted_p = sorted_p.masked_fill(outside, 0.0)
             probs_BV = torch.zeros_like(probs_BV).scatter(-1, order, sorted_p)
+        return probs_BV, logp_BV
+
+    def _sample(self, logits_BV: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (sampled token [B], temperature-scaled log-probs [B, V]); temperature 0 = argmax."""
+        if sampling.temperature == 0:
+            return logits_BV.argmax(-1), torch.log_softmax(logits_BV.float(), dim=-1)
+        probs_BV, logp_BV = self._sampling_probs(logits_BV, sampling)
         tok_B = torch.multinomial(probs_BV, 1, generator=self.rng).squeeze(-1)
         return tok_B, logp_BV
+
+    @torch.no_grad()
+    def next_token_probs(self, prefix_ids: list[list[int]], sampling: SamplingParams) -> torch.Tensor:
+        """The distribution `generate` would draw each row's next token from, after the whole prefix
+        (prompt + tokens so far): [B, V] float64 on the CPU, rows summing to 1 (top-p's excluded tokens
+        are 0). One forward of every prefix, no cache: `evaluation.unique_search` keeps the tree and
+        reports these prefixes as prefill."""
+        ids_BP, mask_BP = self._left_pad(prefix_ids)
+        out = trunk_of(self.model)(input_ids=ids_BP, attention_mask=mask_BP,
+                                   position_ids=(mask_BP.cumsum(-1) - 1).clamp(min=0))
+        logits_BV = lm_head_logits(self.model, out.last_hidden_state[:, -1], self.fp32_head)
+        probs_BV = self._sampling_probs(logits_BV, sampling)[0].double()
+        return (probs_BV / probs_BV.sum(-1, keepdim=True)).cpu()
 
     def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         pad = self.tokenizer.pad_token_id
