@@ -49,6 +49,7 @@ def test_tree_search_through_the_cli(tiny_spec, tiny_model, tokenizer, tmp_path,
     assert set(unique) == {16, 64}
     assert unique[16]["gen_tokens_per_problem"] <= 16 and unique[64]["gen_tokens_per_problem"] <= 64
     assert unique[16]["accuracy"] <= unique[64]["accuracy"]
+    assert rec["tree_unique_fit"]["fits"] is False  # two budgets: too few points for the 3-parameter curve
     run = rec["tree_unique_run"]
     assert run["budget"] == 64 and run["gen_tokens_per_problem"] == pytest.approx(unique[64]["gen_tokens_per_problem"])
     # every chain ends in exactly one of the outcomes, and each problem pays its prompt + <think> per model call

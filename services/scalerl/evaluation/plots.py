@@ -58,6 +58,8 @@ def scaling_png(record: dict[str, Any], *, title: str = "") -> bytes:
         if rows:
             axes[1].plot([r["gen_tokens_per_problem"] for r in rows], [r["accuracy"] for r in rows], style,
                          color="k", label=f"tree ({method})", lw=1.2)
+            if method == "unique":
+                _fit_line(axes[1], record.get("tree_unique_fit"), [r["gen_tokens_per_problem"] for r in rows], "k")
     axes[0].set_xscale("log", base=2)
     axes[0].set_xlabel("samples per problem (k)")
     axes[1].set_xscale("log")

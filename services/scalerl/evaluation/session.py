@@ -81,6 +81,10 @@ def _evaluate_ref(plan: Any, ref: CheckpointRef, task: Task, problems: list[Prob
     if forced:
         record["budget_fit"] = fit_curve([r["thinking_tokens_per_sample"] for r in forced],
                                          [r["accuracy"] for r in forced], x_name="thinking tokens per sample")
+    unique = [r for r in record.get("tree", []) if r["method"] == "unique"]
+    if unique:
+        record["tree_unique_fit"] = fit_curve([r["gen_tokens_per_problem"] for r in unique],
+                                              [r["accuracy"] for r in unique], x_name="generated tokens per problem")
     return record, points
 
 
@@ -107,6 +111,7 @@ def _text(record: dict[str, Any], points: list[StrategyPoint], what: str) -> lis
         lines += ["", "Tree search vs sampling with the verifier (Countdown, per problem):", tree_table(record["tree"])]
         if record.get("tree_unique_run"):
             lines.append(unique_run_line(record["tree_unique_run"]))
+            lines += fit_lines({"tree (unique)": record["tree_unique_fit"]})
     return lines
 
 
