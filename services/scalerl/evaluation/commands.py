@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="unique tree search: generated tokens per problem to report (it runs to the largest)")
     p.add_argument("--tree-prune", default=None, metavar="V",
                    help="unique tree search: drop states --tree-value rates below V (default: no value)")
+    p.add_argument("--tree-value-weight", default=None, metavar="BETA",
+                   help="unique tree search: weigh each state's unexplored mass by its --tree-value to the power "
+                   "BETA in later draws (default 0: the policy alone)")
     p.add_argument("--beam", default="1,2,4", help="tree search: beam widths to run")
     p.add_argument("--expansions", default="4", help="tree search: continuations sampled per beam node")
     p.add_argument("--tree-value", default="scorer", help="tree search: scorer (the learned outcome scorer, "
@@ -204,6 +207,8 @@ def plan(args: argparse.Namespace) -> Plan:
     if "tree" in strategies and "unique" in tree_methods and args.no_calculator:
         raise BadArgument("--no-calculator: the unique tree search always computes results (use --tree-method beam)")
     tree_prune = None if args.tree_prune is None else _floats("--tree-prune", args.tree_prune)[0]
+    value_weight = 0.0 if args.tree_value_weight is None else _floats("--tree-value-weight",
+                                                                      args.tree_value_weight)[0]
     if (min_thinking > 0) != (max_waits > 0):
         raise BadArgument("--min-thinking/--max-waits: give both (a minimum is enforced by at most m 'Wait' "
                           f"insertions), got --min-thinking {min_thinking} --max-waits {max_waits}")
@@ -217,6 +222,7 @@ def plan(args: argparse.Namespace) -> Plan:
         tree_expansions=_int("--expansions", args.expansions), tree_value=args.tree_value,
         tree_calculator=not args.no_calculator, tree_resample=_int("--resample-rounds", args.resample_rounds, lo=0),
         tree_methods=tree_methods, tree_budgets=_ints("--tree-budget", args.tree_budget), tree_prune=tree_prune,
+        tree_value_weight=value_weight,
         prompts_per_batch=spec.generation.prompts_per_batch,
         show_progress=not args.quiet)
     return Plan(spec=spec, run=run, refs=refs, opts=opts, tasks=args.tasks,

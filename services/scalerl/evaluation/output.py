@@ -87,7 +87,8 @@ def tree_table(rows: Sequence[dict[str, Any]]) -> str:
         beam = r["method"] == "beam"
         name = (f"beam {r['beam_width']} x {r['expansions']}" if beam
                 else f"unique, <= {r['budget']} tokens" + ("" if r["prune_below"] is None
-                                                          else f", prune < {r['prune_below']:g}"))
+                                                          else f", prune < {r['prune_below']:g}")
+                + (f", value^{r['value_weight']:g}" if r.get("value_weight") else ""))
         eqs = [r.get("verified_sampling_accuracy_at_equal_tokens"),
                r.get("verified_calc_sampling_accuracy_at_equal_tokens")]
         body.append([name, f"{_pct(r['accuracy'])} [{_pct(r['ci_low'])}, {_pct(r['ci_high'])}]",

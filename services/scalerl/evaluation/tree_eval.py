@@ -42,7 +42,11 @@ TREE_METHODS = ("beam", "unique")
 
 def tree_uses_value(o: EvalOptions) -> bool:
     """Whether the tree search rates states: the beam search always, the unique search when it prunes."""
-    return "tree" in o.strategies and ("beam" in o.tree_methods or o.tree_prune is not None)
+    return "tree" in o.strategies and ("beam" in o.tree_methods or unique_uses_value(o))
+
+
+def unique_uses_value(o: EvalOptions) -> bool:
+    return o.tree_prune is not None or o.tree_value_weight > 0
 
 
 def _flat(ctx: Context) -> Callable[[list[list[int]], SamplingParams, LengthControl], list[Completion]]:
@@ -197,7 +201,7 @@ def unique_rows(ctx: Context, problems: list[Problem], value: Scorer | None, sam
     if next_probs is None:
         raise TypeError("the unique tree search needs next-token probabilities: an embedded backend")
     cfg = UniqueSearchConfig(budget=max(o.tree_budgets), answer_budget=answer_budget, seed=o.seed,
-                             prune_below=o.tree_prune)
+                             prune_below=o.tree_prune, value_weight=o.tree_value_weight)
     bar = ctx.progress.bar("tree search without replacement", len(problems), unit="problem", leave=False)
     done = [0]
 
@@ -207,23 +211,25 @@ def unique_rows(ctx: Context, problems: list[Problem], value: Scorer | None, sam
 
     t0 = time.perf_counter()
     results = unique_search(problems, ctx.task, next_probs=lambda rows: next_probs(rows, sampling),
-                            tokenizer=ctx.tokenizer, cfg=cfg, value=value if o.tree_prune is not None else None,
+                            tokenizer=ctx.tokenizer, cfg=cfg, value=value if unique_uses_value(o) else None,
                             on_round=on_round)
     wall_s = time.perf_counter() - t0
     bar.close()
-    rows = [unique_row(results, b, seed=o.seed, prune_below=o.tree_prune, verified=verified, calc=calc)
+    rows = [unique_row(results, b, seed=o.seed, prune_below=o.tree_prune, value_weight=o.tree_value_weight,
+                       verified=verified, calc=calc)
             for b in sorted(o.tree_budgets)]
     return rows, unique_run_summary(results, budget=cfg.budget, wall_s=wall_s)
 
 
 def unique_row(results: list[UniqueResult], budget: int, *, seed: int, prune_below: float | None,
-               verified: list[StrategyPoint], calc: list[StrategyPoint]) -> dict[str, Any]:
+               value_weight: float, verified: list[StrategyPoint], calc: list[StrategyPoint]) -> dict[str, Any]:
     """One budget's row: accuracy with its bootstrap CI over problems, generated tokens per problem, and
     the two sampling baselines' accuracy at those tokens."""
     per_problem = [float(r.solved_at is not None and r.solved_at <= budget) for r in results]
     lo, hi = bootstrap_ci(per_problem, seed=seed)
     acc, gen = accuracy_at(results, budget)
-    return {"method": "unique", "budget": budget, "prune_below": prune_below, "accuracy": acc,
+    return {"method": "unique", "budget": budget, "prune_below": prune_below,
+            "value_weight": value_weight, "accuracy": acc,
             "ci_low": lo, "ci_high": hi, "gen_tokens_per_problem": gen,
             "verified_sampling_accuracy_at_equal_tokens": interpolate_accuracy(verified, gen),
             "verified_calc_sampling_accuracy_at_equal_tokens": interpolate_accuracy(calc, gen)}

@@ -18,9 +18,11 @@ verifier checks it (it needs the prompt only). A `</think>` on a pool without th
 number left that is not the target, is lost; any other token where the rules expect a digit, an
 operator, "=" or "," is malformed. A verified answer solves the problem and ends its search.
 
-Value (optional): each new state (a step's result written, thinking not over) is rated by a `Scorer`,
-and a state rated below `prune_below` is dropped with its whole subtree (its mass taken out as if it
-were a finished chain): the learned value decides which parts of the tree are not worth tokens.
+Value (optional): each new state (a step's result written, thinking not over) is rated by a `Scorer`.
+A state rated below `prune_below` is dropped with its whole subtree (its mass taken out as if it were
+a finished chain). With `value_weight` β > 0, later draws weigh a state's unexplored mass by v^β (and
+by its ancestor states' factors): still without replacement, but the order favours states the value
+likes (the first visit to a state is drawn by the policy alone: its value is not known before).
 
 Cost: every edge of the tree is one token, generated or forced, counted once however many chains pass
 through it (the search keeps the tree; a serving engine's prefix cache keeps the keys and values).
@@ -50,6 +52,8 @@ NextProbsFn = Callable[[list[list[int]]], np.ndarray]
 OPS = "+-*/"
 EXHAUSTED = 1e-12
 """A node whose unexplored mass fell below this fraction of its own probability is done (rounding)."""
+VALUE_FLOOR = 1e-3
+"""Values below this weigh like it (`value_weight`): a state rated 0 is put last, not removed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +65,9 @@ class UniqueSearchConfig:
     max_digits: int = 6
     """Most digits of an operand; more is malformed."""
     prune_below: float | None = None
-    """Drop states the value rates below this (None: no value, pure sampling without replacement)."""
+    """Drop states the value rates below this (None: keep every state)."""
+    value_weight: float = 0.0
+    """β: weigh each state's unexplored mass by value^β in later draws (0: the policy alone)."""
     batch_rows: int = 1024
     """Most prefixes per `next_probs` call."""
     seed: int = 0
@@ -76,10 +82,14 @@ class _Node:
     """Probability of the path from the root."""
     mass: float
     """`reach` minus the probability of the finished chains below."""
+    wmass: float
+    """`mass` with each state's value factor applied below it: what the draw weighs."""
     phase: str
     """"start" (a step begins), "a"/"b" (operand digits), "after" (a result written), "forced",
     "answer", or "leaf"."""
     pool: tuple[int, ...]
+    wfactor: float = 1.0
+    """Product of the value factors of the states on the path (1 without `value_weight`)."""
     digits: str = ""
     a: int = 0
     op: str = ""
@@ -122,7 +132,8 @@ class _Search:
         numbers, self.target = parse_countdown_prompt(problem.prompt)
         self.problem, self.task, self.tok, self.cfg, self.rng, self.ids = problem, task, tok, cfg, rng, ids
         self.prompt_ids = [*encode_prompt(tok, problem.prompt), ids[THINK_OPEN]]
-        self.root = _Node(parent=None, token=-1, reach=1.0, mass=1.0, phase="start", pool=tuple(numbers))
+        self.root = _Node(parent=None, token=-1, reach=1.0, mass=1.0, wmass=1.0, phase="start",
+                          pool=tuple(numbers))
         self.result = UniqueResult(problem_id=problem.id)
         self.cursor = self.root
         """Where the chain being drawn waits for the model or the value."""
@@ -142,7 +153,8 @@ class _Search:
         """The node after token t (charged to the budget), its phase set by the rules; a chain the token
         ends is finished here."""
         p = 1.0 if node.forced else float(node.probs[t])  # type: ignore[index]
-        kid = _Node(parent=node, token=t, reach=node.reach * p, mass=node.reach * p, phase=node.phase,
+        kid = _Node(parent=node, token=t, reach=node.reach * p, mass=node.reach * p,
+                    wmass=node.wfactor * node.reach * p, wfactor=node.wfactor, phase=node.phase,
                     pool=node.pool, digits=node.digits, a=node.a, op=node.op, forced=node.forced[1:],
                     answer_tokens=node.answer_tokens)
         node.kids[t] = kid
@@ -212,10 +224,11 @@ class _Search:
 
     def _finish(self, leaf: _Node, outcome: str) -> None:
         """A finished chain: its remaining mass leaves every ancestor, so it is never drawn again."""
-        leaf.phase, gone = "leaf", leaf.mass
+        leaf.phase, gone, wgone = "leaf", leaf.mass, leaf.wmass
         node: _Node | None = leaf
         while node is not None:
             node.mass -= gone
+            node.wmass -= wgone
             node = node.parent
         r = self.result
         r.chains += 1
@@ -253,15 +266,32 @@ class _Search:
         self.cursor = node
         return node
 
+    def rate(self, state: _Node, value: float) -> None:
+        """A new state's value: prune it, or (with `value_weight`) scale its weighed mass by value^β."""
+        state.value = value
+        if self.cfg.prune_below is not None and value < self.cfg.prune_below:
+            self._finish(state, "pruned")
+            return
+        if self.cfg.value_weight > 0:
+            factor = max(value, VALUE_FLOOR) ** self.cfg.value_weight
+            delta = state.wmass * (factor - 1.0)
+            state.wfactor *= factor
+            node: _Node | None = state
+            while node is not None:
+                node.wmass += delta
+                node = node.parent
+
     def _draw(self, node: _Node) -> int | None:
         if node.forced:
             return node.forced[0]
         assert node.probs is not None
-        w: np.ndarray = node.probs * node.reach  # unexplored mass below each token
+        if node.mass <= EXHAUSTED * node.reach:
+            return None
+        w: np.ndarray = node.probs * (node.reach * node.wfactor)  # weighed unexplored mass below each token
         for t, kid in node.kids.items():
-            w[t] = max(kid.mass, 0.0)
+            w[t] = max(kid.wmass, 0.0)
         total = float(w.sum())
-        if total <= EXHAUSTED * node.reach:
+        if total <= 0.0:
             return None
         pick = int(np.searchsorted(np.cumsum(w), self.rng.random() * total, side="right"))
         return min(pick, len(w) - 1)
@@ -282,13 +312,13 @@ def unique_search(problems: Sequence[Problem], task: Task, *, next_probs: NextPr
                   on_round: Callable[[int, int], None] | None = None) -> list[UniqueResult]:
     """Search every problem (batched across problems: one `next_probs` call per round serves one node
     of each live problem); one `UniqueResult` each, in order."""
-    if cfg.prune_below is not None and value is None:
-        raise ValueError("prune_below needs a value (a Scorer)")
+    use_value = cfg.prune_below is not None or cfg.value_weight > 0
+    if use_value and value is None:
+        raise ValueError("prune_below and value_weight need a value (a Scorer)")
     ids = {s: int(tokenizer.convert_tokens_to_ids(s)) for s in (THINK_OPEN, THINK_CLOSE)}
     ids["eos"] = int(tokenizer.eos_token_id)
     rng = np.random.default_rng(cfg.seed)
     searches = [_Search(p, task, tokenizer, cfg, rng, ids) for p in problems]
-    use_value = cfg.prune_below is not None
     rounds = 0
     while True:
         wants = [(s, n) for s in searches if (n := s.descend(use_value)) is not None]
@@ -299,9 +329,8 @@ def unique_search(problems: Sequence[Problem], task: Task, *, next_probs: NextPr
             assert value is not None
             scored = value.score([s.problem.prompt for s, _ in rated], [s.text(n) for s, n in rated])
             for (s, n), v, k in zip(rated, scored.values, scored.forward_tokens, strict=True):
-                n.value, s.result.scorer_tokens = float(v), s.result.scorer_tokens + k
-                if v < cfg.prune_below:  # type: ignore[operator]
-                    s._finish(n, "pruned")
+                s.result.scorer_tokens += k
+                s.rate(n, float(v))
         todo = [(s, n) for s, n in wants if n.probs is None and n.phase != "leaf"
                 and not (use_value and n.phase == "after" and n.value is None)]
         for start in range(0, len(todo), cfg.batch_rows):

@@ -139,9 +139,37 @@ def test_a_value_prunes_states_and_its_tokens_are_counted_apart(tokenizer):
     assert set(value.rated) == {"<think>7+5=12", "<think>7*3=21", "<think>5*3=15"}
     assert sum(r.scorer_tokens for r in results) == sum(len(c) for c in value.rated)  # each state rated once
     assert len(value.rated) == sum(r.chains - 1 for r in results) + len(results)  # pruned ones + the winner's
-    with pytest.raises(ValueError, match="prune_below needs a value"):
+    with pytest.raises(ValueError, match="prune_below and value_weight need a value"):
         unique_search(_problems(), _task(), next_probs=ChainPolicy(tokenizer, chains), tokenizer=tokenizer,
                       cfg=UniqueSearchConfig(budget=100, answer_budget=8, prune_below=0.5))
+
+
+class LikesFiveTimesThree:
+    """Rates the state after "5*3=15" 1 and every other state 0.01."""
+
+    name = "likes-5*3"
+
+    def score(self, prompts, completions):
+        return Scores(values=[1.0 if c.startswith("<think>5*3") else 0.01 for c in completions],
+                      forward_tokens=[0] * len(completions))
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_value_weight_reorders_later_draws(tokenizer, beta):
+    """Two first steps of 0.5 each; below 5*3=15 a win and a loss (0.25 each), below 7+5=12 two losses.
+    The policy alone (beta 0) solves within two chains with probability 0.25 + 3 * 0.25 * 1/3 = 0.5. With
+    the value (5*3=15 rated 1, 7+5=12 rated 0.01, beta 1) only revisits change: after the loss below
+    5*3=15 the next chain goes back there with 0.25 / 0.75 (7+5=12 is not rated yet); after a loss below
+    7+5=12 its remaining 0.25 weighs 0.0025 against 0.5, so P = 0.25 + 0.25/3 + 0.5 * 0.5 * 0.5/0.5025."""
+    chains = {WIN: 0.25, "5*3=15,15-7=8": 0.25, "7+5=12,12*3=36": 0.25, "7+5=12,12+3=15": 0.25}
+    n = 2000
+    results = unique_search(_problems(n), _task(), next_probs=ChainPolicy(tokenizer, chains), tokenizer=tokenizer,
+                            cfg=UniqueSearchConfig(budget=10_000, answer_budget=8, seed=5, value_weight=beta),
+                            value=LikesFiveTimesThree() if beta else None)
+    two = sum(r.solved_at is not None and r.chains <= 2 for r in results) / n
+    expected = 0.5 if beta == 0 else 0.25 + 0.25 / 3 + 0.5 * 0.5 * 0.5 / 0.5025
+    assert abs(two - expected) < 4 * math.sqrt(expected * (1 - expected) / n)
+    assert all(r.solved_at is not None and r.chains <= 4 for r in results)  # still without replacement
 
 
 def test_accuracy_at_reads_each_budget():
