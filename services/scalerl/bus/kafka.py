@@ -276,8 +276,10 @@ class KafkaBus(Bus):
                 offsets = admin.list_group_offsets(group).get(group, {})
                 break
             except (kafka_errors.CoordinatorNotAvailableError,
-                    kafka_errors.CoordinatorLoadInProgressError):
-                # the offsets topic is created on first use; its coordinator may not be up yet
+                    kafka_errors.CoordinatorLoadInProgressError,
+                    kafka_errors.NotCoordinatorError):
+                # the offsets topic is created on first use, and after a broker restart the group's
+                # coordinator moves: it may not be up yet, or not where the client last saw it
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
