@@ -25,11 +25,13 @@ by its ancestor states' factors): still without replacement, but the order favou
 likes (the first visit to a state is drawn by the policy alone: its value is not known before).
 
 Cost: every edge of the tree is one token, generated or forced, counted once however many chains pass
-through it (the search keeps the tree; a serving engine's prefix cache keeps the keys and values).
-`next_probs` is called once per node that gets a child: its prefix is reported as prefill. The search
-is anytime and its draws do not depend on the budget, so one run to the largest budget gives the
-accuracy at every smaller one: a problem counts as solved at budget b if its verified answer came
-within b tokens.
+through it (the search keeps the tree, as a serving engine's prefix cache keeps the keys and values).
+`next_probs` is called once per node that gets a child, on its whole prefix: our torch engine keeps no
+per-node cache and re-reads it, reported as prefill. Memory: one next-token distribution (V floats)
+per such node, fine for the character vocabulary; a large vocabulary would want a truncated store.
+The search is anytime and its draws do not depend on the budget, so one run to the largest budget
+gives the accuracy at every smaller one: a problem counts as solved at budget b if its verified answer
+came within b tokens.
 """
 
 from __future__ import annotations
