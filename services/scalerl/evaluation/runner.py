@@ -83,9 +83,9 @@ class EvalOptions:
     tree_budgets: tuple[int, ...] = (64, 128, 256, 512, 1024)
     """Generated tokens per problem at which the unique search is read (it runs to the largest)."""
     tree_prune: float | None = None
+    """Unique search: drop states the value rates below this (None: keep every state)."""
     tree_value_weight: float = 0.0
     """Unique search: weigh states' unexplored mass by value^this in later draws (0: the policy alone)."""
-    """Unique search: drop states the value rates below this (None: the policy alone)."""
     prompts_per_batch: int = 16
     show_progress: bool = True
 

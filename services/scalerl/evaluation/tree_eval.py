@@ -225,7 +225,7 @@ def unique_row(results: list[UniqueResult], budget: int, *, seed: int, prune_bel
                value_weight: float, verified: list[StrategyPoint], calc: list[StrategyPoint]) -> dict[str, Any]:
     """One budget's row: accuracy with its bootstrap CI over problems, generated tokens per problem, and
     the two sampling baselines' accuracy at those tokens."""
-    per_problem = [float(r.solved_at is not None and r.solved_at <= budget) for r in results]
+    per_problem = [float(r.solved_by(budget)) for r in results]
     lo, hi = bootstrap_ci(per_problem, seed=seed)
     acc, gen = accuracy_at(results, budget)
     return {"method": "unique", "budget": budget, "prune_below": prune_below,

@@ -74,6 +74,11 @@ class UniqueSearchConfig:
     """Most prefixes per `next_probs` call."""
     seed: int = 0
 
+    @property
+    def rates_states(self) -> bool:
+        """Whether new states wait for the value (pruning or weighing)."""
+        return self.prune_below is not None or self.value_weight > 0
+
 
 @dataclass(slots=True, eq=False)
 class _Node:
@@ -118,6 +123,10 @@ class UniqueResult:
     outcomes: dict[str, int] = field(default_factory=dict)
     exhausted: bool = False
     """The whole tree was explored before the budget ran out."""
+
+    def solved_by(self, budget: int) -> bool:
+        """Whether the search stopped at `budget` tokens has the verified answer."""
+        return self.solved_at is not None and self.solved_at <= budget
 
     def tokens_at(self, budget: int) -> float:
         """Tokens this problem's search spends when stopped at `budget`."""
@@ -244,7 +253,11 @@ class _Search:
             r.exhausted = True
         return r.solved_at is not None or r.exhausted or r.gen_tokens >= self.cfg.budget
 
-    def descend(self, needs_value: bool) -> _Node | None:
+    def awaits_value(self, node: _Node) -> bool:
+        """A new state the value must rate before the draw goes on below it."""
+        return self.cfg.rates_states and node.phase == "after" and node.value is None
+
+    def descend(self) -> _Node | None:
         """Draw chains until one reaches a node the model (or the value) must see first, and return it:
         the next call goes on from there, so every chain is one whole draw from the root (restarting
         at the root instead would favour chains through nodes already seen). None: the search is over."""
@@ -253,7 +266,7 @@ class _Search:
             if node.phase == "leaf":
                 node = self.root
                 continue
-            if needs_value and node.phase == "after" and node.value is None:
+            if self.awaits_value(node):
                 break
             if not node.forced and node.probs is None:
                 break
@@ -314,8 +327,7 @@ def unique_search(problems: Sequence[Problem], task: Task, *, next_probs: NextPr
                   on_round: Callable[[int, int], None] | None = None) -> list[UniqueResult]:
     """Search every problem (batched across problems: one `next_probs` call per round serves one node
     of each live problem); one `UniqueResult` each, in order."""
-    use_value = cfg.prune_below is not None or cfg.value_weight > 0
-    if use_value and value is None:
+    if cfg.rates_states and value is None:
         raise ValueError("prune_below and value_weight need a value (a Scorer)")
     ids = {s: int(tokenizer.convert_tokens_to_ids(s)) for s in (THINK_OPEN, THINK_CLOSE)}
     ids["eos"] = int(tokenizer.eos_token_id)
@@ -323,18 +335,17 @@ def unique_search(problems: Sequence[Problem], task: Task, *, next_probs: NextPr
     searches = [_Search(p, task, tokenizer, cfg, rng, ids) for p in problems]
     rounds = 0
     while True:
-        wants = [(s, n) for s in searches if (n := s.descend(use_value)) is not None]
+        wants = [(s, n) for s in searches if (n := s.descend()) is not None]
         if not wants:
             break
-        rated = [(s, n) for s, n in wants if n.phase == "after" and use_value and n.value is None]
+        rated = [(s, n) for s, n in wants if s.awaits_value(n)]
         if rated:
             assert value is not None
             scored = value.score([s.problem.prompt for s, _ in rated], [s.text(n) for s, n in rated])
             for (s, n), v, k in zip(rated, scored.values, scored.forward_tokens, strict=True):
                 s.result.scorer_tokens += k
                 s.rate(n, float(v))
-        todo = [(s, n) for s, n in wants if n.probs is None and n.phase != "leaf"
-                and not (use_value and n.phase == "after" and n.value is None)]
+        todo = [(s, n) for s, n in wants if n.probs is None and n.phase != "leaf" and not s.awaits_value(n)]
         for start in range(0, len(todo), cfg.batch_rows):
             part = todo[start:start + cfg.batch_rows]
             rows = [s.prompt_ids + s.path(n) for s, n in part]
@@ -351,5 +362,5 @@ def unique_search(problems: Sequence[Problem], task: Task, *, next_probs: NextPr
 def accuracy_at(results: Sequence[UniqueResult], budget: int) -> tuple[float, float]:
     """(fraction solved, mean tokens spent per problem) with every search stopped at `budget` tokens."""
     n = max(1, len(results))
-    solved = sum(r.solved_at is not None and r.solved_at <= budget for r in results)
+    solved = sum(r.solved_by(budget) for r in results)
     return solved / n, sum(r.tokens_at(budget) for r in results) / n
