@@ -260,10 +260,11 @@ up_k8s() {
         return 0
     fi
     down_k8s
-    # A second try on fresh ports and an empty data dir if the first etcd dies while starting (its
-    # log then ends with how it exited); the second failure stops the script.
+    # A second try on fresh ports and an empty data dir if the first etcd dies or is not ready in time
+    # (its log then ends with how it exited); the second failure stops the script.
     if ! (_up_etcd); then
         log "etcd: first start failed (log above); trying again on new ports with an empty data dir"
+        stop_pid "$(read_pid "$K8S_STATE/etcd.pid")" "$(etcd_pattern)" etcd  # not ready in time: still running
         rm -rf "$K8S_STATE/etcd-data" "$K8S_STATE/etcd-port" "$K8S_STATE/etcd-peer-port"
         _up_etcd
     fi

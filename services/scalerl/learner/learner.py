@@ -10,7 +10,6 @@ with several processes, and exact-resume state.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from typing import Any
@@ -170,14 +169,13 @@ class Learner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The inverse of `state_dict`. Sharded: a collective; only rank 0's `state["optimizer"]` is read
-        (the full state, broadcast and re-sharded), the other ranks may pass `{}` there."""
+        (the full state, broadcast and re-sharded, and written into: the caller's dict is consumed), the
+        other ranks' is ignored."""
         self.version = int(state["version"])
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-            # (the call writes into the dict it is given: hand it a copy)
-            optim = copy.deepcopy(state["optimizer"]) if self.rank == 0 else {}
-            set_optimizer_state_dict(self.model, self.optimizer, optim,
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"] if self.rank == 0 else {},
                                      options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
         else:
             self.optimizer.load_state_dict(state["optimizer"])

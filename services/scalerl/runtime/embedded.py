@@ -163,7 +163,7 @@ class EmbeddedRun(TrainerHost):
     def run(self) -> dict[str, Any]:
         self._build()
         spec = self.spec
-        first = self._first_eval()
+        first, _ = self._first_eval()
         last = first
         bar = self.progress.bar("RL", spec.train.steps, unit="step", initial=self.learner.version)
         try:

@@ -110,8 +110,7 @@ class LocalCluster:
             try:
                 p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.popen.kill()
-                p.popen.wait()
+                self.kill(p.role_id)  # the whole tree: torchrun's ranks live in sessions of their own
         return {rid: p.popen.returncode for rid, p in self.procs.items()}
 
     def wait_learner(self, timeout_s: float, poll_s: float = 0.5) -> int:

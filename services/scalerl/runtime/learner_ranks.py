@@ -94,7 +94,7 @@ class Ranks:
         """Release the followers (once, at the end of the run or on shutdown)."""
         if self.world_size > 1:
             self._tell(STOP)
-            self.world_size = 1  # later calls are local: nobody is listening any more
+            self.world_size = 1  # nobody is listening any more: no collective may follow
 
 
 def start_learner(spec: JobSpec, model: Any, pad_id: int, resume_state: dict[str, Any] | None) -> Learner:

@@ -195,9 +195,9 @@ class LearnerService(TrainerHost):
         if not hasattr(self, "learner"):
             self.build()
         spec = self.spec
-        first = self._first_eval()
         # resumed: the newest evaluation so far (a learner restarted after its last step re-evaluates nothing)
-        last = self.last_eval = self.out.read(self.out.metrics_path)[-1] if self.learner.version else first
+        first, last = self._first_eval()
+        self.last_eval = last
         if self.learner.version >= spec.train.steps:
             log.info("learner: already finished at step %d (restarted after the end); announcing it again",
                      self.learner.version)

@@ -192,14 +192,15 @@ class TrainerHost:
             self.last_fit = fit
 
     # -- end of run --------------------------------------------------------------------------------
-    def _first_eval(self) -> dict[str, Any]:
-        """The step-0 evaluation: run it on a fresh start, read it back on resume."""
+    def _first_eval(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the step-0 evaluation, the newest one): run it on a fresh start, read both back on resume."""
         if self.learner.version == 0:
-            return self._evaluate()
+            first = self._evaluate()
+            return first, first
         evals = self.out.read(self.out.metrics_path)
         if not evals:
             raise RuntimeError(f"resumed at step {self.learner.version} but {self.out.metrics_path} has no eval")
-        return evals[0]
+        return evals[0], evals[-1]
 
     def _summary(self, first: dict[str, Any], last: dict[str, Any], **extra: Any) -> dict[str, Any]:
         summary = {"name": self.spec.name, "initial_pass_rate": first["pass_rate"],
