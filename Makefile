@@ -1,45 +1,86 @@
 # The vocabulary of the project: every target does its own set-up on a fresh machine.
-#   make run    install, then train the quickstart and print where the curve and report are
-#   make test   install, start the real servers, run every test (JUnit XML in build/junit.xml)
+#   make run    install the runtime into .venv, then train the quickstart and print where the results are
+#   make test   install runtime + dev into .venv, start the real servers, run every test (build/junit.xml)
 #   make bench  side-by-side speed ratios -> bench/results.json
 #   make lint   ruff + mypy + import-linter contracts
+#   make lock   re-resolve requirements/*.lock from pyproject.toml (after changing a dependency)
+#
+# Everything is installed into the project-local virtual environment $(VENV) (never the interpreter
+# that runs make): its Python comes from `python3 -m venv`, its packages from the pinned lock files
+# requirements/runtime.lock (what `make run` needs) and requirements/dev.lock (+ test and lint tools),
+# installed by uv (itself pinned, installed into the environment first). Another checkout on the same
+# machine has its own .venv; only uv's download cache (~/.cache/uv) is shared.
 SHELL := /bin/bash
-PY ?= python3
-TORCH_VERSION ?= 2.15.0
-STAMP := build/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+HOST_PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+UV_VERSION := 0.13.9
+# The stamps change with the lock files and the build inputs, so an edited lock reinstalls.
+lockhash = $(shell cat pyproject.toml setup.py requirements/$(1).lock | cksum | cut -d' ' -f1)
+RUNTIME_STAMP := $(VENV)/.installed-runtime-$(call lockhash,runtime)
+DEV_STAMP := $(VENV)/.installed-dev-$(call lockhash,dev)
+# Servers' scripts and tests find the environment's python3 first.
+VENV_PATH = PATH="$(CURDIR)/$(VENV)/bin:$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)"
 PYTEST_ARGS ?=
+# The tests that train a model, run again with the AVX2 kernels torch picks on CPUs without AVX-512.
+AVX2_TESTS ?= tests/unit tests/e2e
 
-.PHONY: install run test test-unit lint typecheck bench crd protos infra-up infra-build infra-down clean
+.PHONY: install install-dev run test test-unit test-avx2 lint typecheck bench crd protos lock \
+        infra-up infra-build infra-down clean
 
-install: $(STAMP)
+install: $(RUNTIME_STAMP)
+install-dev: $(DEV_STAMP)
 
-$(STAMP): pyproject.toml
-	@mkdir -p build
-	@# torch: install once (the registry's Linux wheel is the large CUDA build); never a second copy.
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,distributed,operator]"
+$(UV):
+	@echo "make: creating the project environment $(VENV) ($$($(HOST_PYTHON) --version))"
+	$(HOST_PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
+
+# The registry's Linux torch wheel is its CUDA build: it cannot be imported without its CUDA
+# libraries (libcudart), so the CPU-only machine gets them too (~4 GB; downloaded once into uv's cache).
+$(RUNTIME_STAMP): $(UV) pyproject.toml setup.py requirements/runtime.lock
+	$(UV) pip install --python $(PY) -r requirements/runtime.lock
+	$(UV) pip install --python $(PY) --no-deps -e .
 	$(PY) -m scalerl.rpc.codegen
-	@touch $@
+	@rm -f $(VENV)/.installed-runtime-*; touch $@
+
+$(DEV_STAMP): $(RUNTIME_STAMP) requirements/dev.lock
+	$(UV) pip install --python $(PY) -r requirements/dev.lock
+	@rm -f $(VENV)/.installed-dev-*; touch $@
+
+lock: $(UV)
+	bash scripts/lock.sh $(UV)
 
 run: install
 	$(PY) -m scalerl.cli run examples/quickstart.yaml --overwrite
 
 # The real Kafka broker and MinIO server are built (cached in $$SCALERL_CACHE, ~/.cache/scalerl) and
 # started first; the infrastructure tests fail, never skip, when CI is set and they cannot start.
-test: install infra-up
-	set -a; source build/infra.env; set +a; \
+# The suite runs once with torch's default CPU kernels, then the tests that train run again with
+# ATEN_CPU_CAPABILITY=avx2 (another machine of our kind may lack AVX-512); both write JUnit XML.
+test: install-dev infra-up
+	set -a; source build/infra.env; set +a; export $(VENV_PATH); \
 	$(PY) -m pytest -m "not gpu" --junitxml=build/junit.xml $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 0 ]; then \
+	  echo "make: the tests that train, again with ATEN_CPU_CAPABILITY=avx2"; \
+	  ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -m "not gpu and not infra" -p no:cacheprovider \
+	    --junitxml=build/junit-avx2.xml $(AVX2_TESTS); rc=$$?; \
+	fi; \
 	bash scripts/infra/down.sh >/dev/null 2>&1 || true; exit $$rc
 
-test-unit: install
+test-unit: install-dev
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-lint: install
+test-avx2: install-dev
+	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -m "not gpu and not infra" $(AVX2_TESTS) $(PYTEST_ARGS)
+
+lint: install-dev
 	$(PY) -m ruff check services operators tests bench
 	$(PY) -m mypy
-	lint-imports
+	$(VENV)/bin/lint-imports
 
-typecheck: install
+typecheck: install-dev
 	$(PY) -m mypy
 
 # Side by side in one run; the distributed part uses the real Kafka and MinIO that infra-up starts.
@@ -55,7 +96,7 @@ crd: install
 	PY=$(PY) bash scripts/gen_crd.sh
 
 infra-up: install
-	bash scripts/infra/up.sh
+	$(VENV_PATH) bash scripts/infra/up.sh
 
 infra-build:
 	bash scripts/infra/up.sh --build-only
