@@ -6,9 +6,9 @@
 #   docker build -t scalerl:0.1.0 .                                        # CPU (default)
 #   docker build -t scalerl:0.1.0-cuda --build-arg VARIANT=gpu .           # CUDA runtime + vLLM
 #
-# CPU variant: set TORCH_INDEX_URL to PyTorch's CPU wheel index to get the small CPU-only torch
-# wheel; left empty, pip's configured index serves its default (CUDA-enabled) Linux wheel, which
-# also runs on CPU but is several GB larger.
+# CPU variant: installs requirements/runtime.lock. Its torch pin is the registry's Linux wheel, the
+# CUDA-enabled build (it runs on CPU; it cannot be imported without its CUDA libraries, so they come
+# too, several GB). TORCH_INDEX_URL adds an index that serves a CPU-only build of the same version.
 # GPU variant: vLLM pins the torch it was built against, so torch comes with `.[vllm]`.
 # No HEALTHCHECK: Kubernetes probes /healthz and /readyz on the metrics port instead.
 
@@ -41,21 +41,23 @@ RUN python3.12 -m venv "$VIRTUAL_ENV"
 # hadolint ignore=DL3006
 FROM base-${VARIANT} AS build
 ARG VARIANT
-ARG TORCH_VERSION=2.15.0
 ARG TORCH_INDEX_URL=""
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# torch first and on its own layer: it is the largest download and changes least often.
+# CPU variant: the pins of requirements/runtime.lock (what `make run` installs), on their own layer:
+# they are the largest download and change least often. GPU variant: vLLM pins the torch it was
+# built against, so its dependencies are resolved with `.[vllm]` below instead.
+COPY requirements/runtime.lock /tmp/runtime.lock
 RUN if [ "$VARIANT" = "cpu" ]; then \
-        if [ -n "$TORCH_INDEX_URL" ]; then export PIP_INDEX_URL="$TORCH_INDEX_URL"; fi; \
-        pip install --no-cache-dir torch==${TORCH_VERSION}; \
+        if [ -n "$TORCH_INDEX_URL" ]; then export PIP_EXTRA_INDEX_URL="$TORCH_INDEX_URL"; fi; \
+        pip install --no-cache-dir -r /tmp/runtime.lock; \
     fi
 WORKDIR /src
 COPY pyproject.toml setup.py MANIFEST.in README.md ./
 COPY protos ./protos
 COPY services ./services
 COPY operators ./operators
-# A regular (non-editable) install; `.[vllm]` adds the vLLM engine on the GPU variant. The project
-# itself (".") has no version to pin: pyproject.toml bounds its dependencies.
+# A regular (non-editable) install; on the CPU variant every dependency is already pinned and
+# installed, so pip only builds the package; `.[vllm]` adds the vLLM engine on the GPU variant.
 # hadolint ignore=DL3013
 RUN extras="distributed,operator"; \
     if [ "$VARIANT" = "gpu" ]; then extras="$extras,vllm"; fi; \
