@@ -26,7 +26,9 @@ from typing import Any
 import kopf
 
 from scalerl.config import SpecError
+from scalerl.runtime.devices import DevicePool
 from scalerl_operator import conditions as c
+from scalerl_operator.devices import accelerator_problem, device_pool, devices_status
 from scalerl_operator.kube import Kube, KubeError
 from scalerl_operator.render import (
     ROLES,
@@ -62,6 +64,8 @@ def unrealisable(spec: RLJobSpec) -> str | None:
     if job.off_policy.mode != "pipeline":
         return (f"spec.job.off_policy.mode: the distributed learner runs 'pipeline' (PipelineRL-k), "
                 f"got {job.off_policy.mode!r}")
+    if (problem := accelerator_problem(spec)) is not None:
+        return problem
     gpus = spec.roles.learner.resources.limits.get("nvidia.com/gpu")
     if gpus is not None and str(gpus).isdigit() and spec.roles.learner.devices_per_node > int(str(gpus)):
         return (f"spec.roles.learner.devicesPerNode: {spec.roles.learner.devices_per_node} ranks per pod, but "
@@ -114,16 +118,20 @@ def _summary(roles: dict[str, tuple[int, int]]) -> str:
 
 
 def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple[int, int]],
-                 learner: LearnerStatus, now: datetime, restarts: int = 0) -> dict[str, Any]:
+                 learner: LearnerStatus, now: datetime, restarts: int = 0,
+                 devices: DevicePool | None = None) -> dict[str, Any]:
     """The status of a realisable RLJob (pure): phase, conditions, ready/desired per role, RL fields.
     `restarts`: learner container restarts observed now; the status keeps the highest count seen
-    (a replaced pod starts again from 0), and more than failurePolicy.maxRestarts fails the job."""
+    (a replaced pod starts again from 0), and more than failurePolicy.maxRestarts fails the job.
+    `devices`: the pool rendered into pool.json this pass (status.devices)."""
     gen = obj["metadata"].get("generation")
     prev = obj.get("status") or {}
     conds = prev.get("conditions")
     out: dict[str, Any] = {"observedGeneration": gen, "restarts": max(int(prev.get("restarts") or 0), restarts),
                            "roles": {r: {"ready": rd, "desired": d, "summary": f"{rd}/{d}"}
                                      for r, (rd, d) in roles.items()}}
+    if devices is not None:
+        out["devices"] = devices_status(devices)
     k = spec.job_spec("status").off_policy.k
     if learner.records:
         out.update(to_status(learner, store_uri=spec.store.uri, bound_k=k))
@@ -232,7 +240,7 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
             kube.event(obj, "Normal", "Scaled", f"{role}: {b[1]} -> {after} replicas ({why})", "Scale")
     roles = {r: _workload_replicas(o) or (0, replicas[r]) for r, o in live.items()}
     patch = status_patch(obj, spec, roles=roles, learner=learner, now=now,
-                         restarts=learner_restarts(kube, ns, name))
+                         restarts=learner_restarts(kube, ns, name), devices=device_pool(spec, replicas))
     write_status(kube, obj, patch)
     out.phase = patch["phase"]
     return out

@@ -2,7 +2,9 @@
 
 For an RLJob named J (labels `app.kubernetes.io/{name,instance,component,managed-by}` and
 `scalerl.dev/job: J` on every object and pod):
-- ConfigMap `J-spec`: `job.yaml`, the full JobSpec (spec.job + name + runtime.bus/store/partitions);
+- ConfigMap `J-spec`: `job.yaml`, the full JobSpec (spec.job + name + runtime.bus/store/partitions/
+  pool_file), and `pool.json`, the devices the job holds with these replicas (scalerl_operator.devices);
+  it is not part of the spec hash, so a scale change rewrites it without rolling any pod;
 - Deployments `J-generator`, `J-verifier`, `J-curriculum`: `scalerl serve <role>` with gRPC on 50051
   and the side port (/healthz, /readyz, /metrics) on `telemetry.metricsPort`. Readiness is /readyz:
   a generator answers ready only once it has loaded the current policy version, so it receives no
@@ -27,12 +29,15 @@ from typing import Any
 import yaml
 
 from scalerl.config import RuntimeConfig, dump_spec
+from scalerl.runtime.devices import POOL_FILE
+from scalerl_operator.devices import device_pool, pool_json
 from scalerl_operator.spec import PodPlacement, RLJobSpec
 
 GRPC_PORT = 50051
 TORCH_PORT = 29500
 CONFIG_DIR = "/etc/scalerl"
 JOB_FILE = f"{CONFIG_DIR}/job.yaml"
+POOL_PATH = f"{CONFIG_DIR}/{POOL_FILE}"  # the job's device pool; kubelet refreshes it in the pods
 WORK_DIR = "/home/scalerl"  # the image's WORKDIR and HOME (runs/<job>, caches); an emptyDir
 UID = 10001  # the image's non-root user
 PRESTOP_S = 5
@@ -82,7 +87,7 @@ def bus_prefix(name: str, namespace: str) -> str:
 def job_yaml(name: str, namespace: str, spec: RLJobSpec) -> str:
     """The JobSpec the role processes read: spec.job + name + the runtime the cluster provides."""
     runtime = RuntimeConfig(bus=f"kafka://{spec.bus.bootstrap}", store=spec.store.uri, partitions=partitions(spec),
-                            bus_prefix=bus_prefix(name, namespace))
+                            bus_prefix=bus_prefix(name, namespace), pool_file=POOL_PATH)
     return dump_spec(spec.job_spec(name, runtime))
 
 
@@ -176,8 +181,8 @@ def _container(job: str, role: str, spec: RLJobSpec, r: PodPlacement) -> dict[st
 def _pod_template(job: str, role: str, spec: RLJobSpec, r: PodPlacement, spec_hash: str,
                   container: dict[str, Any]) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [
-        {"name": "job-spec", "configMap": {"name": child_name(job, "spec"), "items": [{"key": "job.yaml",
-                                                                                       "path": "job.yaml"}]}},
+        {"name": "job-spec", "configMap": {"name": child_name(job, "spec"), "items": [
+            {"key": "job.yaml", "path": "job.yaml"}, {"key": POOL_FILE, "path": POOL_FILE}]}},
         {"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
     if role == "learner":  # NCCL / torch.distributed use shared memory between the ranks of a pod
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
@@ -250,7 +255,7 @@ def render(name: str, namespace: str, spec: RLJobSpec, replicas: dict[str, int])
     text = job_yaml(name, namespace, spec)
     spec_hash = hashlib.sha256(text.encode()).hexdigest()[:16]
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, namespace, child_name(name, "spec"), "spec"),
-          "data": {"job.yaml": text}}
+          "data": {"job.yaml": text, POOL_FILE: pool_json(device_pool(spec, replicas))}}
     return [cm,
             *(_deployment(name, namespace, role, spec, replicas[role], spec_hash)
               for role in ("curriculum", "generator", "verifier")),

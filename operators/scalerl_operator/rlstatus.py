@@ -13,7 +13,8 @@ Records read (`MetricRecord(kind, step, values)`; unknown kinds and keys are ign
   wall time the learner waited for a batch: the generators' starvation signal);
 - `eval`: `pass_rate` (held-out mean@k); `done`: the run finished (`final_pass_rate`);
 - `checkpoint`: step of a checkpoint uploaded to `<store>/checkpoints/step_<step:06d>`;
-- `fit`: `A`, `B`, `C_mid`, `compute` (device-hours) of the last sigmoid fit.
+- `fit`: `A`, `B`, `C_mid`, `compute` (device-hours) and `A_low`/`A_high` (A's bootstrap interval) of the
+  run's fit, as the learner computed it once (the numbers of its summary.json and report).
 `fold` is pure; `MetricsTail` does the reading.
 """
 
@@ -41,7 +42,7 @@ class LearnerStatus:
     staleness: float | None = None
     pass_rate: float | None = None
     checkpoint_step: int | None = None
-    fit: tuple[float, float, float, float] | None = None  # A, B, C_mid, compute (device-hours)
+    fit: dict[str, float] | None = None  # status.fit: A, B, Cmid, computeAtFit (device-hours), ALow, AHigh
     done: bool = False
     records: int = 0  # how many records were folded in (0: nothing heard from the learner)
 
@@ -59,7 +60,9 @@ def fold(prev: LearnerStatus, records: list[MetricRecord]) -> LearnerStatus:
         elif r.kind == "checkpoint":
             s = replace(s, checkpoint_step=r.step)
         elif r.kind == "fit" and {"A", "B", "C_mid"} <= v.keys():
-            s = replace(s, fit=(v["A"], v["B"], v["C_mid"], v.get("compute", 0.0)))
+            fit = {"A": v["A"], "B": v["B"], "Cmid": v["C_mid"], "computeAtFit": v.get("compute", 0.0)}
+            fit.update({k: v[src] for k, src in (("ALow", "A_low"), ("AHigh", "A_high")) if src in v})
+            s = replace(s, fit=fit)
         elif r.kind == "done":
             s = replace(s, done=True, pass_rate=v.get("final_pass_rate", s.pass_rate), step=r.step)
         else:
@@ -77,7 +80,7 @@ def to_status(s: LearnerStatus, *, store_uri: str, bound_k: int) -> dict[str, An
         "staleness": None if s.staleness is None else {"current": round(s.staleness), "bound": bound_k,
                                                        "summary": f"{round(s.staleness)}/{bound_k}"},
         "passRate": None if s.pass_rate is None else min(1.0, max(0.0, s.pass_rate)),
-        "fit": None if s.fit is None else {"A": s.fit[0], "B": s.fit[1], "Cmid": s.fit[2], "computeAtFit": s.fit[3]},
+        "fit": None if s.fit is None else dict(s.fit),
     }
 
 

@@ -57,6 +57,19 @@ class Fit(K8sModel):
     b: float = Field(alias="B", description="Scaling exponent (efficiency).")
     c_mid: float = Field(alias="Cmid", description="Compute at half the gain, device-hours.")
     compute_at_fit: float = Field(ge=0.0, description="Compute of the last point fitted, device-hours.")
+    a_low: float | None = Field(None, alias="ALow", description="Low end of A's bootstrap interval.")
+    a_high: float | None = Field(None, alias="AHigh", description="High end of A's bootstrap interval.")
+
+
+class DevicesStatus(K8sModel):
+    """Devices the job holds now (pods × accelerators per pod, as rendered into pool.json), per role and in
+    total: what the learner integrates into compute (device-hours)."""
+
+    generator: int = Field(0, ge=0, description="Devices of the generator pods.")
+    verifier: int = Field(0, ge=0, description="Devices of the verifier pods.")
+    curriculum: int = Field(0, ge=0, description="Devices of the curriculum pod.")
+    learner: int = Field(0, ge=0, description="Devices of the learner pods (all ranks).")
+    total: int = Field(0, ge=0, description="Sum over roles, devices.")
 
 
 class RoleReplicas(K8sModel):
@@ -116,6 +129,7 @@ class RLJobStatus(K8sModel):
     pass_rate: float | None = Field(None, ge=0.0, le=1.0, description="Last held-out mean@k pass rate.")
     fit: Fit | None = None
     roles: RolesStatus = Field(default_factory=RolesStatus)
+    devices: DevicesStatus | None = None
     scaling: ScalingStatus = Field(default_factory=ScalingStatus)
     start_time: datetime | None = Field(None, description="When the job first ran (activeDeadlineSeconds).")
     restarts: int = Field(0, ge=0, description="Learner restarts so far (failurePolicy.maxRestarts).")

@@ -193,10 +193,43 @@ class SFTConfig(_Strict):
     lr: float = Field(1e-3, gt=0.0, description="SFT learning rate (AdamW, cosine decay).")
 
 
+class FitConfig(_Strict):
+    """The one fit procedure of a run (scalerl-spec.md §1.3): the online refit after every eval, the fit in
+    summary.json, train.jsonl, report.html, the learner's status/metrics (dashboards) and the operator's
+    status, and the defaults of `scalerl fit` / `scalerl compare` on this run's folder all use these."""
+
+    min_compute_fraction: float = Field(0.1, ge=0.0, lt=1.0, description=(
+        "Leave out the early regime: eval points below this fraction of the largest compute in the fit "
+        "window do not enter the fit (R0 still comes from step 0). Paper §1.3: fits start after ~1.5k "
+        "GPU-hours (about one epoch), 3% of its 50k-GPU-hour fit window and 19% of its 8k ones; 0.1 lies "
+        "between. 0 fits every point."))
+    bootstrap: int = Field(200, ge=0, le=100_000, description="Bootstrap resamples of the intervals (0: none).")
+    seed: int = Field(0, ge=0, description="Seed of the bootstrap resampling.")
+    level: float = Field(0.95, gt=0.0, lt=1.0, description="Coverage of the bootstrap intervals (fraction).")
+
+
+class RoleDevices(_Strict):
+    """Devices one process of each role holds, counted into compute where no accelerator is visible to
+    the count: by `scalerl run --distributed` (per role process) and by the operator for a role whose pods
+    ask for no accelerator (`nvidia.com/gpu` etc. limits win where set)."""
+
+    learner_rank: int = Field(1, ge=0, le=1024, description="Devices per learner rank (torchrun process).")
+    generator: int = Field(1, ge=0, le=1024, description="Devices per generator process/pod.")
+    verifier: int = Field(0, ge=0, le=1024, description="Devices per verifier process/pod (CPU role: 0).")
+    curriculum: int = Field(0, ge=0, le=1024, description="Devices of the curriculum process/pod (CPU role: 0).")
+
+
 class RuntimeConfig(_Strict):
     bus: str = Field("memory://", pattern=r"^(memory://|kafka://\S+)$", description="memory:// or kafka://HOST:PORT.")
     store: str | None = Field(None, description="file:///path or s3://bucket/prefix; null = <out>/store.")
-    devices: int = Field(1, ge=1, description="Devices counted for compute (device-hours); a CPU machine is 1.")
+    devices: int = Field(1, ge=1, description=(
+        "Devices of a one-process run (embedded mode: every role shares them), counted for compute "
+        "(device-hours); a CPU machine is 1. Also the learner's count when `pool_file` is null."))
+    role_devices: RoleDevices = Field(default_factory=RoleDevices)
+    pool_file: str | None = Field(None, description=(
+        "JSON file holding the job's current device pool (roles × pods × devices), re-read every learner "
+        "step and integrated over training time; written by the operator (ConfigMap key pool.json) and by "
+        "`scalerl run --distributed`. null: a fixed count, max(devices, learner ranks)."))
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = all cores.")
     bus_prefix: str = Field("", pattern=r"^([a-zA-Z0-9][a-zA-Z0-9._-]{0,199})?$", description=(
         "Prefix of the job's Kafka topics and consumer groups (<prefix>.prompts, <prefix>.verifiers, ...); "
@@ -223,6 +256,7 @@ class JobSpec(_Strict):
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    fit: FitConfig = Field(default_factory=FitConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
     @property

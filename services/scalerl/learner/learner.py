@@ -136,6 +136,7 @@ class Learner:
         out = {k: (v / weights[k] if k in weights else v) for k, v in totals.items()}
         out["loss/value"] = loss_sum * self.world_size if self.world_size > 1 else loss_sum
         out["tokens/train"] = float(batch.loss_mask.sum())
+        out["tokens/train_seq"] = float(batch.attention_mask.sum())  # tokens run forward + backward
         out["reward/advantage_abs_mean"] = float(batch.advantages.abs().mean())
         if self.world_size > 1:
             t = torch.tensor([out["loss/value"]], dtype=torch.float64)
@@ -221,5 +222,7 @@ def _rollout_stats(groups: list[ScoredGroup]) -> dict[str, float]:
         "rollout/pass_rate": sum(correct) / max(len(correct), 1),
         "reward/mean": sum(r for g in groups for r in g.rewards) / n,
         "tokens/gen": float(sum(len(c.token_ids) for c in comps)),
+        # each of the G samples of a prompt prefills the prompt (scaling.compute: FLOPs)
+        "tokens/prefill": float(sum(len(g.rollout.prompt_token_ids) * len(g.rollout.completions) for g in groups)),
         "rollout/versions_per_seq_max": float(max(len(set(c.versions)) for c in comps)),
     }

@@ -1,8 +1,14 @@
-"""The online refit the training loop runs after every eval (cheap: a small bootstrap).
+"""The run's fit: the one procedure behind every A, interval and forecast a run shows.
 
-`fit_run_metrics` never raises on data the fit cannot use yet (too few points, no gain over R0 so far,
-a bad value): it returns None, because a forecast must never stop a training run. The loop logs the
-returned dict as a `{"kind": "fit", ...}` record in train.jsonl and in summary.json.
+The training loop refits after every eval (`analyse_run`) with the job's `fit` settings (`FitConfig`:
+the early-regime cutoff, bootstrap resamples, seed, level) — the same settings `scalerl fit` and
+`scalerl compare` default to on this run's folder and `write_report` uses. The result is computed once
+and passed along: `fit_record` is the dict logged as a `{"kind": "fit", ...}` record in train.jsonl, put
+in summary.json, published on the metrics topic (operator status) and exported by the learner's status
+(dashboards); the same `CurveAnalysis` object is handed to `write_report` at the end of training.
+
+`analyse_run` never raises on data the fit cannot use yet (too few points, no gain over R0 so far, a
+bad value): it returns None, because a forecast must never stop a training run.
 """
 
 from __future__ import annotations
@@ -10,52 +16,44 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from scalerl.scaling import FitError, analyse_curve, curve_from_records
+from scalerl.config import FitConfig
+from scalerl.scaling import CurveAnalysis, FitError, analyse_curve, curve_from_records
 
-ONLINE_BOOTSTRAP = 50
-"""Resamples of the online fit: enough for a rough interval at a few tens of milliseconds."""
+DEVICE_HOURS = "compute"
+"""The paper's compute axis (device-hours), the column the run's fit uses."""
 
 
-def fit_run_metrics(
-    records: Sequence[Mapping[str, Any]],
-    *,
-    r0: float | None = None,
-    min_compute: float = 0.0,
-    max_compute: float | None = None,
-    forecast_compute: Sequence[float] | None = None,
-    n_bootstrap: int = ONLINE_BOOTSTRAP,
-    seed: int = 0,
-    level: float = 0.95,
-) -> dict[str, Any] | None:
-    """Refit the pass-rate curve of `records` (metrics.jsonl records; non-eval ones are skipped).
+def analysis_options(settings: FitConfig) -> dict[str, Any]:
+    """`analyse_curve` keyword arguments of the job's fit procedure."""
+    return {"min_compute_fraction": settings.min_compute_fraction, "n_bootstrap": settings.bootstrap,
+            "seed": settings.seed, "level": settings.level}
 
-    Returns a JSON-able dict {"A", "B", "C_mid", "R0", "r2", "n_points", "sse", "ci": {"A": [lo, hi],
-    "B": [...], "C_mid": [...]}, "forecast": [{"compute", "pass_rate", "lo", "hi"}, ...]} with compute in
-    device-hours (default forecasts: last compute × 1, 2, 4), or None while the data cannot support a
-    fit (fewer than 4 usable points, no gain over R0 yet, invalid values).
-    """
+
+def analyse_run(records: Sequence[Mapping[str, Any]], settings: FitConfig, *,
+                x: str = DEVICE_HOURS) -> CurveAnalysis | None:
+    """The fit of `records` (metrics.jsonl records; non-eval ones are skipped) on column `x`, or None
+    while the data cannot support one (fewer than 4 usable points, no gain over R0 yet, invalid values)."""
     try:
-        a = analyse_curve(
-            curve_from_records(records),
-            r0=r0,
-            min_compute=min_compute,
-            max_compute=max_compute,
-            predict=forecast_compute,
-            n_bootstrap=n_bootstrap,
-            seed=seed,
-            level=level,
-        )
+        return analyse_curve(curve_from_records(records, x=x), **analysis_options(settings))
     except FitError:
         return None
-    d = a.to_dict()
-    return {
-        "A": d["A"],
-        "B": d["B"],
-        "C_mid": d["C_mid"],
-        "R0": d["R0"],
-        "r2": d["r2"],
-        "n_points": d["n_points"],
-        "sse": d["sse"],
-        "ci": d["ci"],
-        "forecast": d["predictions"],
-    }
+
+
+def fit_record(analysis: CurveAnalysis) -> dict[str, Any]:
+    """The JSON-able fit (`CurveAnalysis.to_dict()`, the `scalerl fit --json` object) plus `forecast`
+    (= `predictions`) and the flat `A_low` / `A_high` of A's interval, for the metrics topic whose records
+    carry numbers only. Compute values are in the fitted column's unit (device-hours for the run's fit)."""
+    from scalerl.report.runfiles import json_safe
+
+    d: dict[str, Any] = json_safe(analysis.to_dict())
+    d["forecast"] = d["predictions"]
+    interval = (d.get("ci") or {}).get("A")
+    if interval is not None:
+        d["A_low"], d["A_high"] = interval
+    return d
+
+
+def fit_run_metrics(records: Sequence[Mapping[str, Any]], settings: FitConfig | None = None) -> dict[str, Any] | None:
+    """`fit_record(analyse_run(records, settings))`, or None (settings: the JobSpec default when None)."""
+    a = analyse_run(records, settings or FitConfig())
+    return None if a is None else fit_record(a)

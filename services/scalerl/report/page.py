@@ -9,15 +9,17 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 from importlib import resources
 from pathlib import Path
 from string import Template
 from typing import Any
 
+from scalerl.config import FitConfig
 from scalerl.report import plots, tables
-from scalerl.report.runfiles import RunFolder, load_run
+from scalerl.report.online import analysis_options
+from scalerl.report.runfiles import RunFolder, fit_settings, json_safe, load_run
 from scalerl.scaling import MIN_POINTS, Curve, CurveAnalysis, FitError, analyse_curve, curve_from_records
+from scalerl.scaling.compute import axis_column, axis_label, column_unit
 
 CURVE_PNG = "curve.png"
 REPORT_HTML = "report.html"
@@ -28,6 +30,9 @@ _SUMMARY_LABELS = {
     "final_pass_rate": ("final pass rate", ""),
     "steps": ("steps", ""),
     "compute": ("compute", " device-hours"),
+    "compute_flops": ("compute (machine-independent)", " FLOPs"),
+    "n_params": ("policy parameters", ""),
+    "devices": ("devices held at the end", " devices"),
     "wall_s": ("wall time", " s"),
 }
 
@@ -53,6 +58,9 @@ def _summary_html(run: RunFolder) -> str:
     fit = s.get("fit")
     if isinstance(fit, dict):
         parts = [f"{k} = {_fmt(fit[k])}" for k in ("A", "B", "C_mid", "R0", "r2") if k in fit]
+        interval = (fit.get("ci") or {}).get("A")
+        if isinstance(interval, list) and len(interval) == 2:
+            parts.append(f"interval of A [{_fmt(interval[0])}, {_fmt(interval[1])}]")
         items.append(("fit at the end of training", ", ".join(parts)))
     elif "fit" in s:
         items.append(("fit at the end of training", "none (see the scaling curve below)"))
@@ -63,10 +71,10 @@ def _is_scalar(v: Any) -> bool:
     return v is None or isinstance(v, str | int | float | bool)
 
 
-def _analyse(run: RunFolder, opts: dict[str, Any]) -> tuple[Curve | None, CurveAnalysis | None, str]:
+def _analyse(run: RunFolder, opts: dict[str, Any], x: str) -> tuple[Curve | None, CurveAnalysis | None, str]:
     """(curve, analysis, note); a note explains a missing curve or fit."""
     try:
-        curve = curve_from_records(run.metrics)
+        curve = curve_from_records(run.metrics, x=x)
     except FitError as e:
         return None, None, f"No usable eval records yet: {e}"
     try:
@@ -82,12 +90,15 @@ def _analyse(run: RunFolder, opts: dict[str, Any]) -> tuple[Curve | None, CurveA
         return curve, None, f"No fit: {e}"
 
 
-def _fit_html(a: CurveAnalysis | None, note: str) -> str:
+def _fit_html(a: CurveAnalysis | None, note: str, x: str) -> str:
     if a is None:
         return f'<p class="note">{html.escape(note)}</p>'
-    parts = ["<h3>Fitted sigmoid</h3>", tables.render_html(tables.fit_table(a))]
+    window = (f"<p>Fit window: compute ≥ {tables.num(a.min_compute)} {column_unit(x)} "
+              f"(max(min compute, {a.min_compute_fraction:g} × the largest compute): the early regime is left "
+              "out as in the paper).</p>")
+    parts = ["<h3>Fitted sigmoid</h3>", window, tables.render_html(tables.fit_table(a, x=x))]
     parts += [f'<p class="warn">{html.escape(w)}</p>' for w in a.warnings]
-    parts += ["<h3>Forecast</h3>", tables.render_html(tables.forecast_table(a))]
+    parts += ["<h3>Forecast</h3>", tables.render_html(tables.forecast_table(a, x=x))]
     if a.holdout is not None:
         h = a.holdout
         parts.append(
@@ -97,7 +108,7 @@ def _fit_html(a: CurveAnalysis | None, note: str) -> str:
     parts += ["<h3>Power-law alternative</h3>", tables.render_html(tables.power_law_table(a))]
     parts += [
         "<details><summary>Eval points</summary>",
-        tables.render_html(tables.points_table(a)),
+        tables.render_html(tables.points_table(a, x=x)),
         "</details>",
     ]
     return "\n".join(parts)
@@ -114,20 +125,28 @@ def _online_html(run: RunFolder) -> str:
 def write_report(
     run_dir: Path,
     *,
-    min_compute: float = 0.0,
-    max_compute: float | None = None,
-    n_bootstrap: int = 200,
-    seed: int = 0,
+    analysis: CurveAnalysis | None = None,
+    settings: FitConfig | None = None,
+    axis: str = "device-hours",
 ) -> Path:
     """Write `curve.png` and a self-contained `report.html` into `run_dir`; return the HTML path.
 
-    Raises RunFileError when `run_dir` is not a folder or a file in it is not readable JSON(L).
+    `analysis`: the run's fit as the training loop computed it (passed along, not recomputed; it must be
+    of the `axis` column). Without it the fit is computed with `settings`, by default the run's own `fit`
+    settings (its spec.yaml), the procedure summary.json and `scalerl fit` use. `axis`: device-hours
+    (the paper's) or flops. Raises RunFileError when `run_dir` is not a folder or a file in it is not
+    readable JSON(L); ValueError on an unknown axis.
     """
     run_dir = Path(run_dir)
+    x = axis_column(axis)
     run = load_run(run_dir)
-    opts = {"min_compute": min_compute, "max_compute": max_compute, "n_bootstrap": n_bootstrap, "seed": seed}
-    curve, analysis, note = _analyse(run, opts)
-    curve_png = plots.fit_png(curve, analysis, title=f"{run.name}: pass rate vs compute", note=note)
+    curve: Curve | None
+    if analysis is not None:
+        curve, note = analysis.curve, ""
+    else:
+        opts = analysis_options(settings if settings is not None else fit_settings(run_dir))
+        curve, analysis, note = _analyse(run, opts, x)
+    curve_png = plots.fit_png(curve, analysis, title=f"{run.name}: pass rate vs {axis_label(x)}", note=note, x=x)
     (run_dir / CURVE_PNG).write_bytes(curve_png)
     diag = plots.diagnostics_png(run.train)
     n_eval = 0 if curve is None else len(curve)
@@ -137,8 +156,8 @@ def write_report(
         title=html.escape(run.name),
         subtitle=html.escape(subtitle),
         summary=_summary_html(run),
-        curve=_img(curve_png, "pass rate vs compute with the fitted sigmoid"),
-        fit=_fit_html(analysis, note),
+        curve=_img(curve_png, f"pass rate vs {axis_label(x)} with the fitted sigmoid"),
+        fit=_fit_html(analysis, note, x),
         online=_online_html(run),
         diagnostics=_img(diag, "training diagnostics") if diag else '<p class="note">No train.jsonl records.</p>',
         footer=html.escape(_fit_json(analysis)),
@@ -149,9 +168,9 @@ def write_report(
 
 
 def _fit_json(a: CurveAnalysis | None) -> str:
+    """The fit's numbers exactly as summary.json and `scalerl fit --json` give them (no rounding)."""
     if a is None:
         return ""
-    d = {k: a.to_dict()[k] for k in ("A", "B", "C_mid", "R0", "r2", "n_points")}
-    return "Fit: " + json.dumps(
-        {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in d.items()}
-    )
+    d = a.to_dict()
+    keys = ("A", "B", "C_mid", "R0", "r2", "n_points", "ci", "predictions", "window")
+    return "Fit: " + json.dumps(json_safe({k: d[k] for k in keys}), allow_nan=False)

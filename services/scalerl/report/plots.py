@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from scalerl.scaling import Comparison, Curve, CurveAnalysis, linearised_efficiency
+from scalerl.scaling.compute import axis_label
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -49,7 +50,7 @@ def _png(fig: Figure) -> bytes:
 
 
 def _x_label(x: str) -> str:
-    return "compute (device-hours)" if x == "compute" else x
+    return axis_label(x)
 
 
 def fit_png(

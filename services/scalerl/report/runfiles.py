@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalerl.config import FitConfig
+
 METRICS = "metrics.jsonl"
 TRAIN = "train.jsonl"
 SUMMARY = "summary.json"
@@ -144,3 +146,24 @@ def json_safe(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [json_safe(v) for v in obj]
     return obj
+
+
+SPEC = "spec.yaml"
+
+
+def fit_settings(run: Path) -> FitConfig:
+    """The `fit` settings of the run that `run` (a run folder or a file in one) belongs to: the `fit`
+    section of its spec.yaml, else the JobSpec default (a metrics file from elsewhere). RunFileError when
+    that section is not valid."""
+    import yaml
+    from pydantic import ValidationError
+
+    folder = run if run.is_dir() else run.parent
+    path = folder / SPEC
+    if not path.is_file():
+        return FitConfig()
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        return FitConfig.model_validate((tree.get("fit") if isinstance(tree, dict) else None) or {})
+    except (OSError, yaml.YAMLError, ValidationError) as e:
+        raise RunFileError(f"{path}: cannot read its fit settings ({str(e).splitlines()[0]}).") from None

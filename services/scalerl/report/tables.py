@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from scalerl.scaling import A_MARGIN, Comparison, CurveAnalysis
+from scalerl.scaling.compute import column_unit
 
 Table = tuple[list[str], list[list[str]]]
 
@@ -44,7 +45,8 @@ def span(pair: tuple[float, float] | None, fmt: Callable[[float | None], str] = 
 
 
 def compute_unit(x: str) -> str:
-    return "device-hours" if x == "compute" else x
+    """Unit of a compute column: device-hours (`compute`), FLOPs (`compute_flops`), else the name."""
+    return column_unit(x)
 
 
 def fit_table(a: CurveAnalysis, *, x: str = "compute") -> Table:
@@ -125,7 +127,8 @@ def power_law_table(a: CurveAnalysis) -> Table:
     return ["A", "B", "D", "R²", "reading"], [[rate(pl.A), num(pl.B, 3), num(pl.D, 3), rate(pl.r2), verdict]]
 
 
-def comparison_table(cmp: Comparison) -> Table:
+def comparison_table(cmp: Comparison, *, x: str = "compute") -> Table:
+    """One row per run, best first; C_mid in the unit of the compute column `x`."""
     rows = []
     for r in cmp.rows:
         rows.append(
@@ -142,7 +145,7 @@ def comparison_table(cmp: Comparison) -> Table:
             ]
         )
     shared = f"B at A={cmp.shared_a:.3f}" if cmp.shared_a is not None else "B at shared A"
-    return ["rank", "run", "A", "A interval", "B", "C_mid", shared, "B interval", "reason"], rows
+    return ["rank", "run", "A", "A interval", "B", f"C_mid ({compute_unit(x)})", shared, "B interval", "reason"], rows
 
 
 def render_text(table: Table, *, indent: str = "  ") -> str:

@@ -9,7 +9,8 @@ Two off-policy modes (ScaleRL §2.1), both over the same bus/store interfaces as
 - `ppo` (PPO-off-policy-k): phases. Generate k·B prompts with the current weights, then take k
   optimizer steps of B prompts each, then publish the weights.
 
-Compute is counted in device-hours: devices × wall hours of training (evaluation excluded).
+Compute is counted in device-hours — `runtime.devices` (the one process's devices; a CPU machine is 1)
+× wall hours of training, evaluation excluded — and in FLOPs (`compute_flops`, `scalerl.scaling.compute`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from scalerl.generator.torch_engine import TorchEngine
 from scalerl.learner.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
 from scalerl.messages import ScoredGroup
 from scalerl.runtime.setup import make_curriculum
-from scalerl.runtime.trainer import TrainClock, TrainerHost
+from scalerl.runtime.trainer import TrainerHost
 from scalerl.store import open_store
 from scalerl.telemetry.hops import hop
 from scalerl.verifier.role import VerifierRole
@@ -101,8 +102,7 @@ class EmbeddedRun(TrainerHost):
         self.curriculum.load_state_dict(state["curriculum"])
         self.generator.engine.set_rng_state(state["generator_rng"])  # type: ignore[attr-defined]
         self.eval_engine.set_rng_state(state["eval_rng"])
-        self.clock = TrainClock(state["train_s"])
-        self.counters.update(state["counters"])
+        self._restore_compute(state)
         self.generator.engine.load_weights(self.learner.full_state_dict(), self.learner.version)
         set_rng_state(state["rng"])
         self.out.truncate_after(self.learner.version)
@@ -150,7 +150,8 @@ class EmbeddedRun(TrainerHost):
         state = {"learner": self.learner.state_dict(), "curriculum": self.curriculum.state_dict(),
                  "generator_rng": self.generator.engine.rng_state(),  # type: ignore[attr-defined]
                  "eval_rng": self.eval_engine.rng_state(), "train_s": self.clock.now_s(),
-                 "counters": dict(self.counters), "bus_positions": self.scored.positions()}
+                 "counters": dict(self.counters), "devices": self.ledger.state(self.clock.now_s()),
+                 "bus_positions": self.scored.positions()}
         save_checkpoint(self.out.checkpoints, self.learner.version, self.learner.model, self.tokenizer, state,
                         keep=self.spec.train.keep_checkpoints)
 

@@ -5,6 +5,10 @@ as `scalerl serve ROLE` with its log in `<out>/logs/<id>.log`. The run ends when
 its steps; the other roles are then stopped with SIGTERM (they hand back in-flight work and exit).
 A role that dies is reported (and, within `max_restarts`, started again: a learner resumes from its
 last checkpoint, a generator's uncommitted prompts go to the others).
+
+Compute: the launcher keeps `<out>/pool.json` (`runtime.devices`) current — every role process that is
+running, with the devices `runtime.role_devices` gives its role (a learner: per rank × its ranks) — and
+points the job's `runtime.pool_file` at it, so the learner integrates what the job holds over time.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.config import JobSpec, dump_spec
+from scalerl.runtime.devices import POOL_FILE, DevicePool, RolePool, write_pool_file
 
 
 @dataclass
@@ -56,8 +61,35 @@ class LocalCluster:
                              f"{self.bus_url!r}); `make infra-up` starts a local broker")
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "logs").mkdir(exist_ok=True)
+        self.pool_file = (self.out / POOL_FILE).resolve()
+        runtime = self.spec.runtime.model_copy(update={"pool_file": str(self.pool_file)})
+        self.spec = self.spec.model_copy(update={"runtime": runtime})
         self.job_file = self.out / "job.yaml"
         self.job_file.write_text(dump_spec(self.spec))
+        self._pool: DevicePool | None = None
+        self.update_pool()
+
+    def devices_per_process(self, role: str) -> int:
+        """Devices one process of `role` holds: `runtime.role_devices` (the learner: per rank × ranks)."""
+        d = self.spec.runtime.role_devices
+        if role == "learner":
+            return d.learner_rank * self.learner_ranks
+        return int(getattr(d, role))
+
+    def pool(self) -> DevicePool:
+        """The devices of the role processes running now."""
+        running: dict[str, int] = {}
+        for p in self.procs.values():
+            if p.popen.poll() is None:
+                running[p.role] = running.get(p.role, 0) + 1
+        return DevicePool({role: RolePool(n, self.devices_per_process(role)) for role, n in running.items()})
+
+    def update_pool(self) -> None:
+        """Rewrite pool.json when the running processes changed."""
+        pool = self.pool()
+        if pool != self._pool:
+            write_pool_file(self.pool_file, pool)
+            self._pool = pool
 
     def command(self, role: str, role_id: str) -> list[str]:
         launch = [sys.executable]
@@ -79,6 +111,7 @@ class LocalCluster:
         old = self.procs.get(role_id)
         proc = RoleProcess(role, role_id, popen, log_path, restarts=old.restarts + 1 if old else 0)
         self.procs[role_id] = proc
+        self.update_pool()
         return proc
 
     def start_all(self) -> None:
@@ -99,6 +132,7 @@ class LocalCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         proc.popen.wait(timeout=60)
+        self.update_pool()
 
     def stop_all(self, timeout_s: float = 60.0) -> dict[str, int | None]:
         """SIGTERM every running role, wait for them; SIGKILL what is still there after `timeout_s`."""
@@ -117,6 +151,7 @@ class LocalCluster:
         """Wait for the learner to exit; restart crashed roles within `max_restarts`. Returns its code."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            self.update_pool()  # a role that exited stops counting
             for rid, p in list(self.procs.items()):
                 rc = p.popen.poll()
                 if rc is None:

@@ -29,7 +29,7 @@ from scalerl.bus.dlq import dead_letter
 from scalerl.learner.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from scalerl.messages import MetricRecord, ScoredGroup
 from scalerl.runtime.roles import ServiceContext, ensure_job_topics, input_lag, retry_io
-from scalerl.runtime.trainer import TrainClock, TrainerHost
+from scalerl.runtime.trainer import TrainerHost
 from scalerl.store import open_store
 from scalerl.store.checkpoints import download_latest_checkpoint, upload_checkpoint
 from scalerl.telemetry.hops import hop
@@ -78,8 +78,7 @@ class LearnerService(TrainerHost):
     def _restore(self, ckpt: Path, state: dict[str, Any]) -> None:
         """Everything but the learner's own state (restored by `_setup_learner`)."""
         self.eval_engine.set_rng_state(state["eval_rng"])
-        self.clock = TrainClock(state["train_s"])
-        self.counters.update(state["counters"])
+        self._restore_compute(state)
         self.consumed_ids = set(state["consumed_ids"])
         self.duplicate_positions = [tuple(p) for p in state["duplicate_positions"]]  # type: ignore[misc]
         self.scored.seek(state["bus_positions"])
@@ -140,7 +139,8 @@ class LearnerService(TrainerHost):
         weights = self.ranks.full_state_dict() if self.learner.sharded else None  # (collectives, every rank)
         state = {"learner": self.ranks.state_dict(), "eval_rng": self.eval_engine.rng_state(),
                  "train_s": self.clock.now_s(), "counters": dict(self.counters),
-                 "consumed_ids": sorted(self.consumed_ids), "bus_positions": safe,
+                 "devices": self.ledger.state(self.clock.now_s()), "consumed_ids": sorted(self.consumed_ids),
+                 "bus_positions": safe,
                  "duplicate_positions": [p for p in self.duplicate_positions if p[1] < safe.get(p[0], 0)]}
         model = self.learner.model
         if weights is not None and self.eval_copy is not None:  # save the unsharded copy, not the FSDP module
@@ -153,7 +153,7 @@ class LearnerService(TrainerHost):
             if (self.out.root / name).is_file():
                 shutil.copyfile(self.out.root / name, folder / "run" / name)
         upload_checkpoint(self.store, folder, keep=self.spec.train.keep_checkpoints)
-        self._announce("checkpoint", {"compute": self.compute_device_hours()})
+        self._announce("checkpoint", self._compute_fields())
 
     def _announce(self, kind: str, values: dict[str, Any]) -> None:
         """A MetricRecord on the job's metrics topic (the operator's status source)."""
@@ -169,7 +169,8 @@ class LearnerService(TrainerHost):
                 "staleness_versions": float(last.get("staleness_mean") or 0.0),
                 "step_seconds": float(last.get("step_time_s") or 0.0),
                 "newest_version_seen": self.newest_version_seen, "buffered_groups": len(self.buffer),
-                "compute_device_hours": self.compute_device_hours(), **self._progress(),
+                "compute_device_hours": self.compute_device_hours(), "compute_flops": self.compute_flops(),
+                "devices": self.ledger.devices, **self._progress(),
                 "lag": input_lag(self.bus, self.topics.group("learner"), self.topics.scored)
                 if hasattr(self, "bus") else {}}
 
@@ -228,7 +229,7 @@ class LearnerService(TrainerHost):
             if self._eval_due():
                 last = self.last_eval = self._evaluate_paused_clock()
                 retry_io(partial(self._announce, "eval", last), what="metrics record")
-                if self.last_fit:
+                if self.last_fit:  # the run's fit as computed once (A, B, C_mid, A_low/A_high, R0)
                     retry_io(partial(self._announce, "fit", {**self.last_fit, "compute": last["compute"]}),
                              what="metrics record")
             if self._checkpoint_due():

@@ -2,8 +2,10 @@
 learner service: policy loading (checkpoint or SFT warm start), the `Learner`, the held-out evaluator,
 the training clock, the run files (metrics.jsonl, train.jsonl, summary.json, report) and the curve fit.
 
-Compute is counted in device-hours: devices × wall hours of training (evaluation excluded), as the paper
-counts GPU-hours.
+Compute is counted on two axes (`scalerl.scaling.compute`): `compute`, device-hours — every device the job
+holds (`runtime.devices`, or the pool file the launcher/operator keeps current: `runtime.devices` module)
+integrated over training wall time, evaluation excluded, as the paper counts GPU-hours — and
+`compute_flops`, FLOPs from the token counts and the parameter count.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import copy
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalerl.bus import Bus, TopicNames
 from scalerl.config import JobSpec, dump_spec
@@ -22,12 +24,17 @@ from scalerl.generator.role import length_control
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.learner.learner import world
 from scalerl.model.factory import load_model_and_tokenizer, resolve_device
+from scalerl.runtime.devices import DeviceLedger, DevicePool, read_pool_file
 from scalerl.runtime.learner_ranks import Ranks, start_learner
 from scalerl.runtime.outputs import RunOutputs
 from scalerl.runtime.progress import Progress
 from scalerl.runtime.setup import configure_threads, initial_model, make_task, make_verifier, seed_everything
+from scalerl.scaling.compute import rl_flops
 from scalerl.store import Store
 from scalerl.store.weights import publish_weights
+
+if TYPE_CHECKING:
+    from scalerl.scaling import CurveAnalysis
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +73,14 @@ class TrainerHost:
         self.resume = resume
         self.progress = Progress(enabled=show_progress)
         self.last_fit: dict[str, Any] | None = None
+        self.last_analysis: CurveAnalysis | None = None
         self.init_info: dict[str, Any] = {}
         self.clock = TrainClock()
-        self.counters = {"gen_tokens": 0, "train_tokens": 0, "dropped_stale": 0, "duplicates": 0}
+        self.ledger = DeviceLedger(spec.runtime.devices)
+        self.pool: DevicePool | None = None
+        self.n_params = 0
+        self.counters = {"gen_tokens": 0, "train_tokens": 0, "prefill_tokens": 0, "train_seq_tokens": 0,
+                         "dropped_stale": 0, "duplicates": 0}
 
     # -- assembly ----------------------------------------------------------------------------------
     def _setup_common(self) -> None:
@@ -100,24 +112,62 @@ class TrainerHost:
         several ranks, rank 0 evaluates on an unsharded copy refreshed before each evaluation."""
         spec = self.spec
         self.tokenizer = tok
+        self.n_params = sum(p.numel() for p in model.parameters())  # before any sharding
         self.eval_copy = copy.deepcopy(model) if world()[1] > 1 else None
         self.learner = start_learner(spec, model, tok.pad_token_id, resume_state)
         self.ranks = Ranks(self.learner)
+        self.ledger = DeviceLedger(self.current_devices())
         self.eval_engine = TorchEngine(self.eval_copy if self.eval_copy is not None else model, tok,
                                        fp32_head=spec.model.fp32_lm_head, seed=spec.seed + 2)
 
     # -- per step ----------------------------------------------------------------------------------
+    def current_devices(self) -> int:
+        """Devices the job holds now: the pool file's total (`runtime.pool_file`; the last count while it is
+        unreadable), else max(runtime.devices, learner ranks)."""
+        path = self.spec.runtime.pool_file
+        if path is None:
+            return max(self.spec.runtime.devices, self.learner.world_size)
+        pool = read_pool_file(path)
+        if pool is None:
+            return self.ledger.devices if self.pool is not None else max(self.spec.runtime.devices,
+                                                                         self.learner.world_size)
+        self.pool = pool
+        return pool.devices
+
+    def _restore_compute(self, state: dict[str, Any]) -> None:
+        """Resume the clock, the counters and the device integral of a checkpoint (one written before the
+        integral was kept counts its training time at today's count)."""
+        self.clock = TrainClock(state["train_s"])
+        self.counters.update(state["counters"])
+        saved = state.get("devices") or {"device_s": state["train_s"] * self.ledger.devices, "at_s": state["train_s"]}
+        self.ledger = DeviceLedger(self.ledger.devices, device_s=saved["device_s"], at_s=saved["at_s"])
+
     def compute_device_hours(self) -> float:
-        """Training wall time × devices: `runtime.devices`, or the learner's ranks when it has more."""
-        return max(self.spec.runtime.devices, self.learner.world_size) * self.clock.now_s() / 3600.0
+        """Every device the job holds, integrated over training wall time (`runtime.devices` module)."""
+        return self.ledger.device_hours(self.clock.now_s())
+
+    def compute_flops(self) -> float:
+        """Training FLOPs so far (`scalerl.scaling.compute`: 2·N per prefilled/generated token, 6·N per
+        trained token)."""
+        c = self.counters
+        return rl_flops(self.n_params, prefill_tokens=c["prefill_tokens"], generated_tokens=c["gen_tokens"],
+                        trained_tokens=c["train_seq_tokens"])
+
+    def _compute_fields(self) -> dict[str, Any]:
+        """The compute columns of a record: device-hours, FLOPs and the devices counted now."""
+        return {"compute": self.compute_device_hours(), "compute_flops": self.compute_flops(),
+                "devices": self.ledger.devices}
 
     def _count(self, stats: dict[str, float]) -> None:
+        self.ledger.observe(self.clock.now_s(), self.current_devices())
         self.counters["gen_tokens"] += int(stats.get("tokens/gen", 0))
+        self.counters["prefill_tokens"] += int(stats.get("tokens/prefill", 0))
+        self.counters["train_seq_tokens"] += int(stats.get("tokens/train_seq", 0))
         self.counters["train_tokens"] += int(stats.get("tokens/train", 0))
         self.counters["dropped_stale"] += int(stats.get("batch/dropped_stale", 0))
 
     def _log_step(self, stats: dict[str, float], bar: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        rec = {"kind": "step", "step": self.learner.version, "compute": self.compute_device_hours(),
+        rec = {"kind": "step", "step": self.learner.version, **self._compute_fields(),
                "loss": stats.get("loss/value"), "effective_batch": stats.get("batch/effective"),
                "dropped_stale": stats.get("batch/dropped_stale"),
                "dropped_zero_variance": stats.get("batch/dropped_zero_variance"),
@@ -164,7 +214,7 @@ class TrainerHost:
             length=length_control(spec, self.tokenizer), prompts_per_batch=spec.generation.prompts_per_batch,
             on_batch=bar.update)
         bar.close()
-        rec = {"step": self.learner.version, "compute": self.compute_device_hours(),
+        rec = {"step": self.learner.version, **self._compute_fields(),
                "gen_tokens": self.counters["gen_tokens"], "train_tokens": self.counters["train_tokens"],
                "pass_rate": res.pass_rate, "k": res.k, "n_prompts": res.n_prompts,
                "eval_truncation_rate": res.truncation_rate, "wall_s": time.perf_counter() - t0,
@@ -182,14 +232,16 @@ class TrainerHost:
             self.clock.start()
 
     def _refit(self) -> None:
-        """Refit the scaling curve on the evals so far; the fit goes to train.jsonl."""
-        from scalerl.report import fit_run_metrics
+        """Refit the scaling curve on the evals so far with the job's `fit` settings (the one procedure:
+        `scalerl.report.online`); the fit goes to train.jsonl, and is what summary.json, the report, the
+        status and the metrics topic show (None while the data cannot support one)."""
+        from scalerl.report.online import analyse_run, fit_record
 
-        fit = fit_run_metrics(self.out.read(self.out.metrics_path))
-        if fit is not None:
+        self.last_analysis = analyse_run(self.out.read(self.out.metrics_path), self.spec.fit)
+        self.last_fit = None if self.last_analysis is None else fit_record(self.last_analysis)
+        if self.last_fit is not None:
             self.out.train_record({"kind": "fit", "step": self.learner.version,
-                                   "compute": self.compute_device_hours(), **fit})
-            self.last_fit = fit
+                                   "compute": self.compute_device_hours(), **self.last_fit})
 
     # -- end of run --------------------------------------------------------------------------------
     def _first_eval(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -206,6 +258,8 @@ class TrainerHost:
         summary = {"name": self.spec.name, "initial_pass_rate": first["pass_rate"],
                    "final_pass_rate": last["pass_rate"], "steps": self.learner.version,
                    "compute": self.compute_device_hours(), "compute_unit": "device-hours",
+                   "compute_flops": self.compute_flops(), "compute_flops_unit": "FLOPs", "n_params": self.n_params,
+                   "devices": self.ledger.devices, "pool": None if self.pool is None else self.pool.to_dict(),
                    "train_wall_s": self.clock.now_s(), "gen_tokens": self.counters["gen_tokens"],
                    "train_tokens": self.counters["train_tokens"], "dropped_stale": self.counters["dropped_stale"],
                    "duplicates_dropped": self.counters["duplicates"], "mode": self.spec.off_policy.mode,
@@ -217,7 +271,7 @@ class TrainerHost:
         try:
             from scalerl.report import write_report
 
-            summary["report"] = str(write_report(self.out.root))
+            summary["report"] = str(write_report(self.out.root, analysis=self.last_analysis))
         except Exception as exc:  # the run's numbers are already on disk; a plot failure is not fatal
             log.warning("report failed: %r", exc)
         return summary

@@ -55,8 +55,10 @@ class CurveAnalysis:
     forecasts: tuple[Forecast, ...]
     holdout: Holdout | None
     min_compute: float
+    """The cutoff applied (points below it are left out), in the curve's compute unit."""
     max_compute: float | None
     warnings: tuple[str, ...]
+    min_compute_fraction: float = 0.0
 
     def a_margin_interval(self) -> tuple[float, float]:
         """The paper's ±0.02 rule on A (spec §1.4), clipped to [R0, 1]."""
@@ -99,7 +101,11 @@ class CurveAnalysis:
                 "max_abs_error": self.holdout.max_abs_error,
                 "final_error": self.holdout.final_error,
             },
-            "window": {"min_compute": self.min_compute, "max_compute": self.max_compute},
+            "window": {
+                "min_compute": self.min_compute,
+                "min_compute_fraction": self.min_compute_fraction,
+                "max_compute": self.max_compute,
+            },
             "r0_source": "measured" if self.window.r0_is_measured else "given",
             "warnings": list(self.warnings),
         }
@@ -122,10 +128,14 @@ def analyse_curve(
     n_bootstrap: int = N_RESAMPLES,
     seed: int = 0,
     level: float = LEVEL,
+    min_compute_fraction: float = 0.0,
 ) -> CurveAnalysis:
-    """Fit, bootstrap (skipped when n_bootstrap == 0), power law, forecasts at `predict` (device-hours;
-    default `default_forecast_compute`), holdout check. Raises FitError on unusable data."""
-    win = fit_window(curve, r0=r0, min_compute=min_compute, max_compute=max_compute)
+    """Fit, bootstrap (skipped when n_bootstrap == 0), power law, forecasts at `predict` (the curve's
+    compute unit; default `default_forecast_compute`), holdout check. The window is `fit_window`'s (points
+    below max(min_compute, min_compute_fraction × largest compute) are left out). Raises FitError on
+    unusable data."""
+    win = fit_window(curve, r0=r0, min_compute=min_compute, max_compute=max_compute,
+                     min_compute_fraction=min_compute_fraction)
     fit = fit_sigmoid_window(win)
     boot = None
     if n_bootstrap:
@@ -152,9 +162,10 @@ def analyse_curve(
         power_law=power,
         forecasts=forecast(fit, boot, targets),
         holdout=_holdout(curve, fit, max_compute),
-        min_compute=min_compute,
+        min_compute=win.min_compute,
         max_compute=max_compute,
         warnings=_warnings(win, fit, boot),
+        min_compute_fraction=min_compute_fraction,
     )
 
 

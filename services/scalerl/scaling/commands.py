@@ -3,7 +3,12 @@
     scalerl fit runs/quick                      # a run folder or a metrics file (JSONL, JSON list, CSV)
     scalerl fit metrics.jsonl --max-compute 50 --predict 100,200 --plot curve.png
     scalerl fit wandb_export.csv --x gpu_hours --y eval/pass_rate --json
+    scalerl fit runs/quick --axis flops         # the machine-independent axis (compute_flops)
     scalerl compare runs/a runs/b runs/c --plot compare.png
+
+The fit procedure (early-regime cutoff, bootstrap resamples, seed, level) defaults to the run's own
+`fit` settings (its spec.yaml; the JobSpec default for a file from elsewhere), so `scalerl fit RUN --json`
+prints the numbers summary.json and report.html show; a flag overrides one setting.
 
 Bad input (missing file or column, too few points, NaN, out of range) exits with status 2 and one
 paragraph on stderr saying what is wrong and what is needed; never a traceback.
@@ -20,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.report import plots, tables
-from scalerl.report.runfiles import RunFileError, json_safe, metrics_file, read_records, run_name
+from scalerl.report.online import analysis_options
+from scalerl.report.runfiles import RunFileError, fit_settings, json_safe, metrics_file, read_records, run_name
 from scalerl.scaling.analysis import CurveAnalysis, analyse_curve
 from scalerl.scaling.compare import Comparison, compare_curves
+from scalerl.scaling.compute import AXES, axis_label, column_unit
 from scalerl.scaling.curves import A_MARGIN, FitError
 from scalerl.scaling.data import Curve, curve_from_records
 
@@ -37,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "fit",
         help="fit the ScaleRL sigmoid to a pass-rate curve and forecast it",
         description=f"Fit {_FORMULA} to eval records (paper's grid + least squares), with bootstrap "
-        "intervals, forecasts and the power law for contrast. Compute is in device-hours.",
+        "intervals, forecasts and the power law for contrast. Compute is in device-hours (--axis "
+        "device-hours, the paper's) or FLOPs (--axis flops).",
     )
     fit.add_argument("file", type=Path, help="run folder (with metrics.jsonl), JSONL, JSON list or CSV file")
     _common(fit)
@@ -65,9 +73,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--x", default="compute", help="compute column (default: compute, in device-hours)")
+    p.add_argument("--axis", choices=tuple(AXES), default=None,
+                   help="compute axis: device-hours (column compute, the paper's; default) or flops (column "
+                   "compute_flops: 2·N per generated/prefilled token + 6·N per trained token)")
+    p.add_argument("--x", default=None, help="another compute column, e.g. gpu_hours (instead of --axis)")
     p.add_argument("--y", default="pass_rate", help="pass-rate column, a fraction in [0, 1] (default: pass_rate)")
-    p.add_argument("--min-compute", type=float, default=0.0, metavar="C", help="drop points below C (paper: 1.5k)")
+    p.add_argument("--min-compute", type=float, default=0.0, metavar="C",
+                   help="drop points below C, in the axis unit (paper: 1.5k GPU-hours)")
+    p.add_argument("--min-compute-fraction", type=float, default=None, metavar="F",
+                   help="drop points below F × the largest fitted compute (default: the run's fit."
+                   "min_compute_fraction, JobSpec default 0.1)")
     p.add_argument(
         "--max-compute",
         type=float,
@@ -75,9 +90,10 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="C",
         help="fit only points up to C; later points become a held-out check",
     )
-    p.add_argument("--bootstrap", type=int, default=200, metavar="N", help="bootstrap resamples (0: none)")
-    p.add_argument("--level", type=float, default=0.95, help="interval coverage (default 0.95)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--bootstrap", type=int, default=None, metavar="N",
+                   help="bootstrap resamples, 0: none (default: the run's fit.bootstrap, 200)")
+    p.add_argument("--level", type=float, default=None, help="interval coverage (default: the run's fit.level, 0.95)")
+    p.add_argument("--seed", type=int, default=None, help="bootstrap seed (default: the run's fit.seed, 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="write a PNG plot")
 
@@ -102,6 +118,23 @@ def _guarded(cmd: str, body: Callable[[argparse.Namespace], int], args: argparse
     return EXIT_BAD_INPUT
 
 
+def _x_column(args: argparse.Namespace) -> str:
+    """The compute column: --x, else --axis's column; both given is an error (one would be ignored)."""
+    if args.x is not None and args.axis is not None:
+        raise FitError(f"--x {args.x!r} and --axis {args.axis!r} both name the compute column; give one.")
+    return str(args.x) if args.x is not None else AXES[args.axis or "device-hours"]
+
+
+def _fit_options(args: argparse.Namespace, run: Path) -> dict[str, Any]:
+    """`analyse_curve` options: the run's fit settings (`fit_settings`), each overridden by its flag."""
+    opts = analysis_options(fit_settings(run))
+    for key, flag in (("min_compute_fraction", "min_compute_fraction"), ("n_bootstrap", "bootstrap"),
+                      ("seed", "seed"), ("level", "level")):
+        if getattr(args, flag) is not None:
+            opts[key] = getattr(args, flag)
+    return {**opts, "min_compute": args.min_compute, "max_compute": args.max_compute}
+
+
 def _load_curve(path: Path, x: str, y: str) -> tuple[Path, Curve]:
     src = metrics_file(path)
     with _about(src):
@@ -123,25 +156,17 @@ def fit_command(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    src, curve = _load_curve(args.file, args.x, args.y)
+    x = _x_column(args)
+    src, curve = _load_curve(args.file, x, args.y)
     with _about(src):
-        a = analyse_curve(
-            curve,
-            r0=args.r0,
-            min_compute=args.min_compute,
-            max_compute=args.max_compute,
-            predict=args.predict,
-            n_bootstrap=args.bootstrap,
-            seed=args.seed,
-            level=args.level,
-        )
+        a = analyse_curve(curve, r0=args.r0, predict=args.predict, **_fit_options(args, src))
     if args.plot is not None:
-        png = plots.fit_png(curve, a, title=f"{run_name(args.file)}: pass rate vs {args.x}", x=args.x)
+        png = plots.fit_png(curve, a, title=f"{run_name(args.file)}: pass rate vs {axis_label(x)}", x=x)
         args.plot.write_bytes(png)
     if args.json:
-        print(json.dumps(json_safe(a.to_dict()), allow_nan=False))
+        print(json.dumps({**json_safe(a.to_dict()), "x": x, "x_unit": column_unit(x)}, allow_nan=False))
     else:
-        print(format_fit(a, source=str(src), x=args.x, y=args.y, show_points=args.points))
+        print(format_fit(a, source=str(src), x=x, y=args.y, show_points=args.points))
         if args.plot is not None:
             print(f"\nplot written to {args.plot}")
     return EXIT_OK
@@ -157,7 +182,8 @@ def format_fit(
         f"scalerl fit {source}",
         f"  {len(a.curve)} eval points ({n_zero} at compute 0); {a.fit.n_points} fitted; R0 from {r0_src}",
         f"  x = {x} ({tables.compute_unit(x)}), y = {y} (fraction)"
-        + (f"; window [{a.min_compute:g}, {a.max_compute:g}]" if a.max_compute is not None else ""),
+        + f"; fit window [{a.min_compute:g}, {'∞' if a.max_compute is None else f'{a.max_compute:g}'}] "
+        f"(cutoff: max(--min-compute, {a.min_compute_fraction:g} × largest compute))",
         "",
         f"Sigmoid  {_FORMULA}",
         tables.render_text(tables.fit_table(a, x=x)),
@@ -192,29 +218,26 @@ _METRICS_SUFFIXES = frozenset({".jsonl", ".json", ".csv"})
 
 
 def _compare(args: argparse.Namespace) -> int:
+    x = _x_column(args)
     runs: list[tuple[str, Curve]] = []
+    sources: list[Path] = []
     for path in args.runs:
         if path.is_file() and path.suffix.lower() not in _METRICS_SUFFIXES:  # e.g. a glob caught compare.png
             print(f"scalerl compare: skipping {path}: not a run folder or a metrics file "
                   f"({', '.join(sorted(_METRICS_SUFFIXES))})", file=sys.stderr)
             continue
-        _, curve = _load_curve(path, args.x, args.y)
+        src, curve = _load_curve(path, x, args.y)
+        sources.append(src)
         runs.append((_unique(run_name(path), [n for n, _ in runs]), curve))
-    cmp = compare_curves(
-        runs,
-        margin=args.margin,
-        min_compute=args.min_compute,
-        max_compute=args.max_compute,
-        n_bootstrap=args.bootstrap,
-        seed=args.seed,
-        level=args.level,
-    )
+    # one window rule for every run: the first run's fit settings (and the flags over them)
+    opts = _fit_options(args, sources[0]) if sources else {}
+    cmp = compare_curves(runs, margin=args.margin, **opts)
     if args.plot is not None:
-        args.plot.write_bytes(plots.comparison_png(cmp, x=args.x))
+        args.plot.write_bytes(plots.comparison_png(cmp, x=x))
     if args.json:
-        print(json.dumps(json_safe(cmp.to_dict()), allow_nan=False))
+        print(json.dumps({**json_safe(cmp.to_dict()), "x": x, "x_unit": column_unit(x)}, allow_nan=False))
     else:
-        print(format_comparison(cmp))
+        print(format_comparison(cmp, x=x))
         unbounded = [r.name for r in cmp.rows if r.fit.A >= 0.999]
         if unbounded:
             print(f"\n  warning: A sits at its bound 1.0 for {', '.join(unbounded)}: those curves have not bent "
@@ -231,7 +254,7 @@ def _unique(name: str, taken: Sequence[str]) -> str:
     return out
 
 
-def format_comparison(cmp: Comparison) -> str:
+def format_comparison(cmp: Comparison, *, x: str = "compute") -> str:
     if cmp.shared_a is not None:
         rule = (
             f"All A within ±{cmp.margin:g} (spread {cmp.a_spread:.3f}): refitted at the shared A = "
@@ -239,7 +262,8 @@ def format_comparison(cmp: Comparison) -> str:
         )
     else:
         rule = f"A spread {cmp.a_spread:.3f} exceeds ±{cmp.margin:g}: ranked by A (the ceiling comes first)."
-    return "\n".join(["scalerl compare", f"  {rule}", "", tables.render_text(tables.comparison_table(cmp))])
+    head = f"  x = {x} ({tables.compute_unit(x)}); {rule}"
+    return "\n".join(["scalerl compare", head, "", tables.render_text(tables.comparison_table(cmp, x=x))])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -98,15 +98,19 @@ def compare_curves(
     n_bootstrap: int = N_RESAMPLES,
     seed: int = 0,
     level: float = LEVEL,
+    min_compute_fraction: float = 0.0,
 ) -> Comparison:
-    """Rank named curves by the paper's rule (module docstring). Raises FitError naming the failing run."""
+    """Rank named curves by the paper's rule (module docstring); every run gets the same window rule
+    (`fit_window`'s min_compute / min_compute_fraction / max_compute). Raises FitError naming the
+    failing run."""
     if len(runs) < 2:
         raise FitError(f"a comparison needs at least two runs, got {len(runs)}.")
     wins: list[FitWindow] = []
     fits: list[SigmoidFit] = []
     for name, curve in runs:
         try:
-            win = fit_window(curve, r0=r0, min_compute=min_compute, max_compute=max_compute)
+            win = fit_window(curve, r0=r0, min_compute=min_compute, max_compute=max_compute,
+                             min_compute_fraction=min_compute_fraction)
             wins.append(win)
             fits.append(fit_sigmoid_window(win))
         except FitError as e:

@@ -186,6 +186,8 @@ class FitWindow:
     r0: float
     r0_is_measured: bool
     r0_count: int = 1
+    min_compute: float = 0.0
+    """The cutoff applied: max(min_compute, min_compute_fraction × the largest compute in the window)."""
 
 
 def fit_window(
@@ -195,13 +197,17 @@ def fit_window(
     min_compute: float = 0.0,
     max_compute: float | None = None,
     require_gain: bool = True,
+    min_compute_fraction: float = 0.0,
 ) -> FitWindow:
     """Select the points to fit and fix R0; raise FitError when they cannot support a fit.
 
-    Points at compute 0 inform R0 only (the sigmoid is R0 there for every A, B, C_mid). Points below
-    `min_compute` (the paper drops ~1.5k GPU-hours, §1.3) or above `max_compute` (fit early, forecast
+    Points at compute 0 inform R0 only (the sigmoid is R0 there for every A, B, C_mid). Points below the
+    cutoff max(`min_compute`, `min_compute_fraction` × the largest compute ≤ `max_compute`) — the early
+    regime the paper leaves out (~1.5k GPU-hours, §1.3) — or above `max_compute` (fit early, forecast
     later) are left out of the sum of squares but R0 still comes from the first record.
     """
+    if not (math.isfinite(min_compute_fraction) and 0.0 <= min_compute_fraction < 1.0):
+        raise FitError(f"min_compute_fraction = {min_compute_fraction!r}; give a fraction in [0, 1).")
     if r0 is None:
         r0_value, measured = curve.starting_pass_rate(), True
     else:
@@ -214,6 +220,9 @@ def fit_window(
             "Give a max_compute above min_compute."
         )
     hi = np.inf if max_compute is None else max_compute
+    in_range = curve.compute[curve.compute <= hi]
+    largest = float(in_range.max()) if in_range.size else 0.0
+    min_compute = max(min_compute, min_compute_fraction * largest)
     mask = (curve.compute > 0) & (curve.compute >= min_compute) & (curve.compute <= hi)
     n = int(mask.sum())
     if n < MIN_POINTS:
@@ -244,4 +253,5 @@ def fit_window(
         r0=r0_value,
         r0_is_measured=measured,
         r0_count=n0,
+        min_compute=min_compute,
     )

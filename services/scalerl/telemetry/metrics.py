@@ -32,6 +32,8 @@ STEP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 LEARNER_PROGRESS = (
     ("eval_pass_rate", "eval_pass_rate", "Held-out mean@k of the last evaluation (fraction)."),
     ("compute_device_hours", "compute_device_hours", "Training compute so far (device-hours)."),
+    ("compute_flops", "compute_flops", "Training compute so far, machine-independent (FLOPs)."),
+    ("devices", "devices", "Devices the job holds now, integrated into compute_device_hours (devices)."),
     ("fit_A", "fit_a", "Fitted asymptotic pass rate A of the online sigmoid fit."),
     ("fit_A_low", "fit_a_low", "Lower end of A's bootstrap interval."),
     ("fit_A_high", "fit_a_high", "Upper end of A's bootstrap interval."),

@@ -82,7 +82,8 @@ def test_learner_records_fold_into_rl_status() -> None:
             MetricRecord("eval", 10, {"pass_rate": 0.4}),
             MetricRecord("checkpoint", 10, {}),
             MetricRecord("train", 11, {"staleness_max": 4.0, "batch_wait_frac": 0.3}),
-            MetricRecord("fit", 11, {"A": 0.8, "B": 1.5, "C_mid": 12.0, "compute": 3.5}),
+            MetricRecord("fit", 11, {"A": 0.8, "B": 1.5, "C_mid": 12.0, "compute": 3.5, "A_low": 0.75,
+                                     "A_high": 0.85, "n_points": 9.0}),
             MetricRecord("unknown-kind", 99, {"x": 1.0})]
     s = fold(LearnerStatus(), recs)
     assert (s.step, s.starvation, s.staleness, s.pass_rate, s.checkpoint_step, s.records) == (11, 0.3, 4.0, 0.4, 10, 5)
@@ -90,7 +91,7 @@ def test_learner_records_fold_into_rl_status() -> None:
     assert st["policyVersion"] == 11 and st["learnerStep"] == 11
     assert st["lastCheckpoint"] == {"uri": "s3://bkt/run/checkpoints/step_000010", "step": 10}
     assert st["staleness"] == {"current": 4, "bound": 4, "summary": "4/4"}
-    assert st["fit"] == {"A": 0.8, "B": 1.5, "Cmid": 12.0, "computeAtFit": 3.5}
+    assert st["fit"] == {"A": 0.8, "B": 1.5, "Cmid": 12.0, "computeAtFit": 3.5, "ALow": 0.75, "AHigh": 0.85}
     # the RL conditions: starvation 0.3 > 0.1 x 1.1; staleness 4 >= k = 4
     p = status_patch(obj(), SPEC, roles=ALL_READY, learner=s, now=NOW)
     assert cond(p, c.LEARNER_STARVED) == ("True", c.REASON_STARVED)

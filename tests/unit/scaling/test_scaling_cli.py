@@ -73,7 +73,14 @@ def test_fit_reads_csv_with_other_columns(tmp_path, synth_curve, capsys) -> None
     rc, out, err = run_cli(["fit", str(path), "--x", "gpu_hours", "--y", "eval/acc", "--json"], capsys)
     assert rc == 0, err
     d = json.loads(out)
-    assert abs(d["A"] - 0.645) <= 0.02 and d["n_points"] == c.size - 1
+    # the paper's window by default: points below 0.1 × the largest compute are the early regime
+    early = int(((c > 0) & (c < 0.1 * c.max())).sum())
+    assert early >= 1 and d["window"]["min_compute"] == pytest.approx(0.1 * c.max())
+    assert abs(d["A"] - 0.645) <= 0.02 and d["n_points"] == c.size - 1 - early
+    rc, out, err = run_cli(["fit", str(path), "--x", "gpu_hours", "--y", "eval/acc", "--json",
+                            "--min-compute-fraction", "0"], capsys)
+    assert rc == 0, err
+    assert json.loads(out)["n_points"] == c.size - 1  # every point after step 0
 
 
 def _bad_input(tmp_path: Path, kind: str) -> Path:
