@@ -99,16 +99,22 @@ def main() -> int:
     ap.add_argument("--spec", default="examples/quickstart.yaml")
     ap.add_argument("--steps", type=int, default=60, help="RL steps per run")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--init", default=None, help="an SFT'd model folder to start from (default: run the spec's SFT)")
     args = ap.parse_args()
     spec = load_spec(args.spec, args.overrides)
     seed_everything(spec.seed)
     work = Path(tempfile.mkdtemp(prefix="scalerl-ksweep-"))
     try:
-        print("bench: SFT warm start (shared by every run)...", file=sys.stderr, flush=True)
-        initial_model(spec, make_task(spec), work)
-        sweep = bench_k_sweep(args.spec, args.overrides, work / "sft", args.steps, work)
+        sft = Path(args.init) if args.init else work / "sft"
+        if not args.init:
+            print("bench: SFT warm start (shared by every run)...", file=sys.stderr, flush=True)
+            initial_model(spec, make_task(spec), work)
+        elif not (sft / "config.json").is_file():
+            print(f"--init: {sft} has no config.json (expected an SFT'd model folder)", file=sys.stderr)
+            return 2
+        sweep = bench_k_sweep(args.spec, args.overrides, sft, args.steps, work)
         print(f"bench: PPO-off-policy-8, {args.steps} steps...", file=sys.stderr, flush=True)
-        ppo = run_one(args.spec, args.overrides, work / "sft", args.steps, work / "ppo-k8", mode="ppo", k=8)
+        ppo = run_one(args.spec, args.overrides, sft, args.steps, work / "ppo-k8", mode="ppo", k=8)
         _progress(ppo)
     finally:
         shutil.rmtree(work, ignore_errors=True)
