@@ -4,9 +4,10 @@
    same number of new tokens (no early stop on either side), sampling at temperature 1.
    Reported: tokens/s of each (generated tokens / wall seconds, median of repeats) and the ratio.
 2. learner: training tokens/s of `Learner.step` (completion tokens in the batch / step seconds).
-3. PipelineRL-k vs synchronous PPO-off-policy-k: the same quickstart spec and SFT start, trained for
-   the same number of steps in each mode. Reported: RL steps per hour of training wall time, and
-   pass-rate gain per device-hour ((final − initial mean@k) / training device-hours).
+3. PipelineRL-k for k = 1, 2, 4, 8 and PPO-off-policy-8 (bench/k_sweep.py): the same quickstart spec
+   and SFT start, trained for the same number of steps. Reported: the per-token age distribution, RL
+   steps per hour of training wall time, and pass-rate gain per device-hour ((final − initial mean@k) /
+   training device-hours); PipelineRL-8 vs PPO-off-policy-8 side by side.
 
 Every number is measured on this machine in this run; nothing is copied from elsewhere.
 """
@@ -25,13 +26,13 @@ from pathlib import Path
 
 import torch
 
+import k_sweep as ks
 from scalerl.config import load_spec
 from scalerl.generator.engine import LengthControl, SamplingParams
 from scalerl.generator.role import encode_prompt
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.learner.learner import Learner
 from scalerl.messages import ScoredGroup
-from scalerl.runtime.embedded import EmbeddedRun
 from scalerl.runtime.setup import initial_model, make_task, make_verifier, seed_everything
 
 
@@ -94,31 +95,12 @@ def bench_learner(spec, model, tok, groups: list[ScoredGroup], repeats: int) -> 
             "train_tokens_per_s": tokens / step_s}
 
 
-def bench_modes(spec_path: str, overrides: list[str], sft_dir: Path, steps: int, work: Path) -> dict:
-    out = {}
-    for mode in ("pipeline", "ppo"):
-        spec = load_spec(spec_path, [*overrides, f"off_policy.mode={mode}", f"train.steps={steps}",
-                                     f"eval.every_steps={steps}", f"model.init_checkpoint={sft_dir}"])
-        s = EmbeddedRun(spec, work / mode, show_progress=False).run()
-        hours = s["train_wall_s"] / 3600
-        out[mode] = {"steps": s["steps"], "train_wall_s": s["train_wall_s"], "steps_per_hour": s["steps"] / hours,
-                     "initial_pass_rate": s["initial_pass_rate"], "final_pass_rate": s["final_pass_rate"],
-                     "compute_device_hours": s["compute"],
-                     "pass_rate_gain_per_device_hour": (s["final_pass_rate"] - s["initial_pass_rate"]) / s["compute"],
-                     "dropped_stale": s["dropped_stale"], "in_flight_swaps": s["in_flight_swaps"]}
-    out["steps_per_hour_ratio_pipeline_over_ppo"] = out["pipeline"]["steps_per_hour"] / out["ppo"]["steps_per_hour"]
-    ppo_gain = out["ppo"]["pass_rate_gain_per_device_hour"]
-    out["gain_per_device_hour_ratio_pipeline_over_ppo"] = (
-        out["pipeline"]["pass_rate_gain_per_device_hour"] / ppo_gain if ppo_gain > 0 else None)
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench/results.json")
     ap.add_argument("--spec", default="examples/quickstart.yaml")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--mode-steps", type=int, default=60, help="RL steps per mode in the pipeline comparison")
+    ap.add_argument("--mode-steps", type=int, default=60, help="RL steps per run in the k sweep and the PPO run")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="spec override, as for `scalerl run` (e.g. model.dtype=bfloat16)")
     ap.add_argument("--dist-steps", type=int, default=30, help="RL steps in the distributed vs embedded run")
@@ -154,8 +136,10 @@ def main() -> int:
         spec_nofilter = spec.model_copy(deep=True)
         spec_nofilter.loss.zero_variance_filter = False  # time the full batch
         learn = bench_learner(spec_nofilter, model, tok, groups, args.repeats)
-        print(f"bench: PipelineRL vs PPO-off-policy, {args.mode_steps} steps each...", file=sys.stderr)
-        modes = bench_modes(args.spec, args.overrides, work / "sft", args.mode_steps, work)
+        sweep = ks.bench_k_sweep(args.spec, args.overrides, work / "sft", args.mode_steps, work)
+        print(f"bench: PPO-off-policy-8, {args.mode_steps} steps...", file=sys.stderr)
+        ppo = ks.run_one(args.spec, args.overrides, work / "sft", args.mode_steps, work / "ppo-k8", mode="ppo", k=8)
+        modes = ks.pipeline_vs_ppo(sweep["runs"]["k8"], ppo)
         dist = run_distributed_benches(args, spec, model, tok, [g.rollout for g in groups], work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -167,8 +151,9 @@ def main() -> int:
                     "overrides": args.overrides},
         "units": {"tokens_per_s": "generated or trained tokens per wall second",
                   "steps_per_hour": "RL optimizer steps per hour of training wall time (eval excluded)",
-                  "pass_rate_gain_per_device_hour": "(final - initial held-out mean@k) / device-hours"},
-        "generator": gen, "learner": learn, "pipeline_vs_sync": modes, "distributed": dist,
+                  "pass_rate_gain_per_device_hour": "(final - initial held-out mean@k) / device-hours",
+                  "token_age": "learner version at train time - version that sampled the token (versions)"},
+        "generator": gen, "learner": learn, "k_sweep": sweep, "pipeline_vs_sync": modes, "distributed": dist,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
@@ -179,6 +164,7 @@ def main() -> int:
     print(f"modes:     PipelineRL {p['steps_per_hour']:.0f} steps/h vs PPO-off-policy {q['steps_per_hour']:.0f} "
           f"steps/h -> ratio {modes['steps_per_hour_ratio_pipeline_over_ppo']:.2f}x; gain/device-hour "
           f"{p['pass_rate_gain_per_device_hour']:.2f} vs {q['pass_rate_gain_per_device_hour']:.2f}")
+    print("\n".join(f"k sweep:   {line}" for line in ks.summary_lines(sweep)))
     if dist:
         b, w, d = dist["bus"], dist["weight_swap"], dist["distributed_vs_embedded"]
         print(f"kafka:     {b['produce_msgs_per_s']:.0f} groups/s ({b['produce_mb_per_s']:.1f} MB/s) produced, "

@@ -152,7 +152,24 @@ class LossConfig(_Strict):
 class OffPolicyConfig(_Strict):
     mode: Literal["pipeline", "ppo"] = Field(
         "pipeline", description="pipeline = PipelineRL-k (in-flight weight pushes); ppo = PPO-off-policy-k.")
-    k: int = Field(8, ge=1, le=1024, description="Max off-policyness in policy versions (ScaleRL: 8).")
+    k: int = Field(8, ge=1, le=1024, description=(
+        "Max off-policyness in policy versions (ScaleRL: 8): the learner waits while it is more than k versions "
+        "ahead of a generator, and drops (and counts) groups holding a token more than k versions old."))
+    embedded_generators: int | None = Field(None, ge=1, le=64, description=(
+        "Embedded mode, pipeline only: generator worker threads, each with its own copy of the weights, that "
+        "keep sampling while the learner trains (PipelineRL); null = 2, so that generation can run ahead of "
+        "the learner (the distributed launcher and the operator count generator processes instead)."))
+
+    @model_validator(mode="after")
+    def _generators_need_pipeline(self) -> OffPolicyConfig:
+        if self.mode == "ppo" and self.embedded_generators is not None:
+            raise ValueError("embedded_generators applies to mode 'pipeline' only (ppo generates in phases, "
+                             "in the learner's thread)")
+        return self
+
+    @property
+    def generator_workers(self) -> int:
+        return self.embedded_generators or 2
 
 
 class OptimConfig(_Strict):
@@ -177,7 +194,9 @@ class CurriculumConfig(_Strict):
     no_positive_resampling: bool = Field(True, description="Retire prompts with pass rate ≥ threshold (§2.7).")
     npr_threshold: float = Field(0.9, gt=0.0, le=1.0, description="Historical pass rate that retires a prompt.")
     max_inflight_prompts: int | None = Field(
-        None, ge=1, description="Prompts outstanding at once; null = 2 × prompts_per_step.")
+        None, ge=1, description=(
+            "Prompts issued and not yet consumed by the learner (the in-flight depth); null = k × prompts_per_step "
+            "(off_policy.k steps' worth: with k = 1 generation and training alternate, synchronously)."))
     limit_prompts: int | None = Field(None, ge=1, description="Use only the first N training prompts.")
 
 
@@ -261,7 +280,7 @@ class JobSpec(_Strict):
 
     @property
     def max_inflight_prompts(self) -> int:
-        return self.curriculum.max_inflight_prompts or 2 * self.train.prompts_per_step
+        return self.curriculum.max_inflight_prompts or self.off_policy.k * self.train.prompts_per_step
 
 
 def _format_error(err: ValidationError) -> str:

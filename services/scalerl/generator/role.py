@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from scalerl.bus import Bus, TopicNames
+from scalerl.bus.base import Consumer
 from scalerl.bus.dlq import dead_letter
 from scalerl.config import JobSpec
 from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
@@ -50,7 +51,8 @@ def length_control(spec: JobSpec, tokenizer: Any, *, interrupt: bool | None = No
 
 class GeneratorRole:
     def __init__(self, spec: JobSpec, engine: GenerationEngine, tokenizer: Any, bus: Bus, store: Store,
-                 topics: TopicNames, *, generator_id: str = "generator-0", group: str = "generators") -> None:
+                 topics: TopicNames, *, generator_id: str = "generator-0", group: str = "generators",
+                 prompts: Consumer | None = None) -> None:
         self.spec = spec
         self.engine = engine
         self.tokenizer = tokenizer
@@ -59,7 +61,8 @@ class GeneratorRole:
         self.topics = topics
         self.generator_id = generator_id
         self.group = group
-        self.prompts = bus.consumer([topics.prompts], group)
+        # `prompts`: a consumer shared by the generator threads of one process (each record goes to one of them)
+        self.prompts = prompts if prompts is not None else bus.consumer([topics.prompts], group)
         self.policy = bus.reader([topics.policy])
         self.sampling = SamplingParams(spec.generation.temperature, spec.generation.top_p)
         self.length = length_control(spec, tokenizer)
@@ -105,6 +108,7 @@ class GeneratorRole:
             else:
                 dead_letter(self.bus, self.topics.dlq, rec, f"expected PromptTask, got {type(rec.value).__name__}")
         if tasks:
+            self.sync_policy()  # the policy announced before these prompts were issued, before the first token
             self._generate(tasks, in_flight)
         if records:
             self.bus.flush()

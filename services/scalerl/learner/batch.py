@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from scalerl.messages import ScoredGroup
-from scalerl.recipe import group_advantages, zero_variance_mask
+from scalerl.recipe import group_advantages, token_age_counts, zero_variance_mask
 
 
 @dataclass(slots=True)
@@ -54,6 +54,7 @@ class Assembled:
     kept_groups: list[ScoredGroup]
     dropped_stale: int
     dropped_zero_variance: int
+    token_ages: dict[int, int]  # {age in versions: trained tokens} over the kept groups' loss-mask tokens
 
 
 def split_stale(groups: list[ScoredGroup], version: int, k: int) -> tuple[list[ScoredGroup], list[ScoredGroup]]:
@@ -79,7 +80,7 @@ def assemble(groups: list[ScoredGroup], *, version: int, k: int, pad_id: int, ze
     kept = [fresh[i] for i in keep_groups]
     n_zero = len(fresh) - len(kept)
     if not kept:
-        return Assembled(None, [], len(stale), n_zero)
+        return Assembled(None, [], len(stale), n_zero, {})
 
     seqs: list[list[int]] = []
     gens: list[list[float]] = []
@@ -115,7 +116,9 @@ def assemble(groups: list[ScoredGroup], *, version: int, k: int, pad_id: int, ze
     adv = group_advantages(rewards_kept, group_ids, normalization=normalization)
     batch = TrainBatch(input_ids, attn, targets, loss_mask, logp_gen, group_ids, adv, rewards_kept,
                        torch.tensor(ages, dtype=torch.long))
-    return Assembled(batch, kept, len(stale), n_zero)
+    comps = [c for g in kept for c in g.rollout.completions]
+    ages_hist = token_age_counts([c.versions for c in comps], [c.loss_mask for c in comps], version)
+    return Assembled(batch, kept, len(stale), n_zero, ages_hist)
 
 
 def aggregation_units(mask: torch.Tensor, group_ids: torch.Tensor, aggregation: str) -> int:

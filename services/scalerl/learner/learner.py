@@ -21,7 +21,7 @@ from scalerl.config import JobSpec
 from scalerl.learner.batch import TrainBatch, aggregation_units, assemble
 from scalerl.messages import ScoredGroup
 from scalerl.model.factory import sequence_logprobs, trunk_of
-from scalerl.recipe import policy_loss
+from scalerl.recipe import age_stats, policy_loss
 
 
 def world() -> tuple[int, int]:
@@ -78,6 +78,7 @@ class Learner:
             "batch/dropped_zero_variance": float(asm.dropped_zero_variance),
         }
         stats.update(_rollout_stats(groups))
+        stats.update(_token_age_stats(asm.token_ages))
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         if asm.batch is not None:
@@ -207,6 +208,16 @@ def broadcast_weights(model: Any) -> None:
 def _accumulate(totals: dict[str, float], weights: dict[str, float], key: str, value: float, w: float) -> None:
     totals[key] = totals.get(key, 0.0) + value * w
     weights[key] = weights.get(key, 0.0) + w
+
+
+def _token_age_stats(counts: dict[int, int]) -> dict[str, float]:
+    """`offpolicy/token_age_mean|max` and `offpolicy/token_age_tokens/<age>` (trained tokens of that age)."""
+    out = {f"offpolicy/token_age_tokens/{age}": float(n) for age, n in sorted(counts.items())}
+    st = age_stats(counts)
+    if st["mean"] is not None and st["max"] is not None:
+        out["offpolicy/token_age_mean"] = float(st["mean"])
+        out["offpolicy/token_age_max"] = float(st["max"])
+    return out
 
 
 def _rollout_stats(groups: list[ScoredGroup]) -> dict[str, float]:

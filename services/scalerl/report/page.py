@@ -55,6 +55,10 @@ def _summary_html(run: RunFolder) -> str:
         return '<p class="note">No summary.json in this run folder (the run may still be going).</p>'
     items = [(label, _fmt(s[k]) + unit) for k, (label, unit) in _SUMMARY_LABELS.items() if k in s]
     items += [(k, _fmt(v)) for k, v in s.items() if k not in _SUMMARY_LABELS and k != "fit" and _is_scalar(v)]
+    ages = s.get("token_age")
+    if isinstance(ages, dict) and ages.get("tokens"):
+        items.append(("token age (learner version at train time − sampling version, per trained token)",
+                      token_age_text(ages)))
     fit = s.get("fit")
     if isinstance(fit, dict):
         parts = [f"{k} = {_fmt(fit[k])}" for k in ("A", "B", "C_mid", "R0", "r2") if k in fit]
@@ -65,6 +69,14 @@ def _summary_html(run: RunFolder) -> str:
     elif "fit" in s:
         items.append(("fit at the end of training", "none (see the scaling curve below)"))
     return tables.key_value_html(items)
+
+
+def token_age_text(ages: dict[str, Any]) -> str:
+    """"mean 1.75, max 3 versions over 719 tokens; 0: 13%, 1: 28%, ..." from summary.json's `token_age`."""
+    hist = {int(a): int(n) for a, n in ages["hist"].items()}
+    n = sum(hist.values())
+    shares = ", ".join(f"{a}: {100 * c / n:.0f}%" for a, c in sorted(hist.items()))
+    return f"mean {_fmt(ages['mean'])}, max {ages['max']} versions over {n} tokens; share by age: {shares}"
 
 
 def _is_scalar(v: Any) -> bool:

@@ -25,13 +25,15 @@ DIAGNOSTICS = (
     ("entropy", ("entropy",)),
     ("clip fraction", ("clip_frac",)),
     ("staleness (versions)", ("staleness_mean", "staleness_max")),
+    ("token age (versions)", ("token_age.mean", "token_age.max")),
     ("effective batch (prompts)", ("effective_batch",)),
     ("dropped stale", ("dropped_stale",)),
     ("dropped zero-variance groups", ("dropped_zero_variance",)),
     ("train pass rate", ("train_pass_rate",)),
     ("IS ratio", ("ratio_mean", "ratio_max")),
 )
-"""(panel title, train.jsonl keys) of the diagnostics grid; panels without data are left out."""
+"""(panel title, train.jsonl keys; "a.b" reads key b of the record's mapping a) of the diagnostics grid;
+panels without data are left out."""
 
 
 def _figure(w: float, h: float) -> Figure:
@@ -205,8 +207,16 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
+def _field(record: dict[str, Any], key: str) -> Any:
+    """record[key], or record[a][b] for a dotted key "a.b" (None when absent)."""
+    head, _, rest = key.partition(".")
+    value = record.get(head)
+    return (value.get(rest) if isinstance(value, dict) else None) if rest else value
+
+
 def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
-    pts = [(r["step"] if _is_num(r.get("step")) else i, r[key]) for i, r in enumerate(records) if _is_num(r.get(key))]
+    pts = [(r["step"] if _is_num(r.get("step")) else i, _field(r, key)) for i, r in enumerate(records)
+           if _is_num(_field(r, key))]
     if not pts:
         return np.empty(0), np.empty(0)
     a = np.asarray(pts, dtype=np.float64)

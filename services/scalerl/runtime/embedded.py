@@ -2,10 +2,13 @@
 
 Two off-policy modes (ScaleRL §2.1), both over the same bus/store interfaces as distributed mode:
 
-- `pipeline` (PipelineRL-k): a generator thread and a verifier thread stream rollouts while the main
-  thread (curriculum + learner) trains; each new policy version is published to the store and
-  announced on `policy`, and the generator swaps it in between decode steps. The learner waits while it
-  is more than k versions ahead of the generator and drops (and counts) groups older than k versions.
+- `pipeline` (PipelineRL-k): `off_policy.generator_workers` generator threads (each with its own copy of
+  the weights, sharing one prompt consumer) and a verifier thread stream rollouts while the main thread
+  (curriculum + learner) trains; each new policy version is published to the store and announced on
+  `policy`, and every generator swaps it in between decode steps. Up to k × B prompts are in flight (the
+  curriculum's default depth), so generation runs up to k steps ahead. The learner waits while it is
+  more than k versions ahead of the slowest generator and drops (and counts) groups holding a token
+  older than k versions. With k = 1 generation and training alternate: every trained token is on-policy.
 - `ppo` (PPO-off-policy-k): phases. Generate k·B prompts with the current weights, then take k
   optimizer steps of B prompts each, then publish the weights.
 
@@ -81,12 +84,11 @@ class EmbeddedRun(TrainerHost):
             log.warning("--resume: no checkpoint in %s, starting fresh", self.out.checkpoints)
         model, tok = self._load_policy(ckpt)
         self._setup_learner(model, tok)
-        self.gen_model = copy.deepcopy(model).eval()
         self.bus: Bus = open_bus(spec.runtime.bus)
         self.bus.ensure_topics(self.topics.all())
         self.store = open_store(spec.runtime.store or str(self.out.root / "store"))
-        engine = TorchEngine(self.gen_model, tok, fp32_head=spec.model.fp32_lm_head, seed=spec.seed + 1)
-        self.generator = GeneratorRole(spec, engine, tok, self.bus, self.store, self.topics)
+        self.generators = self._make_generators(model, tok)
+        self.generator = self.generators[0]
         self.verifier_role = VerifierRole(self.verifier, self.bus, self.topics)
         self.curriculum = make_curriculum(
             spec, self.train_problems, steps_in_flight=spec.off_policy.k if spec.off_policy.mode == "ppo" else 1)
@@ -96,14 +98,31 @@ class EmbeddedRun(TrainerHost):
             self._restore(ckpt)
         self._publish()
 
+    def _make_generators(self, model: Any, tok: Any) -> list[GeneratorRole]:
+        """One generator (pipeline: `generator_workers` of them, sharing a prompt consumer), each sampling
+        from its own copy of the weights with its own seed."""
+        spec = self.spec
+        n = spec.off_policy.generator_workers if spec.off_policy.mode == "pipeline" else 1
+        shared = self.bus.consumer([self.topics.prompts], "generators")
+        out = []
+        for i in range(n):
+            engine = TorchEngine(copy.deepcopy(model).eval(), tok, fp32_head=spec.model.fp32_lm_head,
+                                 seed=spec.seed + 1 + 1000 * i)
+            out.append(GeneratorRole(spec, engine, tok, self.bus, self.store, self.topics,
+                                     generator_id=f"generator-{i}", prompts=shared))
+        return out
+
     def _restore(self, ckpt: Path) -> None:
         state = load_trainer_state(ckpt)
         self.learner.load_state_dict(state["learner"])
         self.curriculum.load_state_dict(state["curriculum"])
-        self.generator.engine.set_rng_state(state["generator_rng"])  # type: ignore[attr-defined]
+        rngs = state.get("generator_rngs") or [state["generator_rng"]]  # older checkpoints: one generator
+        for gen, rng in zip(self.generators, rngs, strict=False):
+            gen.engine.set_rng_state(rng)  # type: ignore[attr-defined]
         self.eval_engine.set_rng_state(state["eval_rng"])
         self._restore_compute(state)
-        self.generator.engine.load_weights(self.learner.full_state_dict(), self.learner.version)
+        for gen in self.generators:
+            gen.engine.load_weights(self.learner.full_state_dict(), self.learner.version)
         set_rng_state(state["rng"])
         self.out.truncate_after(self.learner.version)
         log.info("resumed from %s at step %d", ckpt, self.learner.version)
@@ -148,7 +167,7 @@ class EmbeddedRun(TrainerHost):
 
     def _checkpoint(self) -> None:
         state = {"learner": self.learner.state_dict(), "curriculum": self.curriculum.state_dict(),
-                 "generator_rng": self.generator.engine.rng_state(),  # type: ignore[attr-defined]
+                 "generator_rngs": [g.engine.rng_state() for g in self.generators],  # type: ignore[attr-defined]
                  "eval_rng": self.eval_engine.rng_state(), "train_s": self.clock.now_s(),
                  "counters": dict(self.counters), "devices": self.ledger.state(self.clock.now_s()),
                  "bus_positions": self.scored.positions()}
@@ -191,10 +210,8 @@ class EmbeddedRun(TrainerHost):
     def _run_pipeline(self, bar: Any) -> dict[str, Any] | None:
         spec = self.spec
         paused = threading.Event()
-        self.workers = [
-            _Worker("generator", lambda: self.generator.run_once(timeout_s=0.02), paused),
-            _Worker("verifier", lambda: self.verifier_role.run_once(timeout_s=0.02), paused),
-        ]
+        self.workers = [_Worker(g.generator_id, _generate_loop(g), paused) for g in self.generators]
+        self.workers.append(_Worker("verifier", lambda: self.verifier_role.run_once(timeout_s=0.02), paused))
         self._top_up()
         self.clock.start()
         for w in self.workers:
@@ -203,8 +220,8 @@ class EmbeddedRun(TrainerHost):
         k = spec.off_policy.k
         while self.learner.version < spec.train.steps:
             groups = self._take_groups(spec.train.prompts_per_step, wait=lambda: time.sleep(0.002))
-            # PipelineRL-k: do not get more than k versions ahead of the generator.
-            while self.learner.version + 1 - self.generator.engine.version > k:
+            # PipelineRL-k: do not get more than k versions ahead of the slowest generator.
+            while self.learner.version + 1 - min(g.engine.version for g in self.generators) > k:
                 self._check_workers()
                 time.sleep(0.002)
             stats = self._train_step(groups)
@@ -252,4 +269,9 @@ class EmbeddedRun(TrainerHost):
             w.join(timeout=30)
 
     def _finish(self, first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
-        return self._summary(first, last, in_flight_swaps=self.generator.engine.swaps_in_flight)  # type: ignore[attr-defined]
+        swaps = sum(g.engine.swaps_in_flight for g in self.generators)  # type: ignore[attr-defined]
+        return self._summary(first, last, in_flight_swaps=swaps, generator_workers=len(self.generators))
+
+
+def _generate_loop(gen: GeneratorRole) -> Callable[[], Any]:
+    return lambda: gen.run_once(timeout_s=0.02)

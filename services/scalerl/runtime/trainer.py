@@ -24,6 +24,7 @@ from scalerl.generator.role import length_control
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.learner.learner import world
 from scalerl.model.factory import load_model_and_tokenizer, resolve_device
+from scalerl.recipe import age_stats, merge_age_counts
 from scalerl.runtime.devices import DeviceLedger, DevicePool, read_pool_file
 from scalerl.runtime.learner_ranks import Ranks, start_learner
 from scalerl.runtime.outputs import RunOutputs
@@ -178,7 +179,8 @@ class TrainerHost:
                "staleness_mean": stats.get("offpolicy/age_mean"), "staleness_max": stats.get("offpolicy/age_max"),
                "train_pass_rate": stats.get("rollout/pass_rate"), "lr": stats.get("optim/lr"),
                "step_time_s": stats.get("time/step_s"), "gen_tokens": self.counters["gen_tokens"],
-               "train_tokens": self.counters["train_tokens"], **(extra or {})}
+               "train_tokens": self.counters["train_tokens"], "token_age": _token_age_record(stats),
+               **(extra or {})}
         self.out.train_record(rec)
         bar.update(1, loss=f"{rec['loss'] or 0:.3f}", train_pass=f"{rec['train_pass_rate'] or 0:.2f}",
                    stale=f"{rec['staleness_mean'] or 0:.1f}")
@@ -263,7 +265,8 @@ class TrainerHost:
                    "train_wall_s": self.clock.now_s(), "gen_tokens": self.counters["gen_tokens"],
                    "train_tokens": self.counters["train_tokens"], "dropped_stale": self.counters["dropped_stale"],
                    "duplicates_dropped": self.counters["duplicates"], "mode": self.spec.off_policy.mode,
-                   "k": self.spec.off_policy.k, "threads": self.threads, **extra,
+                   "k": self.spec.off_policy.k, "threads": self.threads,
+                   "token_age": summarise_token_ages(self.out.read(self.out.train_path)), **extra,
                    "fit": self.last_fit, **self.init_info}
         for key in ("A", "B", "C_mid"):
             summary[key] = (self.last_fit or {}).get(key)
@@ -275,3 +278,23 @@ class TrainerHost:
         except Exception as exc:  # the run's numbers are already on disk; a plot failure is not fatal
             log.warning("report failed: %r", exc)
         return summary
+
+
+_AGE_KEY = "offpolicy/token_age_tokens/"
+
+
+def _token_age_record(stats: dict[str, float]) -> dict[str, Any]:
+    """train.jsonl's `token_age` of one step: {"hist": {age: trained tokens}, "mean", "max", ...} where age
+    = the version the learner trained (step − 1) − the version that sampled the token (versions)."""
+    hist = {int(key[len(_AGE_KEY):]): int(n) for key, n in stats.items() if key.startswith(_AGE_KEY)}
+    return {"hist": {str(a): n for a, n in sorted(hist.items())}, **age_stats(hist)}
+
+
+def summarise_token_ages(train_records: list[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json's `token_age`: the step histograms of train.jsonl summed over the run, with its
+    token-weighted mean and max (versions), and the largest per-step mean."""
+    steps = [r["token_age"] for r in train_records if r.get("kind") == "step" and r.get("token_age")]
+    hist = merge_age_counts({int(a): n for a, n in s["hist"].items()} for s in steps)
+    step_means = [s["mean"] for s in steps if s.get("mean") is not None]
+    return {"hist": {str(a): n for a, n in hist.items()}, **age_stats(hist),
+            "step_mean_max": max(step_means) if step_means else None, "unit": "policy versions"}

@@ -34,6 +34,8 @@ def test_defaults_are_the_scalerl_recipe():
     ({"name": "Bad_Name"}, "name", "pattern"),
     ({"loss": {"type": "cispo", "ppo_clip_high": 0.28}}, "loss", "cispo_eps_max"),
     ({"task": {"kind": "jsonl"}}, "task", "train_path is required"),
+    ({"off_policy": {"mode": "ppo", "embedded_generators": 2}}, "off_policy", "mode 'pipeline' only"),
+    ({"off_policy": {"embedded_generators": 0}}, "off_policy.embedded_generators", "greater than or equal to 1"),
 ])
 def test_bad_values_name_the_field(tree, field, allowed):
     with pytest.raises(SpecError) as err:
@@ -78,3 +80,12 @@ def test_extends_merges_sections(tmp_path):
     (tmp_path / "loop.yaml").write_text("extends: loop.yaml\n")
     with pytest.raises(SpecError, match="extends itself"):
         load_spec(tmp_path / "loop.yaml")
+
+
+def test_inflight_depth_scales_with_k():
+    """The curriculum's default in-flight depth is k steps' worth of prompts (k = 1: synchronous)."""
+    for k in (1, 4, 8):
+        s = spec_from_dict({"off_policy": {"k": k}, "train": {"prompts_per_step": 6}})
+        assert s.max_inflight_prompts == 6 * k
+    assert spec_from_dict({"curriculum": {"max_inflight_prompts": 5}}).max_inflight_prompts == 5
+    assert JobSpec().off_policy.generator_workers == 2

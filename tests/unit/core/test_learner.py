@@ -43,8 +43,11 @@ def test_assemble_drops_stale_and_zero_variance(tiny_spec, tiny_model, tokenizer
     c = torch.tensor([-0.5, -0.5, 1.5, -0.5, 0.5, -1.5, 0.5, 0.5])
     torch.testing.assert_close(b.advantages, c / (c.std(correction=0) + 1e-6))
     assert b.age.tolist() == [1] * 4 + [0] * 4
-    # The completion mask covers exactly the completion tokens the policy chose.
     comps = [c for grp in asm.kept_groups for c in grp.rollout.completions]
+    # Token ages: only the kept groups' trained tokens, at learner version 10 (p2: version 9, p3: 10).
+    kept_tokens = [sum(c.loss_mask) for c in comps]
+    assert asm.token_ages == {1: sum(kept_tokens[:4]), 0: sum(kept_tokens[4:])}
+    # The completion mask covers exactly the completion tokens the policy chose.
     for row, c in enumerate(comps):
         assert int(b.loss_mask[row].sum()) == sum(c.loss_mask)
         assert torch.equal(b.logp_gen[row][b.loss_mask[row]], torch.tensor(c.logprobs)[torch.tensor(c.loss_mask)])

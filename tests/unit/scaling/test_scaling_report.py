@@ -86,3 +86,19 @@ def test_numbers_are_printed_without_needless_exponents() -> None:
         "1.5e+09",
         "—",
     ]
+
+
+def test_report_shows_the_token_age_distribution(tmp_path) -> None:
+    from scalerl.report import plots
+
+    run = tmp_path / "ages"
+    run.mkdir()
+    ages = {"hist": {"0": 1, "2": 3}, "tokens": 4, "mean": 1.5, "max": 2, "share_age_ge_1": 0.75}
+    (run / "summary.json").write_text(json.dumps({"name": "ages", "token_age": ages}), encoding="utf-8")
+    steps = [{"kind": "step", "step": 1, "token_age": {"hist": {"0": 1}, "mean": 0.0, "max": 0}},
+             {"kind": "step", "step": 2, "token_age": {"hist": {"2": 3}, "mean": 2.0, "max": 2}}]
+    (run / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps), encoding="utf-8")
+    page = write_report(run).read_text(encoding="utf-8")
+    assert "max 2 versions over 4 tokens; share by age: 0: 25%, 2: 75%" in page  # 1/4 and 3/4 of the tokens
+    s, v = plots._series(steps, "token_age.mean")
+    assert s.tolist() == [1.0, 2.0] and v.tolist() == [0.0, 2.0]
