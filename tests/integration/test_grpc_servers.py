@@ -36,6 +36,7 @@ from scalerl.tasks.registry import build_task
 from scalerl.telemetry.metrics import RoleMetrics
 from scalerl.verifier.server import VerifierServicer
 from scalerl.verifier.verifier import Verifier
+from waiting import wait_for
 
 LOOPBACK = "127.0.0.1"
 
@@ -289,6 +290,16 @@ def test_status_of_learner_and_curriculum_and_all_four_services_on_one_server(en
             assert db.FindFileContainingSymbol("scalerl.v1.Generator").name == "scalerl/v1/services.proto"
 
 
+def _refusal(target: str) -> grpc.StatusCode | None:
+    """The status code of a new call to `target` that failed, or None if it was served."""
+    with GeneratorClient(target, timeout_s=5) as late:
+        try:
+            late.status()
+        except grpc.RpcError as err:
+            return err.code()  # type: ignore[no-any-return]
+    return None
+
+
 def test_graceful_stop_finishes_the_call_in_progress(engines, tokenizer, tiny_spec) -> None:
     lock = SignallingLock()
     server, port = serve_grpc(0, GeneratorServicer(engines[0], tokenizer, tiny_spec, engine_lock=lock),  # type: ignore[arg-type]
@@ -304,10 +315,9 @@ def test_graceful_stop_finishes_the_call_in_progress(engines, tokenizer, tiny_sp
             stopper = threading.Thread(target=server.stop, kwargs={"grace_s": 30.0})
             t0 = time.monotonic()
             stopper.start()
-            time.sleep(0.3)
-            with GeneratorClient(target, timeout_s=5) as late, pytest.raises(grpc.RpcError) as err:
-                late.status()  # new calls are refused while the server drains
-            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            # new calls are refused while the server drains (polled: the stopper thread starts when it can)
+            refusal = wait_for("a new call refused", lambda: _refusal(target), timeout_s=30)
+            assert refusal == grpc.StatusCode.UNAVAILABLE
             assert stopper.is_alive(), "stop() waits for the call in progress"
         caller.join(30)
         stopper.join(30)
