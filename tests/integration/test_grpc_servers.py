@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -290,6 +289,10 @@ def test_status_of_learner_and_curriculum_and_all_four_services_on_one_server(en
             assert db.FindFileContainingSymbol("scalerl.v1.Generator").name == "scalerl/v1/services.proto"
 
 
+GRACE_S = 300.0
+"""The graceful stop's grace: far longer than the call takes, even on a loaded machine."""
+
+
 def _refusal(target: str) -> grpc.StatusCode | None:
     """The status code of a new call to `target` that failed, or None if it was served."""
     with GeneratorClient(target, timeout_s=5) as late:
@@ -312,17 +315,18 @@ def test_graceful_stop_finishes_the_call_in_progress(engines, tokenizer, tiny_sp
             caller = threading.Thread(target=lambda: result.update(out=client.generate(["1+2="], n=2)))
             caller.start()
             assert lock.waiting.wait(30), "the call never reached the handler"
-            stopper = threading.Thread(target=server.stop, kwargs={"grace_s": 30.0})
-            t0 = time.monotonic()
+            stopper = threading.Thread(target=server.stop, kwargs={"grace_s": GRACE_S})
             stopper.start()
             # new calls are refused while the server drains (polled: the stopper thread starts when it can)
             refusal = wait_for("a new call refused", lambda: _refusal(target), timeout_s=30)
             assert refusal == grpc.StatusCode.UNAVAILABLE
             assert stopper.is_alive(), "stop() waits for the call in progress"
-        caller.join(30)
-        stopper.join(30)
-        assert not stopper.is_alive() and time.monotonic() - t0 < 30
-        assert len(result["out"]) == 2 and all(c.token_ids for c in result["out"])  # finished normally
+        caller.join(GRACE_S)
+        stopper.join(GRACE_S)
+        assert not stopper.is_alive()
+        # finished normally, not cancelled when the grace ran out (that would leave no "out"): no wall-clock
+        # bound, which a loaded machine overruns while the call is still generating
+        assert len(result["out"]) == 2 and all(c.token_ids for c in result["out"])
     finally:
         client.close()
         server.stop(grace_s=0)
