@@ -24,7 +24,7 @@ from scalerl.bus.kafka import KafkaBus
 from scalerl.messages import ScoredGroup
 from scalerl.rpc.convert import decode_envelope
 from scalerl.runtime.launcher import LocalCluster
-from scalerl.runtime.setup import initial_model, make_task
+from warm_start import mixed_reward_warm_start
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 
@@ -38,11 +38,8 @@ RUN = {"steps": STEPS, "off_policy": {"mode": "pipeline", "k": 2}, "checkpoint_e
 
 @pytest.fixture(scope="module")
 def sft_start(tmp_path_factory, addition_run_spec) -> str:
-    """One SFT warm start (pass rate about 0.3: groups with mixed rewards), shared by the tests here."""
-    out = tmp_path_factory.mktemp("sft")
-    spec = addition_run_spec("sft", None, **RUN)
-    initial_model(spec, make_task(spec), out)
-    return str(out / "sft")
+    """One warm start whose groups have mixed rewards by construction (checked), shared by the tests here."""
+    return mixed_reward_warm_start(addition_run_spec("sft", None, **RUN), tmp_path_factory.mktemp("sft"))
 
 
 def _steps(out: Path) -> list[dict]:

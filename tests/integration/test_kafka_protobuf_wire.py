@@ -22,6 +22,7 @@ from scalerl.messages import (
 )
 from scalerl.rpc.convert import decode_envelope, encode_envelope, to_proto
 from scalerl.rpc.gen.scalerl.v1 import messages_pb2 as pb
+from waiting import delete_topics_and_wait
 
 pytestmark = pytest.mark.infra
 
@@ -35,7 +36,7 @@ def bus(infra, unique: str) -> Iterator[KafkaBus]:
     b = KafkaBus(infra.kafka_bootstrap, client_id="scalerl-it-wire")
     try:
         yield b
-        b.delete_topics(b.list_topics(prefix=f"{unique}."))
+        delete_topics_and_wait(b, f"{unique}.")
     finally:
         b.close()
 

@@ -24,10 +24,10 @@ from scalerl.messages import PolicyVersion, ScoredGroup
 from scalerl.model.factory import load_model_and_tokenizer
 from scalerl.rpc.convert import decode_envelope
 from scalerl.runtime.launcher import LocalCluster
-from scalerl.runtime.setup import initial_model, make_task
 from scalerl.store import open_store
 from scalerl.store.checkpoints import latest_checkpoint_name
 from scalerl.store.weights import load_weights
+from warm_start import mixed_reward_warm_start
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 
@@ -78,9 +78,8 @@ def _replay(spec, folder: str | Path, groups_per_step: list[list[ScoredGroup]],
 
 @pytest.mark.timeout(900)
 def test_two_rank_learner_matches_one_process_and_resumes(infra, unique, tmp_path, addition_run_spec):
-    sft_spec = addition_run_spec("sft", None, **RUN)
-    initial_model(sft_spec, make_task(sft_spec), tmp_path / "warm")
-    spec = addition_run_spec(unique, str(tmp_path / "warm" / "sft"), **RUN)
+    warm = mixed_reward_warm_start(addition_run_spec("sft", None, **RUN), tmp_path / "warm")  # mixed groups
+    spec = addition_run_spec(unique, warm, **RUN)
     out = tmp_path / "run"
     store_url = f"s3://{unique}/job"
     cluster = LocalCluster(spec, out, f"kafka://{infra.kafka_bootstrap}", store_url, generators=1, verifiers=1,

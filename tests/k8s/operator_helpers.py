@@ -7,24 +7,23 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kopf.testing import KopfRunner
 
 from scalerl_operator.kube import Kube, path
 from scalerl_operator.spec import GROUP, VERSION
+from waiting import wait_for  # noqa: F401  (re-exported for the tests here)
 
 # kafka-python loads its protocol schemas with importlib.resources APIs deprecated in Python 3.11; the
 # test modules import it at collection, before any per-test filter applies
 warnings.filterwarnings("ignore", "read_text is deprecated", DeprecationWarning)
 warnings.filterwarnings("ignore", "open_text is deprecated", DeprecationWarning)
 
-T = TypeVar("T")
 RLJOB = f"{GROUP}/{VERSION}"
 INTERVAL_S = 0.5  # the operator's status + autoscaler period in these tests
 QUIET_KAFKA = [pytest.mark.filterwarnings("ignore:read_text is deprecated:DeprecationWarning"),
@@ -67,18 +66,6 @@ def rljob(name: str, bootstrap: str, **spec_over: Any) -> dict[str, Any]:
     }
     spec.update(spec_over)
     return {"apiVersion": RLJOB, "kind": "RLJob", "metadata": {"name": name}, "spec": spec}
-
-
-def wait_for(what: str, fn: Callable[[], T | None], timeout_s: float = 20.0, every_s: float = 0.1) -> T:
-    """Poll `fn` until it returns something truthy; fail naming `what` (and the last value) on timeout."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
 
 
 @contextlib.contextmanager

@@ -4,10 +4,16 @@ One sampling pass of `samples` completions per problem serves `sample`, `majorit
 at every k (strategies.py); `greedy`, each budget-forcing budget and each tree search run their own
 generation. The generator is the torch engine in-process (embedded) or a generator service (grpc);
 the scorer and the verifier run here.
+
+Each generation phase draws from its own named stream of the eval seed (`Backend.use_stream`), so what
+one phase samples does not depend on which other phases ran before it: `--strategy best-of-n` alone
+samples the same completions as `--strategy greedy,sample,best-of-n` (greedy decoding still draws the
+interruption cut points), and a saved scorer reused later rates the same samples it was first run on.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +59,16 @@ class Backend(Protocol):
 
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
                  length: LengthControl) -> list[Completion]: ...
+
+    def use_stream(self, name: str) -> None:
+        """Draw what follows from the eval seed's stream `name` (one per generation phase)."""
+        ...
+
+
+def stream_seed(seed: int, name: str) -> int:
+    """The torch seed of stream `name` of the eval seed: a 63-bit integer fixed by (seed, name) alone
+    (string seeding of `random.Random` hashes with SHA-512, independent of PYTHONHASHSEED)."""
+    return random.Random(f"{seed}/{name}").getrandbits(63)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +121,10 @@ class Context:
 
 
 def _sample(ctx: Context, problems: list[Problem], n: int, sampling: SamplingParams, length: LengthControl,
-            desc: str) -> tuple[list[ProblemSamples], float]:
-    """Samples of every problem and the generation wall time in seconds."""
+            desc: str, stream: str) -> tuple[list[ProblemSamples], float]:
+    """Samples of every problem (drawn from the eval seed's stream `stream`) and the generation wall time
+    in seconds."""
+    ctx.backend.use_stream(stream)
     bar = ctx.progress.bar(desc, len(problems), unit="prompt", leave=False)
     t0 = time.perf_counter()
     out = sample_problems(ctx.backend.generate, ctx.tokenizer, problems, ctx.task, ctx.verifier, n=n, sampling=sampling,
@@ -129,7 +147,7 @@ def resolve_scorer(ctx: Context) -> tuple[Scorer, dict[str, Any]]:
     train_problems = ctx.task.problems("train")[:cfg.prompts]
     sampling = SamplingParams(ctx.opts.temperature, ctx.opts.top_p)
     samples, _ = _sample(ctx, train_problems, cfg.samples_per_prompt, sampling, length_control(ctx.spec, ctx.tokenizer),
-                         "scorer rollouts")
+                         "scorer rollouts", stream="scorer rollouts")
     rollouts = [LabelledRollout(s.problem_id, s.prompt, text, ok)
                 for s in samples for text, ok in zip(s.texts, s.correct, strict=True)]
     bar = ctx.progress.bar("scorer training", cfg.steps, unit="step", leave=False)
@@ -172,12 +190,13 @@ def evaluate_checkpoint(ctx: Context, problems: list[Problem]) -> dict[str, Any]
     points: list[StrategyPoint] = []
     record: dict[str, Any] = {"problems": len(problems)}
     if "greedy" in o.strategies:
-        greedy, _ = _sample(ctx, problems, 1, SamplingParams(0.0), base, "greedy")
+        greedy, _ = _sample(ctx, problems, 1, SamplingParams(0.0), base, "greedy", stream="greedy")
         points += [renamed(p, "greedy") for p in sample_points(greedy, [1], seed=o.seed)]
     needs_samples = any(s in o.strategies for s in (*SELECTION_STRATEGIES, "tree"))
     samples: list[ProblemSamples] = []
     if needs_samples:
-        samples, wall_s = _sample(ctx, problems, o.samples, sampling, base, f"sampling n={o.samples}")
+        samples, wall_s = _sample(ctx, problems, o.samples, sampling, base, f"sampling n={o.samples}",
+                                  stream="samples")
         tokens = sum(sum(s.tokens) for s in samples)
         record["inference"] = {"gen_tokens": tokens, "wall_s": wall_s, "tokens_per_s": tokens / max(wall_s, 1e-9),
                                "device_hours_per_token": ctx.spec.runtime.devices * wall_s / 3600 / max(tokens, 1)}
@@ -213,7 +232,8 @@ def budget_forcing_rows(ctx: Context, problems: list[Problem], base: LengthContr
         length = base if max_thinking is None else budget_forcing(
             base, max_thinking=max_thinking, answer_prefix_ids=prefix_ids, min_thinking=o.min_thinking,
             wait_ids=wait_ids, max_waits=o.max_waits)
-        samples, _ = _sample(ctx, problems, o.samples, sampling, length, f"budget forcing max={max_thinking}")
+        samples, _ = _sample(ctx, problems, o.samples, sampling, length, f"budget forcing max={max_thinking}",
+                             stream=f"budget forcing {max_thinking}")
         per_problem = [sum(s.correct) / s.n for s in samples]
         lo, hi = bootstrap_ci(per_problem, seed=o.seed)
         n_total = sum(s.n for s in samples)
@@ -230,10 +250,14 @@ def budget_forcing_rows(ctx: Context, problems: list[Problem], base: LengthContr
 
 
 class EmbeddedBackend:
-    """The torch engine in this process (the checkpoint's weights)."""
+    """The torch engine in this process (the checkpoint's weights); `seed` is the eval seed."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, *, seed: int) -> None:
         self.engine = engine
+        self.seed = seed
+
+    def use_stream(self, name: str) -> None:
+        self.engine.reseed(stream_seed(self.seed, name))
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,

@@ -46,6 +46,10 @@ class GrpcBackend:
                                     interruption=length.interruption_ids is not None,
                                     budget_forcing=budget_forcing_of(length))
 
+    def use_stream(self, name: str) -> None:
+        """The service draws from its own generator's stream (seeded when it started, shared with its other
+        clients), which a client cannot select: over gRPC, draws are not reproducible per phase."""
+
 
 def _problems(plan: Any, task: Task) -> tuple[list[Problem], str]:
     """(problems, a description). A JSONL file's problems are checked by the run's own verifier (its
@@ -70,7 +74,8 @@ def _evaluate_ref(plan: Any, ref: CheckpointRef, task: Task, problems: list[Prob
     model, tok = load_model_and_tokenizer(spec.model, spec.seed, ref.folder)
     model.to(resolve_device(spec.model.device)).eval()
     if backend is None:
-        backend = EmbeddedBackend(TorchEngine(model, tok, fp32_head=spec.model.fp32_lm_head, seed=plan.opts.seed))
+        backend = EmbeddedBackend(TorchEngine(model, tok, fp32_head=spec.model.fp32_lm_head,
+                                                    seed=plan.opts.seed), seed=plan.opts.seed)
     ctx = Context(spec=spec, task=task, verifier=make_verifier(spec, task), tokenizer=tok, policy=model,
                   backend=backend, checkpoint=ref.folder, opts=plan.opts, progress=progress)
     record = evaluate_checkpoint(ctx, problems)

@@ -49,8 +49,10 @@ def unique_uses_value(o: EvalOptions) -> bool:
     return o.tree_prune is not None or o.tree_value_weight > 0
 
 
-def _flat(ctx: Context) -> Callable[[list[list[int]], SamplingParams, LengthControl], list[Completion]]:
-    """The backend as the per-row `generate(prompt_ids, sampling, length)` the searches call (n = 1 rows)."""
+def _flat(ctx: Context, stream: str) -> Callable[[list[list[int]], SamplingParams, LengthControl], list[Completion]]:
+    """The backend as the per-row `generate(prompt_ids, sampling, length)` the searches call (n = 1 rows),
+    drawing from the eval seed's stream `stream` from here on."""
+    ctx.backend.use_stream(stream)
     return lambda ids, sampling, length: ctx.backend.generate(ids, 1, sampling, length)
 
 
@@ -69,7 +71,7 @@ def tree_record(ctx: Context, problems: list[Problem], samples: list[ProblemSamp
     calc: list[StrategyPoint] = []
     eval_states: list[LabelledPrefix] = []
     if o.tree_calculator:
-        calc_samples, eval_chains = calc_chains(problems, ctx.task, n=o.samples, generate=_flat(ctx),
+        calc_samples, eval_chains = calc_chains(problems, ctx.task, n=o.samples, generate=_flat(ctx, "tree calc"),
                                                 tokenizer=ctx.tokenizer, cfg=TreeSearchConfig(), sampling=sampling,
                                                 answer_budget=base.answer_budget)
         calc = [renamed(p, "verified-calc") for p in verified_points(calc_samples, o.ks, seed=o.seed)]
@@ -115,9 +117,10 @@ def resolve_prefix_value(ctx: Context, scorer: Scorer | None) -> tuple[Scorer, d
     chains: list[list[Any]] = []
     chunk = max(1, 1024 // cfg.samples_per_prompt)  # rows per batched call: the engine pads to the longest
     answer_budget = length_control(ctx.spec, ctx.tokenizer).answer_budget
+    generate = _flat(ctx, "prefix value chains")
     for start in range(0, len(train_problems), chunk):
         part = train_problems[start:start + chunk]
-        chains += calc_chains(part, ctx.task, n=cfg.samples_per_prompt, generate=_flat(ctx),
+        chains += calc_chains(part, ctx.task, n=cfg.samples_per_prompt, generate=generate,
                               tokenizer=ctx.tokenizer, cfg=TreeSearchConfig(), sampling=sampling,
                               answer_budget=answer_budget)[1]
         bar.update(len(part))
@@ -165,7 +168,7 @@ def tree_rows(ctx: Context, problems: list[Problem], scorer: Scorer | None, samp
         def on_depth(_depth: int, solved: int, bar: Any = bar) -> None:
             bar.update(1, solved=solved)
 
-        results = beam_search(problems, ctx.task, generate=_flat(ctx), tokenizer=ctx.tokenizer,
+        results = beam_search(problems, ctx.task, generate=_flat(ctx, f"tree beam {width}"), tokenizer=ctx.tokenizer,
                               scorer=scorer, cfg=cfg, sampling=sampling, answer_budget=answer_budget,
                               on_depth=on_depth)
         bar.close()

@@ -70,6 +70,10 @@ class TorchEngine(GenerationEngine):
     def set_rng_state(self, state: torch.Tensor) -> None:
         self.rng.set_state(state)
 
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling stream from `seed` (what the constructor's `seed` does)."""
+        self.rng.manual_seed(seed)
+
     # -- sampling ----------------------------------------------------------------------------------
     @staticmethod
     def _sampling_probs(logits_BV: torch.Tensor, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
