@@ -28,6 +28,7 @@ from scalerl.runtime.progress import Progress
 from scalerl.runtime.setup import configure_threads, initial_model, make_task, make_verifier, seed_everything
 from scalerl.store import Store
 from scalerl.store.weights import publish_weights
+from scalerl.tasks import problem_set_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class TrainerHost:
         self.task = make_task(spec)
         self.train_problems = self.task.problems("train")
         self.eval_problems = self.task.problems("eval")
+        self.heldout_set = problem_set_fingerprint(self.eval_problems)
         self.verifier = make_verifier(spec, self.task)
         self.out.root.mkdir(parents=True, exist_ok=True)
         (self.out.root / "spec.yaml").write_text(dump_spec(spec))
@@ -168,7 +170,7 @@ class TrainerHost:
                "gen_tokens": self.counters["gen_tokens"], "train_tokens": self.counters["train_tokens"],
                "pass_rate": res.pass_rate, "k": res.k, "n_prompts": res.n_prompts,
                "eval_truncation_rate": res.truncation_rate, "wall_s": time.perf_counter() - t0,
-               "prompt_pass_rates": res.prompt_pass_rates}
+               "heldout_set": self.heldout_set, "prompt_pass_rates": res.prompt_pass_rates}
         self.out.eval_record(rec)
         self._refit()
         return rec
@@ -209,7 +211,8 @@ class TrainerHost:
                    "train_wall_s": self.clock.now_s(), "gen_tokens": self.counters["gen_tokens"],
                    "train_tokens": self.counters["train_tokens"], "dropped_stale": self.counters["dropped_stale"],
                    "duplicates_dropped": self.counters["duplicates"], "mode": self.spec.off_policy.mode,
-                   "k": self.spec.off_policy.k, "threads": self.threads, **extra,
+                   "k": self.spec.off_policy.k, "threads": self.threads, "heldout_set": self.heldout_set,
+                   "data_seed": self.spec.task.data_seed, **extra,
                    "fit": self.last_fit, **self.init_info}
         for key in ("A", "B", "C_mid"):
             summary[key] = (self.last_fit or {}).get(key)

@@ -22,7 +22,7 @@ from typing import Any
 from scalerl.report import plots, tables
 from scalerl.report.runfiles import RunFileError, json_safe, metrics_file, read_records, run_name
 from scalerl.scaling.analysis import CurveAnalysis, analyse_curve
-from scalerl.scaling.compare import Comparison, compare_curves
+from scalerl.scaling.compare import Comparison, compare_curves, heldout_set_warning
 from scalerl.scaling.curves import A_MARGIN, FitError
 from scalerl.scaling.data import Curve, curve_from_records
 
@@ -103,9 +103,19 @@ def _guarded(cmd: str, body: Callable[[argparse.Namespace], int], args: argparse
 
 
 def _load_curve(path: Path, x: str, y: str) -> tuple[Path, Curve]:
+    src, curve, _ = _load_run(path, x, y)
+    return src, curve
+
+
+def _load_run(path: Path, x: str, y: str) -> tuple[Path, Curve, list[str]]:
+    """(metrics file, curve, the distinct `heldout_set` fingerprints its eval records name, in order)."""
     src = metrics_file(path)
+    records = read_records(src)
     with _about(src):
-        return src, curve_from_records(read_records(src), x=x, y=y)
+        curve = curve_from_records(records, x=x, y=y)
+    sets = [r["heldout_set"] for r in records
+            if r.get("kind", "eval") == "eval" and isinstance(r.get("heldout_set"), str)]
+    return src, curve, list(dict.fromkeys(sets))
 
 
 @contextmanager
@@ -193,13 +203,15 @@ _METRICS_SUFFIXES = frozenset({".jsonl", ".json", ".csv"})
 
 def _compare(args: argparse.Namespace) -> int:
     runs: list[tuple[str, Curve]] = []
+    heldout: list[tuple[str, list[str]]] = []
     for path in args.runs:
         if path.is_file() and path.suffix.lower() not in _METRICS_SUFFIXES:  # e.g. a glob caught compare.png
             print(f"scalerl compare: skipping {path}: not a run folder or a metrics file "
                   f"({', '.join(sorted(_METRICS_SUFFIXES))})", file=sys.stderr)
             continue
-        _, curve = _load_curve(path, args.x, args.y)
+        _, curve, sets = _load_run(path, args.x, args.y)
         runs.append((_unique(run_name(path), [n for n, _ in runs]), curve))
+        heldout.append((runs[-1][0], sets))
     cmp = compare_curves(
         runs,
         margin=args.margin,
@@ -211,10 +223,15 @@ def _compare(args: argparse.Namespace) -> int:
     )
     if args.plot is not None:
         args.plot.write_bytes(plots.comparison_png(cmp, x=args.x))
+    heldout_warning = heldout_set_warning(heldout)
     if args.json:
-        print(json.dumps(json_safe(cmp.to_dict()), allow_nan=False))
+        out = {**cmp.to_dict(), "heldout_sets": {name: sets or None for name, sets in heldout},
+               "warnings": [heldout_warning] if heldout_warning else []}
+        print(json.dumps(json_safe(out), allow_nan=False))
     else:
         print(format_comparison(cmp))
+        if heldout_warning:
+            print(f"\n  warning: {heldout_warning}")
         unbounded = [r.name for r in cmp.rows if r.fit.A >= 0.999]
         if unbounded:
             print(f"\n  warning: A sits at its bound 1.0 for {', '.join(unbounded)}: those curves have not bent "
