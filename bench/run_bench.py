@@ -7,6 +7,9 @@
 3. PipelineRL-k vs synchronous PPO-off-policy-k: the same quickstart spec and SFT start, trained for
    the same number of steps in each mode. Reported: RL steps per hour of training wall time, and
    pass-rate gain per device-hour ((final − initial mean@k) / training device-hours).
+4. forecast (`forecast_bench.py`): ≥ 3 seeds of `examples/forecast.yaml`; the saturating curve fitted on
+   the first 25% / 50% of each run's compute predicts its final pass rate. Reported: prediction error,
+   interval, coverage, fitted A vs the final measurement.
 
 Every number is measured on this machine in this run; nothing is copied from elsewhere.
 """
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+import forecast_bench
 from scalerl.config import load_spec
 from scalerl.generator.engine import LengthControl, SamplingParams
 from scalerl.generator.role import encode_prompt
@@ -124,6 +128,8 @@ def main() -> int:
     ap.add_argument("--dist-steps", type=int, default=30, help="RL steps in the distributed vs embedded run")
     ap.add_argument("--new-tokens", type=int, default=40, help="tokens generated per row in the generator bench")
     ap.add_argument("--prompts", type=int, default=0, help="prompts in the generator bench (0: prompts_per_step)")
+    ap.add_argument("--skip-forecast", action="store_true", help="leave out the forecast section (several minutes)")
+    forecast_bench.add_arguments(ap)
     args = ap.parse_args()
 
     spec = load_spec(args.spec, args.overrides)
@@ -157,6 +163,7 @@ def main() -> int:
         print(f"bench: PipelineRL vs PPO-off-policy, {args.mode_steps} steps each...", file=sys.stderr)
         modes = bench_modes(args.spec, args.overrides, work / "sft", args.mode_steps, work)
         dist = run_distributed_benches(args, spec, model, tok, [g.rollout for g in groups], work)
+        forecast = None if args.skip_forecast else forecast_bench.run_section(args, args.overrides)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -169,6 +176,7 @@ def main() -> int:
                   "steps_per_hour": "RL optimizer steps per hour of training wall time (eval excluded)",
                   "pass_rate_gain_per_device_hour": "(final - initial held-out mean@k) / device-hours"},
         "generator": gen, "learner": learn, "pipeline_vs_sync": modes, "distributed": dist,
+        "forecast": forecast,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
