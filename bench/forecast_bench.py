@@ -30,7 +30,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -186,9 +186,14 @@ def format_table(result: Mapping[str, Any]) -> str:
 
 
 # -- the runs (training; the only I/O) ---------------------------------------------------------------
+Runs = dict[int, list[dict[str, Any]]]
+
+
 def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], work: Path,
-               init_checkpoint: str | None = None) -> tuple[dict[int, list[dict[str, Any]]], dict[str, Any]]:
-    """One RL run per seed from one SFT start; returns ({seed: its records}, timing). Prints progress."""
+               init_checkpoint: str | None = None,
+               on_run: Callable[[Runs, dict[str, Any]], None] | None = None) -> tuple[Runs, dict[str, Any]]:
+    """One RL run per seed from one SFT start; returns ({seed: its records}, timing). Prints progress and
+    calls `on_run(runs so far, timing)` after each run."""
     from scalerl.config import load_spec
     from scalerl.runtime.embedded import EmbeddedRun
     from scalerl.runtime.outputs import RunOutputs
@@ -203,8 +208,11 @@ def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], w
         initial_model(base, make_task(base), work)
         init_checkpoint = str(work / "sft")
     sft_s = time.perf_counter() - t0
-    runs: dict[int, list[dict[str, Any]]] = {}
+    runs: Runs = {}
     run_s: list[float] = []
+    timing = {"sft_wall_s": sft_s, "run_wall_s": run_s, "steps": base.train.steps,
+              "eval_every_steps": base.eval.every_steps, "data_seed": base.task.data_seed,
+              "init_checkpoint": init_checkpoint}
     for i, seed in enumerate(seeds):
         spec = load_spec(spec_path, [*overrides, f"seed={seed}", f"model.init_checkpoint={init_checkpoint}"])
         t1 = time.perf_counter()
@@ -216,27 +224,36 @@ def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], w
               f"({summary['steps'] / run_s[-1] * 3600:.0f} steps/hour incl. evals); pass rate "
               f"{summary['initial_pass_rate']:.3f} -> {summary['final_pass_rate']:.3f}; ETA {eta:.0f} s",
               file=sys.stderr, flush=True)
-    return runs, {"sft_wall_s": sft_s, "run_wall_s": run_s, "steps": base.train.steps,
-                  "eval_every_steps": base.eval.every_steps, "data_seed": base.task.data_seed}
+        if on_run is not None:
+            on_run(runs, timing)
+    return runs, timing
 
 
 def bench_forecast(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], *, axis: str = "auto",
-                   n_bootstrap: int = 200, work: Path | None = None,
-                   init_checkpoint: str | None = None) -> dict[str, Any]:
-    """Train the runs, forecast each from its first 25% / 50%, and return the JSON-able result."""
+                   n_bootstrap: int = 200, work: Path | None = None, init_checkpoint: str | None = None,
+                   on_partial: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train the runs, forecast each from its first 25% / 50%, and return the JSON-able result
+    (`on_partial` gets the result over the runs finished so far, after each run, with complete=False)."""
     t0 = time.perf_counter()
+
+    def result(runs: Runs, timing: dict[str, Any]) -> dict[str, Any]:
+        used = choose_axis(next(iter(runs.values())), axis)
+        heldout = {str(s): sorted({str(r.get("heldout_set")) for r in eval_records(recs)}) for s, recs in runs.items()}
+        early_steps = math.ceil(EARLY_FRACTION * timing["steps"])
+        return {"spec": spec_path, "overrides": list(overrides), "seeds": list(seeds), "complete": False,
+                "axis": used, "axis_unit": AXIS_UNITS[used], "fractions": list(FRACTIONS),
+                "early_steps_left_out": early_steps, "n_bootstrap": n_bootstrap, "level": LEVEL,
+                "heldout_sets": heldout, **timing,
+                **analyse_runs(runs, axis=used, early_steps=early_steps, n_bootstrap=n_bootstrap),
+                "wall_s": time.perf_counter() - t0}
+
+    def partial(runs: Runs, timing: dict[str, Any]) -> None:
+        if on_partial is not None and len(runs) < len(seeds):
+            on_partial(result(runs, timing))
+
     with tempfile.TemporaryDirectory(prefix="scalerl-forecast-") as tmp:
-        runs, timing = train_runs(spec_path, overrides, seeds, work or Path(tmp), init_checkpoint)
-    first = next(iter(runs.values()))
-    used = choose_axis(first, axis)
-    heldout = {str(s): sorted({str(r.get("heldout_set")) for r in eval_records(recs)}) for s, recs in runs.items()}
-    early_steps = math.ceil(EARLY_FRACTION * timing["steps"])
-    result = {"spec": spec_path, "overrides": list(overrides), "seeds": list(seeds), "axis": used,
-              "axis_unit": AXIS_UNITS[used], "fractions": list(FRACTIONS), "early_steps_left_out": early_steps,
-              "n_bootstrap": n_bootstrap, "level": LEVEL, "heldout_sets": heldout, **timing,
-              **analyse_runs(runs, axis=used, early_steps=early_steps, n_bootstrap=n_bootstrap)}
-    result["wall_s"] = time.perf_counter() - t0
-    return result
+        runs, timing = train_runs(spec_path, overrides, seeds, work or Path(tmp), init_checkpoint, partial)
+    return {**result(runs, timing), "complete": True}
 
 
 def _seeds(text: str) -> list[int]:
@@ -260,7 +277,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="SFT model folder to start every seed from (default: run SFT once)")
 
 
-def run_section(args: argparse.Namespace, overrides: Sequence[str]) -> dict[str, Any]:
+def run_section(args: argparse.Namespace, overrides: Sequence[str],
+                on_partial: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """The bench section as `run_bench.py` calls it: train, analyse, print the table."""
     if not Path(args.forecast_spec).is_file():
         print(f"--forecast-spec: {args.forecast_spec} is not a file; give a job spec YAML", file=sys.stderr)
@@ -268,7 +286,8 @@ def run_section(args: argparse.Namespace, overrides: Sequence[str]) -> dict[str,
     print(f"bench: forecast from the first 25%/50% of {len(args.forecast_seeds)} runs of {args.forecast_spec}...",
           file=sys.stderr, flush=True)
     result = bench_forecast(args.forecast_spec, overrides, args.forecast_seeds, axis=args.forecast_axis,
-                            n_bootstrap=args.forecast_bootstrap, init_checkpoint=args.forecast_init)
+                            n_bootstrap=args.forecast_bootstrap, init_checkpoint=args.forecast_init,
+                            on_partial=on_partial)
     print(format_table(result))
     print(f"forecast section: {result['wall_s']:.0f} s wall")
     return result
@@ -281,12 +300,15 @@ def main() -> int:
                     help="spec override, as for `scalerl run`")
     add_arguments(ap)
     args = ap.parse_args()
-    result = run_section(args, args.overrides)
     out = Path(args.out)
-    existing = json.loads(out.read_text()) if out.is_file() else {}
-    existing["forecast"] = result
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(existing, indent=2) + "\n")
+
+    def write(result: dict[str, Any]) -> None:
+        existing = json.loads(out.read_text()) if out.is_file() else {}
+        existing["forecast"] = result
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(existing, indent=2) + "\n")
+
+    write(run_section(args, args.overrides, on_partial=write))
     print(f"wrote {out} (key 'forecast')")
     return 0
 

@@ -99,3 +99,21 @@ def test_forecast_row_recovers_a_known_curve() -> None:
     assert isinstance(row["covered"], bool)
     short = fb.forecast_row(recs[:4], axis="compute", fraction=0.25, early_steps=20, n_bootstrap=0)
     assert short["predicted"] is None and "point" in short["fit_error"]
+
+
+def test_analyse_runs_and_table_over_seeds() -> None:
+    c = np.arange(0, 21) * 0.5
+    runs = {}
+    for seed, a in ((0, 0.8), (1, 0.75)):
+        y = sigmoid(c, A=a, B=2.0, C_mid=3.0, R0=0.3)
+        runs[seed] = [{"kind": "eval", "step": 10 * i, "compute": float(ci), "pass_rate": float(yi)}
+                      for i, (ci, yi) in enumerate(zip(c, y, strict=True))]
+    res = fb.analyse_runs(runs, axis="compute", early_steps=20, n_bootstrap=0)
+    assert set(res["per_seed"]) == {"0", "1"} and set(res["aggregate"]) == {"0.25", "0.5"}
+    half = res["aggregate"]["0.5"]
+    assert half["runs"] == 2 and half["with_interval"] == 0 and half["coverage"] is None  # no bootstrap
+    assert half["mean_measured_final"] == pytest.approx(np.mean([runs[s][-1]["pass_rate"] for s in (0, 1)]))
+    assert abs(res["per_seed"]["1"]["full_fit_A"] - 0.75) < 0.01
+    table = fb.format_table({**res, "axis": "compute"})
+    assert "compute axis: compute (device-hours)" in table
+    assert table.count("| 0 | first") == 2 and table.count("| all | first") == 2
