@@ -112,7 +112,7 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "coverage": (sum(covered) / len(covered)) if covered else None,
         "mean_interval_width": mean(widths),
         "mean_A": mean([r["A"] for r in ok]),
-        "mean_measured_final": mean([r["measured"] for r in ok]),
+        "mean_measured_final": mean([r["measured"] for r in rows]),
     }
 
 
