@@ -8,6 +8,9 @@
    and SFT start, trained for the same number of steps. Reported: the per-token age distribution, RL
    steps per hour of training wall time, and pass-rate gain per device-hour ((final − initial mean@k) /
    training device-hours); PipelineRL-8 vs PPO-off-policy-8 side by side.
+4. forecast (`forecast_bench.py`): ≥ 3 seeds of `examples/forecast.yaml`; the saturating curve fitted on
+   the first 25% / 50% of each run's compute predicts its final pass rate. Reported: prediction error,
+   interval, coverage, fitted A vs the final measurement.
 
 Every number is measured on this machine in this run; nothing is copied from elsewhere.
 """
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+import forecast_bench
 import k_sweep as ks
 from scalerl.config import load_spec
 from scalerl.generator.engine import LengthControl, SamplingParams
@@ -106,6 +110,8 @@ def main() -> int:
     ap.add_argument("--dist-steps", type=int, default=30, help="RL steps in the distributed vs embedded run")
     ap.add_argument("--new-tokens", type=int, default=40, help="tokens generated per row in the generator bench")
     ap.add_argument("--prompts", type=int, default=0, help="prompts in the generator bench (0: prompts_per_step)")
+    ap.add_argument("--skip-forecast", action="store_true", help="leave out the forecast section (several minutes)")
+    forecast_bench.add_arguments(ap)
     args = ap.parse_args()
 
     spec = load_spec(args.spec, args.overrides)
@@ -141,6 +147,7 @@ def main() -> int:
         ppo = ks.run_one(args.spec, args.overrides, work / "sft", args.mode_steps, work / "ppo-k8", mode="ppo", k=8)
         modes = ks.pipeline_vs_ppo(sweep["runs"]["k8"], ppo)
         dist = run_distributed_benches(args, spec, model, tok, [g.rollout for g in groups], work)
+        forecast = None if args.skip_forecast else forecast_bench.run_section(args, args.overrides)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -154,6 +161,7 @@ def main() -> int:
                   "pass_rate_gain_per_device_hour": "(final - initial held-out mean@k) / device-hours",
                   "token_age": "learner version at train time - version that sampled the token (versions)"},
         "generator": gen, "learner": learn, "k_sweep": sweep, "pipeline_vs_sync": modes, "distributed": dist,
+        "forecast": forecast,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

@@ -79,6 +79,10 @@ class TaskConfig(_Strict):
     eval_path: str | None = Field(None, description="JSONL held-out set (kind=jsonl); default holds out.")
     train_size: int = Field(20000, ge=1, le=10_000_000, description="Generated training prompts.")
     eval_size: int = Field(200, ge=1, le=100_000, description="Held-out eval prompts.")
+    data_seed: int = Field(0, ge=0, le=2**63 - 1, description=(
+        "Seed of the data alone: which prompts are generated and which are held out (an integer ≥ 0; default "
+        "0, the split every run had before this field, when `seed` was 0). Apart from `seed` so that runs "
+        "with different seeds are evaluated on the same held-out set."))
     reward_correct: float = Field(1.0, description="Reward of a correct completion (ScaleRL: +1).")
     reward_incorrect: float = Field(-1.0, description="Reward of an incorrect completion (ScaleRL: −1).")
 
@@ -264,7 +268,9 @@ class JobSpec(_Strict):
 
     name: str = Field("scalerl", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
                       description="Job name (DNS label: lowercase letters, digits, '-').")
-    seed: int = Field(0, ge=0, description="Seed of every RNG in the run.")
+    seed: int = Field(0, ge=0, description=(
+        "Seed of every RNG of training and sampling (an integer ≥ 0; default 0). The data split follows "
+        "`task.data_seed` instead."))
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)

@@ -59,8 +59,9 @@ def configure_threads(spec: JobSpec) -> int:
 
 
 def make_task(spec: JobSpec) -> Task:
+    """The spec's task; its problems and split depend on `task.data_seed` only (not on the run's `seed`)."""
     t = spec.task
-    return build_task(t.kind, seed=spec.seed, train_size=t.train_size, eval_size=t.eval_size, digits=t.digits,
+    return build_task(t.kind, seed=t.data_seed, train_size=t.train_size, eval_size=t.eval_size, digits=t.digits,
                       countdown_numbers=t.countdown_numbers, countdown_max_number=t.countdown_max_number,
                       train_path=t.train_path, eval_path=t.eval_path)
 

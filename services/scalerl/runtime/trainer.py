@@ -33,6 +33,7 @@ from scalerl.runtime.setup import configure_threads, initial_model, make_task, m
 from scalerl.scaling.compute import rl_flops
 from scalerl.store import Store
 from scalerl.store.weights import publish_weights
+from scalerl.tasks import problem_set_fingerprint
 
 if TYPE_CHECKING:
     from scalerl.scaling import CurveAnalysis
@@ -91,6 +92,7 @@ class TrainerHost:
         self.task = make_task(spec)
         self.train_problems = self.task.problems("train")
         self.eval_problems = self.task.problems("eval")
+        self.heldout_set = problem_set_fingerprint(self.eval_problems)
         self.verifier = make_verifier(spec, self.task)
         self.out.root.mkdir(parents=True, exist_ok=True)
         (self.out.root / "spec.yaml").write_text(dump_spec(spec))
@@ -220,7 +222,7 @@ class TrainerHost:
                "gen_tokens": self.counters["gen_tokens"], "train_tokens": self.counters["train_tokens"],
                "pass_rate": res.pass_rate, "k": res.k, "n_prompts": res.n_prompts,
                "eval_truncation_rate": res.truncation_rate, "wall_s": time.perf_counter() - t0,
-               "prompt_pass_rates": res.prompt_pass_rates}
+               "heldout_set": self.heldout_set, "prompt_pass_rates": res.prompt_pass_rates}
         self.out.eval_record(rec)
         self._refit()
         return rec
@@ -265,7 +267,8 @@ class TrainerHost:
                    "train_wall_s": self.clock.now_s(), "gen_tokens": self.counters["gen_tokens"],
                    "train_tokens": self.counters["train_tokens"], "dropped_stale": self.counters["dropped_stale"],
                    "duplicates_dropped": self.counters["duplicates"], "mode": self.spec.off_policy.mode,
-                   "k": self.spec.off_policy.k, "threads": self.threads,
+                   "k": self.spec.off_policy.k, "threads": self.threads, "heldout_set": self.heldout_set,
+                   "data_seed": self.spec.task.data_seed,
                    "token_age": summarise_token_ages(self.out.read(self.out.train_path)), **extra,
                    "fit": self.last_fit, **self.init_info}
         for key in ("A", "B", "C_mid"):

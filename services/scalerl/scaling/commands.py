@@ -28,7 +28,7 @@ from scalerl.report import plots, tables
 from scalerl.report.online import analysis_options
 from scalerl.report.runfiles import RunFileError, fit_settings, json_safe, metrics_file, read_records, run_name
 from scalerl.scaling.analysis import CurveAnalysis, analyse_curve
-from scalerl.scaling.compare import Comparison, compare_curves
+from scalerl.scaling.compare import Comparison, compare_curves, heldout_set_warning
 from scalerl.scaling.compute import AXES, axis_label, column_unit
 from scalerl.scaling.curves import A_MARGIN, FitError
 from scalerl.scaling.data import Curve, curve_from_records
@@ -136,9 +136,19 @@ def _fit_options(args: argparse.Namespace, run: Path) -> dict[str, Any]:
 
 
 def _load_curve(path: Path, x: str, y: str) -> tuple[Path, Curve]:
+    src, curve, _ = _load_run(path, x, y)
+    return src, curve
+
+
+def _load_run(path: Path, x: str, y: str) -> tuple[Path, Curve, list[str]]:
+    """(metrics file, curve, the distinct `heldout_set` fingerprints its eval records name, in order)."""
     src = metrics_file(path)
+    records = read_records(src)
     with _about(src):
-        return src, curve_from_records(read_records(src), x=x, y=y)
+        curve = curve_from_records(records, x=x, y=y)
+    sets = [r["heldout_set"] for r in records
+            if r.get("kind", "eval") == "eval" and isinstance(r.get("heldout_set"), str)]
+    return src, curve, list(dict.fromkeys(sets))
 
 
 @contextmanager
@@ -221,23 +231,31 @@ def _compare(args: argparse.Namespace) -> int:
     x = _x_column(args)
     runs: list[tuple[str, Curve]] = []
     sources: list[Path] = []
+    heldout: list[tuple[str, list[str]]] = []
     for path in args.runs:
         if path.is_file() and path.suffix.lower() not in _METRICS_SUFFIXES:  # e.g. a glob caught compare.png
             print(f"scalerl compare: skipping {path}: not a run folder or a metrics file "
                   f"({', '.join(sorted(_METRICS_SUFFIXES))})", file=sys.stderr)
             continue
-        src, curve = _load_curve(path, x, args.y)
+        src, curve, sets = _load_run(path, x, args.y)
         sources.append(src)
         runs.append((_unique(run_name(path), [n for n, _ in runs]), curve))
+        heldout.append((runs[-1][0], sets))
     # one window rule for every run: the first run's fit settings (and the flags over them)
     opts = _fit_options(args, sources[0]) if sources else {}
     cmp = compare_curves(runs, margin=args.margin, **opts)
     if args.plot is not None:
         args.plot.write_bytes(plots.comparison_png(cmp, x=x))
+    heldout_warning = heldout_set_warning(heldout)
     if args.json:
-        print(json.dumps({**json_safe(cmp.to_dict()), "x": x, "x_unit": column_unit(x)}, allow_nan=False))
+        out = {**cmp.to_dict(), "x": x, "x_unit": column_unit(x),
+               "heldout_sets": {name: sets or None for name, sets in heldout},
+               "warnings": [heldout_warning] if heldout_warning else []}
+        print(json.dumps(json_safe(out), allow_nan=False))
     else:
         print(format_comparison(cmp, x=x))
+        if heldout_warning:
+            print(f"\n  warning: {heldout_warning}")
         unbounded = [r.name for r in cmp.rows if r.fit.A >= 0.999]
         if unbounded:
             print(f"\n  warning: A sits at its bound 1.0 for {', '.join(unbounded)}: those curves have not bent "

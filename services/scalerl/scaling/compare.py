@@ -173,6 +173,29 @@ def compare_curves(
     )
 
 
+def heldout_set_warning(runs: Sequence[tuple[str, Sequence[str]]]) -> str | None:
+    """A warning when the runs were not all evaluated on one held-out set, else None.
+
+    `runs`: (name, the distinct `heldout_set` fingerprints of its eval records) per run; an empty list
+    means the records do not say (older runs, other frameworks). Warns when a run changed set mid-run,
+    when two runs name different sets, or when some runs name a set and others do not.
+    """
+    mixed = [name for name, sets in runs if len(set(sets)) > 1]
+    known = {name: next(iter(sets)) for name, sets in runs if len(set(sets)) == 1}
+    unknown = [name for name, sets in runs if not sets]
+    if mixed:
+        return (f"{', '.join(mixed)} changed held-out set during the run (eval records name several "
+                "`heldout_set` fingerprints): their points are not on one test set.")
+    if len(set(known.values())) > 1:
+        groups = ", ".join(f"{name} {fp}" for name, fp in known.items())
+        return (f"the runs were evaluated on different held-out sets ({groups}): pass rates differ by test set "
+                "as well as by policy; give them the same task section (task.data_seed, sizes, kind).")
+    if known and unknown:
+        return (f"{', '.join(unknown)} do not record their held-out set (no `heldout_set` in the eval records), "
+                "so it cannot be checked that all runs were evaluated on the same prompts.")
+    return None
+
+
 def _reason(
     rank: int,
     i: int,

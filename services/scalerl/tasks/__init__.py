@@ -10,7 +10,7 @@ from scalerl.tasks.arithmetic import (
     addition_solution,
     multiplication_solution,
 )
-from scalerl.tasks.base import Problem, Split, Task, answer_after_think
+from scalerl.tasks.base import Problem, Split, Task, answer_after_think, problem_set_fingerprint
 from scalerl.tasks.countdown import (
     CountdownTask,
     check_countdown_answer,
@@ -57,6 +57,7 @@ __all__ = [
     "math_equal",
     "multiplication_solution",
     "parse_countdown_prompt",
+    "problem_set_fingerprint",
     "read_jsonl",
     "solvable_state",
     "solve_countdown",

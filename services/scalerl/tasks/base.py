@@ -22,9 +22,10 @@ Conventions shared by every task:
 
 from __future__ import annotations
 
+import hashlib
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
@@ -77,6 +78,22 @@ def answer_after_think(completion: str) -> str | None:
         return None
     tail = tail.strip()
     return tail or None
+
+
+def problem_set_fingerprint(problems: Sequence[Problem]) -> str:
+    """A 16-hex-digit SHA-256 digest of `problems` in order (id, prompt and reference answer of each).
+
+    Ids alone do not identify a held-out set (they are positions, `add3-eval-000017`, the same for every
+    data seed), so the prompt and answer text go in too. Runs whose eval records carry equal fingerprints
+    were evaluated on the same prompts; `scalerl compare` warns when they differ.
+    """
+    digest = hashlib.sha256()
+    for p in problems:
+        for part in (p.id, p.prompt, p.answer):
+            digest.update(part.encode("utf-8"))
+            digest.update(b"\x1f")  # unit separator: ("ab", "c") and ("a", "bc") hash differently
+        digest.update(b"\x1e")
+    return digest.hexdigest()[:16]
 
 
 def check_split(split: str) -> Split:

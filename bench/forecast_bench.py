@@ -1,0 +1,317 @@
+"""`make bench` section "forecast": does the saturating-curve forecast hold on real runs?
+
+For each seed (same `task.data_seed`, so every run is evaluated on the same held-out prompts) one RL
+run of `examples/forecast.yaml` is trained from one shared SFT start. Then, per run and per fraction
+f of the run's compute (25% and 50%):
+
+1. keep the eval records up to f × the run's final compute (`truncate`);
+2. fit the project's sigmoid on them (`scalerl.scaling.analyse_curve`: the paper's grid + least
+   squares, bootstrap intervals over prompts) with the paper's window rule: the early regime is
+   left out, here the evals before `EARLY_FRACTION` of the planned RL steps (the paper drops about
+   one epoch, ~1.5k GPU-hours, spec §1.3); R0 stays the measured step-0 pass rate;
+3. forecast the pass rate at the run's final compute and compare it with the final measurement.
+
+Reported, per seed and aggregated: error = predicted − measured final pass rate (fraction), the
+forecast's 95% interval, whether the measurement falls in it (coverage), and the fitted A against the
+final measured pass rate. The interval is for the expected pass rate (the curve); the measurement is
+one noisy eval, whose own standard error over prompts is reported next to it.
+
+The compute axis is `compute_flops` when every eval record has it, else `compute` (device-hours:
+wall-clock based, noisy on a shared machine); `--axis` overrides, and the output says which was used.
+
+    PYTHONPATH=services python bench/forecast_bench.py --seeds 0,1,2 --out bench/results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+FRACTIONS = (0.25, 0.5)
+"""Fractions of the run's final compute the forecast may see."""
+EARLY_FRACTION = 0.1
+"""Evals before this fraction of the planned RL steps are the early regime, left out of every fit."""
+AXES = ("compute_flops", "compute")
+AXIS_UNITS = {"compute": "device-hours", "compute_flops": "FLOPs"}
+LEVEL = 0.95
+
+Record = Mapping[str, Any]
+
+
+# -- pure parts (unit-tested on synthetic records) ---------------------------------------------------
+def eval_records(records: Sequence[Record]) -> list[Record]:
+    """The eval records (`kind` absent or "eval"), in file order."""
+    return [r for r in records if r.get("kind", "eval") == "eval"]
+
+
+def choose_axis(records: Sequence[Record], requested: str = "auto") -> str:
+    """`requested`, or for "auto" `compute_flops` when every eval record has it, else `compute`."""
+    if requested != "auto":
+        if requested not in AXES:
+            raise ValueError(f"axis must be one of {['auto', *AXES]}, got {requested!r}")
+        return requested
+    evals = eval_records(records)
+    has_flops = bool(evals) and all(isinstance(r.get("compute_flops"), int | float) for r in evals)
+    return "compute_flops" if has_flops else "compute"
+
+
+def truncate(records: Sequence[Record], axis: str, fraction: float) -> list[Record]:
+    """Eval records with `axis` ≤ fraction × the largest `axis` of any eval record (the run's end)."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+    evals = eval_records(records)
+    end = max(float(r[axis]) for r in evals)
+    return [r for r in evals if float(r[axis]) <= fraction * end + 1e-12 * end]
+
+
+def early_cutoff(records: Sequence[Record], axis: str, early_steps: int) -> float:
+    """The `axis` value of the first eval at step ≥ early_steps: the fit window's lower end (min_compute)."""
+    later = [float(r[axis]) for r in eval_records(records) if int(r["step"]) >= early_steps]
+    return min(later) if later else math.inf
+
+
+def is_covered(measured: float, lo: float | None, hi: float | None) -> bool | None:
+    """Whether `measured` lies in [lo, hi]; None when there is no interval."""
+    if lo is None or hi is None:
+        return None
+    return lo <= measured <= hi
+
+
+def final_measurement(records: Sequence[Record], axis: str) -> tuple[float, float, float | None]:
+    """(axis value, pass rate, standard error over prompts or None) of the last eval of the run."""
+    last = max(eval_records(records), key=lambda r: float(r[axis]))
+    rates = last.get("prompt_pass_rates")
+    se = None
+    if isinstance(rates, list) and len(rates) > 1:
+        mean = sum(rates) / len(rates)
+        se = math.sqrt(sum((x - mean) ** 2 for x in rates) / (len(rates) - 1) / len(rates))
+    return float(last[axis]), float(last["pass_rate"]), se
+
+
+def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Aggregate per-seed forecast rows of one fraction: mean error, mean |error|, coverage k/n, widths, A."""
+    ok = [r for r in rows if r.get("predicted") is not None]
+    covered = [r["covered"] for r in ok if r["covered"] is not None]
+    widths = [r["hi"] - r["lo"] for r in ok if r["lo"] is not None and r["hi"] is not None]
+
+    def mean(xs: Sequence[float]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    return {
+        "runs": len(rows), "fitted": len(ok),
+        "mean_error": mean([r["error"] for r in ok]),
+        "mean_abs_error": mean([abs(r["error"]) for r in ok]),
+        "covered": sum(covered), "with_interval": len(covered),
+        "coverage": (sum(covered) / len(covered)) if covered else None,
+        "mean_interval_width": mean(widths),
+        "mean_A": mean([r["A"] for r in ok]),
+        "mean_measured_final": mean([r["measured"] for r in rows]),
+    }
+
+
+# -- fitting one run (scaling package; no I/O) -------------------------------------------------------
+def forecast_row(records: Sequence[Record], *, axis: str, fraction: float, early_steps: int,
+                 n_bootstrap: int = 200, seed: int = 0) -> dict[str, Any]:
+    """Fit on the records up to `fraction` of the run's compute and forecast its final pass rate."""
+    from scalerl.scaling import FitError, analyse_curve, curve_from_records
+
+    end, measured, measured_se = final_measurement(records, axis)
+    prefix = truncate(records, axis, fraction)
+    row: dict[str, Any] = {"fraction": fraction, "fit_until": fraction * end, "final_compute": end,
+                           "measured": measured, "measured_se": measured_se, "n_evals_seen": len(prefix)}
+    try:
+        curve = curve_from_records(prefix, x=axis)
+        a = analyse_curve(curve, min_compute=early_cutoff(records, axis, early_steps), predict=[end],
+                          n_bootstrap=n_bootstrap, seed=seed, level=LEVEL)
+    except FitError as e:
+        return {**row, "predicted": None, "fit_error": str(e)}
+    f = a.forecasts[0]
+    a_ci = a.bootstrap.interval("A") if a.bootstrap is not None else (None, None)
+    return {**row, "n_points_fitted": a.fit.n_points, "predicted": f.pass_rate, "lo": f.lo, "hi": f.hi,
+            "error": f.pass_rate - measured, "covered": is_covered(measured, f.lo, f.hi),
+            "A": a.fit.A, "A_lo": a_ci[0], "A_hi": a_ci[1], "B": a.fit.B, "C_mid": a.fit.C_mid,
+            "R0": a.fit.R0, "warnings": list(a.warnings)}
+
+
+def analyse_runs(runs: Mapping[int, Sequence[Record]], *, axis: str, early_steps: int,
+                 n_bootstrap: int = 200) -> dict[str, Any]:
+    """Per seed and per fraction (plus the full run's A), and the aggregate per fraction."""
+    per_seed: dict[str, Any] = {}
+    for seed, records in runs.items():
+        rows = [forecast_row(records, axis=axis, fraction=f, early_steps=early_steps, n_bootstrap=n_bootstrap)
+                for f in FRACTIONS]
+        full = forecast_row(records, axis=axis, fraction=1.0, early_steps=early_steps, n_bootstrap=n_bootstrap)
+        per_seed[str(seed)] = {"forecasts": rows, "full_fit_A": full.get("A"),
+                               "full_fit_A_ci": [full.get("A_lo"), full.get("A_hi")],
+                               "initial_pass_rate": eval_records(records)[0]["pass_rate"],
+                               "final_pass_rate": rows[0]["measured"]}
+    aggregate = {str(f): summarise([s["forecasts"][i] for s in per_seed.values()]) for i, f in enumerate(FRACTIONS)}
+    return {"per_seed": per_seed, "aggregate": aggregate}
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+    """Markdown table: one row per seed and fraction, then one aggregate row per fraction."""
+    axis = result["axis"]
+    head = [f"compute axis: {axis} ({AXIS_UNITS[axis]}); pass rates are held-out mean@k fractions; "
+            f"interval {LEVEL:.0%} bootstrap over prompts",
+            "",
+            "| seed | fit on | evals seen | predicted final | 95% interval | measured final (± s.e.) | error | "
+            "covered | fitted A (95% interval) |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for seed, s in result["per_seed"].items():
+        for r in s["forecasts"]:
+            interval = f"[{_fmt(r.get('lo'))}, {_fmt(r.get('hi'))}]"
+            a = f"{_fmt(r.get('A'))} [{_fmt(r.get('A_lo'))}, {_fmt(r.get('A_hi'))}]"
+            cov = {True: "yes", False: "no", None: "—"}[r.get("covered")]
+            head.append(f"| {seed} | first {r['fraction']:.0%} | {r['n_evals_seen']} | {_fmt(r.get('predicted'))} | "
+                        f"{interval} | {r['measured']:.3f} ± {_fmt(r.get('measured_se'))} | "
+                        f"{_fmt(r.get('error'), '+.3f')} | {cov} | {a} |")
+    for f, agg in result["aggregate"].items():
+        head.append(f"| all | first {float(f):.0%} | | | mean width {_fmt(agg['mean_interval_width'])} | "
+                    f"mean {_fmt(agg['mean_measured_final'])} | mean {_fmt(agg['mean_error'], '+.3f')}, "
+                    f"mean abs {_fmt(agg['mean_abs_error'])} | {agg['covered']}/{agg['with_interval']} | "
+                    f"mean {_fmt(agg['mean_A'])} |")
+    return "\n".join(head)
+
+
+# -- the runs (training; the only I/O) ---------------------------------------------------------------
+Runs = dict[int, list[dict[str, Any]]]
+
+
+def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], work: Path,
+               init_checkpoint: str | None = None,
+               on_run: Callable[[Runs, dict[str, Any]], None] | None = None) -> tuple[Runs, dict[str, Any]]:
+    """One RL run per seed from one SFT start; returns ({seed: its records}, timing). Prints progress and
+    calls `on_run(runs so far, timing)` after each run."""
+    from scalerl.config import load_spec
+    from scalerl.runtime.embedded import EmbeddedRun
+    from scalerl.runtime.outputs import RunOutputs
+    from scalerl.runtime.setup import initial_model, make_task, seed_everything
+
+    t0 = time.perf_counter()
+    base = load_spec(spec_path, list(overrides))
+    if init_checkpoint is None:
+        print(f"forecast: SFT warm start ({base.sft.steps} steps), shared by every seed...", file=sys.stderr,
+              flush=True)
+        seed_everything(base.seed)
+        initial_model(base, make_task(base), work)
+        init_checkpoint = str(work / "sft")
+    sft_s = time.perf_counter() - t0
+    runs: Runs = {}
+    run_s: list[float] = []
+    timing = {"sft_wall_s": sft_s, "run_wall_s": run_s, "steps": base.train.steps,
+              "eval_every_steps": base.eval.every_steps, "data_seed": base.task.data_seed,
+              "init_checkpoint": init_checkpoint}
+    for i, seed in enumerate(seeds):
+        spec = load_spec(spec_path, [*overrides, f"seed={seed}", f"model.init_checkpoint={init_checkpoint}"])
+        t1 = time.perf_counter()
+        summary = EmbeddedRun(spec, work / f"seed{seed}", show_progress=sys.stderr.isatty()).run()
+        run_s.append(time.perf_counter() - t1)
+        runs[seed] = RunOutputs(work / f"seed{seed}").read(work / f"seed{seed}" / "metrics.jsonl")
+        eta = (len(seeds) - i - 1) * sum(run_s) / len(run_s)
+        print(f"forecast: seed {seed} ({i + 1}/{len(seeds)}) {summary['steps']} steps in {run_s[-1]:.0f} s wall "
+              f"({summary['steps'] / run_s[-1] * 3600:.0f} steps/hour incl. evals); pass rate "
+              f"{summary['initial_pass_rate']:.3f} -> {summary['final_pass_rate']:.3f}; ETA {eta:.0f} s",
+              file=sys.stderr, flush=True)
+        if on_run is not None:
+            on_run(runs, timing)
+    return runs, timing
+
+
+def bench_forecast(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], *, axis: str = "auto",
+                   n_bootstrap: int = 200, work: Path | None = None, init_checkpoint: str | None = None,
+                   on_partial: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train the runs, forecast each from its first 25% / 50%, and return the JSON-able result
+    (`on_partial` gets the result over the runs finished so far, after each run, with complete=False)."""
+    t0 = time.perf_counter()
+
+    def result(runs: Runs, timing: dict[str, Any]) -> dict[str, Any]:
+        used = choose_axis(next(iter(runs.values())), axis)
+        heldout = {str(s): sorted({str(r.get("heldout_set")) for r in eval_records(recs)}) for s, recs in runs.items()}
+        early_steps = math.ceil(EARLY_FRACTION * timing["steps"])
+        return {"spec": spec_path, "overrides": list(overrides), "seeds": list(seeds), "complete": False,
+                "axis": used, "axis_unit": AXIS_UNITS[used], "fractions": list(FRACTIONS),
+                "early_steps_left_out": early_steps, "n_bootstrap": n_bootstrap, "level": LEVEL,
+                "heldout_sets": heldout, **timing,
+                **analyse_runs(runs, axis=used, early_steps=early_steps, n_bootstrap=n_bootstrap),
+                "wall_s": time.perf_counter() - t0}
+
+    def partial(runs: Runs, timing: dict[str, Any]) -> None:
+        if on_partial is not None and len(runs) < len(seeds):
+            on_partial(result(runs, timing))
+
+    with tempfile.TemporaryDirectory(prefix="scalerl-forecast-") as tmp:
+        runs, timing = train_runs(spec_path, overrides, seeds, work or Path(tmp), init_checkpoint, partial)
+    return {**result(runs, timing), "complete": True}
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds: {text!r} is not a comma-separated list of integers") from None
+    if len(seeds) < 3 or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"--seeds: give at least 3 distinct integers >= 0, got {text!r}")
+    return seeds
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--forecast-spec", default="examples/forecast.yaml", help="job spec of the forecast runs")
+    ap.add_argument("--forecast-seeds", type=_seeds, default=[0, 1, 2], metavar="S1,S2,S3",
+                    help="run seeds (at least 3; one task.data_seed for all)")
+    ap.add_argument("--forecast-axis", choices=["auto", *AXES], default="auto",
+                    help="compute axis (auto: compute_flops when the records have it, else compute)")
+    ap.add_argument("--forecast-bootstrap", type=int, default=200, metavar="N", help="bootstrap resamples")
+    ap.add_argument("--forecast-init", default=None, metavar="DIR",
+                    help="SFT model folder to start every seed from (default: run SFT once)")
+
+
+def run_section(args: argparse.Namespace, overrides: Sequence[str],
+                on_partial: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The bench section as `run_bench.py` calls it: train, analyse, print the table."""
+    if not Path(args.forecast_spec).is_file():
+        print(f"--forecast-spec: {args.forecast_spec} is not a file; give a job spec YAML", file=sys.stderr)
+        raise SystemExit(2)
+    print(f"bench: forecast from the first 25%/50% of {len(args.forecast_seeds)} runs of {args.forecast_spec}...",
+          file=sys.stderr, flush=True)
+    result = bench_forecast(args.forecast_spec, overrides, args.forecast_seeds, axis=args.forecast_axis,
+                            n_bootstrap=args.forecast_bootstrap, init_checkpoint=args.forecast_init,
+                            on_partial=on_partial)
+    print(format_table(result))
+    print(f"forecast section: {result['wall_s']:.0f} s wall")
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench/results.json", help="results file; the section goes under 'forecast'")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="spec override, as for `scalerl run`")
+    add_arguments(ap)
+    args = ap.parse_args()
+    out = Path(args.out)
+
+    def write(result: dict[str, Any]) -> None:
+        existing = json.loads(out.read_text()) if out.is_file() else {}
+        existing["forecast"] = result
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(existing, indent=2) + "\n")
+
+    write(run_section(args, args.overrides, on_partial=write))
+    print(f"wrote {out} (key 'forecast')")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

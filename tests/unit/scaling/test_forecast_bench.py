@@ -1,0 +1,119 @@
+"""The pure parts of bench/forecast_bench.py on synthetic records with known answers."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scalerl.scaling import sigmoid
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+import forecast_bench as fb
+
+
+def _records(n: int = 11, *, flops: bool = False) -> list[dict[str, object]]:
+    """Evals at steps 0, 10, ..., compute = step / 10 device-hours (and 1e12 × step FLOPs), with step records."""
+    recs: list[dict[str, object]] = []
+    for i in range(n):
+        recs.append({"kind": "step", "step": 10 * i, "compute": i - 0.5})
+        rec: dict[str, object] = {"kind": "eval", "step": 10 * i, "compute": float(i), "pass_rate": 0.3 + 0.05 * i}
+        if flops:
+            rec["compute_flops"] = 1e12 * i
+        recs.append(rec)
+    return recs
+
+
+def test_truncate_keeps_evals_up_to_the_fraction_of_final_compute() -> None:
+    recs = _records()  # final compute 10
+    assert [r["step"] for r in fb.truncate(recs, "compute", 0.25)] == [0, 10, 20]
+    assert [r["step"] for r in fb.truncate(recs, "compute", 0.5)] == [0, 10, 20, 30, 40, 50]
+    assert len(fb.truncate(recs, "compute", 1.0)) == 11
+    assert all(r["kind"] == "eval" for r in fb.truncate(recs, "compute", 1.0))
+    flops = _records(flops=True)
+    assert [r["step"] for r in fb.truncate(flops, "compute_flops", 0.25)] == [0, 10, 20]
+    with pytest.raises(ValueError, match="fraction"):
+        fb.truncate(recs, "compute", 0.0)
+
+
+def test_axis_is_flops_only_when_every_eval_has_it() -> None:
+    assert fb.choose_axis(_records(flops=True)) == "compute_flops"
+    assert fb.choose_axis(_records()) == "compute"
+    mixed = _records(flops=True)
+    del mixed[-1]["compute_flops"]
+    assert fb.choose_axis(mixed) == "compute"
+    assert fb.choose_axis(_records(flops=True), "compute") == "compute"
+    with pytest.raises(ValueError, match="axis"):
+        fb.choose_axis(_records(), "gpu_hours")
+
+
+def test_early_cutoff_is_the_first_eval_at_or_after_the_early_steps() -> None:
+    assert fb.early_cutoff(_records(), "compute", 20) == 2.0
+    assert fb.early_cutoff(_records(), "compute", 15) == 2.0
+    assert math.isinf(fb.early_cutoff(_records(), "compute", 1000))
+
+
+def test_coverage_and_aggregate() -> None:
+    assert fb.is_covered(0.5, 0.4, 0.6) is True
+    assert fb.is_covered(0.4, 0.4, 0.6) is True  # closed interval
+    assert fb.is_covered(0.61, 0.4, 0.6) is False
+    assert fb.is_covered(0.5, None, None) is None
+    rows = [
+        {"predicted": 0.7, "error": 0.1, "lo": 0.5, "hi": 0.9, "covered": True, "A": 0.8, "measured": 0.6},
+        {"predicted": 0.5, "error": -0.1, "lo": 0.55, "hi": 0.65, "covered": False, "A": 0.6, "measured": 0.6},
+        {"predicted": 0.6, "error": 0.0, "lo": 0.5, "hi": 0.7, "covered": True, "A": 0.7, "measured": 0.6},
+        {"predicted": None, "fit_error": "too few points", "measured": 0.6},
+    ]
+    agg = fb.summarise(rows)
+    assert (agg["runs"], agg["fitted"], agg["covered"], agg["with_interval"]) == (4, 3, 2, 3)
+    assert agg["coverage"] == pytest.approx(2 / 3)
+    assert agg["mean_error"] == pytest.approx(0.0)
+    assert agg["mean_abs_error"] == pytest.approx(0.2 / 3)
+    assert agg["mean_interval_width"] == pytest.approx((0.4 + 0.1 + 0.2) / 3)
+    assert agg["mean_A"] == pytest.approx(0.7)
+
+
+def test_final_measurement_standard_error_over_prompts() -> None:
+    recs = _records()
+    recs[-1]["prompt_pass_rates"] = [0.0, 1.0, 0.0, 1.0]
+    recs[-1]["pass_rate"] = 0.5
+    end, measured, se = fb.final_measurement(recs, "compute")
+    assert (end, measured) == (10.0, 0.5)
+    assert se == pytest.approx(math.sqrt((4 * 0.25 / 3) / 4))  # sample variance 1/3 over 4 prompts
+
+
+def test_forecast_row_recovers_a_known_curve() -> None:
+    """A noise-free sigmoid (A 0.8, B 2, C_mid 3): from its first half the forecast of the end is right."""
+    c = np.arange(0, 21) * 0.5  # evals every 0.5 device-hours up to 10
+    y = sigmoid(c, A=0.8, B=2.0, C_mid=3.0, R0=0.3)
+    recs = [{"kind": "eval", "step": 10 * i, "compute": float(ci), "pass_rate": float(yi)}
+            for i, (ci, yi) in enumerate(zip(c, y, strict=True))]
+    row = fb.forecast_row(recs, axis="compute", fraction=0.5, early_steps=20, n_bootstrap=20)
+    assert row["n_evals_seen"] == 11 and row["n_points_fitted"] == 9  # steps 20..100 of 0..100 (compute 1..5)
+    assert row["measured"] == pytest.approx(float(y[-1]))
+    assert row["error"] == pytest.approx(row["predicted"] - float(y[-1]))
+    assert abs(row["error"]) < 0.01 and abs(row["A"] - 0.8) < 0.02
+    assert isinstance(row["covered"], bool)
+    short = fb.forecast_row(recs[:4], axis="compute", fraction=0.25, early_steps=20, n_bootstrap=0)
+    assert short["predicted"] is None and "point" in short["fit_error"]
+
+
+def test_analyse_runs_and_table_over_seeds() -> None:
+    c = np.arange(0, 21) * 0.5
+    runs = {}
+    for seed, a in ((0, 0.8), (1, 0.75)):
+        y = sigmoid(c, A=a, B=2.0, C_mid=3.0, R0=0.3)
+        runs[seed] = [{"kind": "eval", "step": 10 * i, "compute": float(ci), "pass_rate": float(yi)}
+                      for i, (ci, yi) in enumerate(zip(c, y, strict=True))]
+    res = fb.analyse_runs(runs, axis="compute", early_steps=20, n_bootstrap=0)
+    assert set(res["per_seed"]) == {"0", "1"} and set(res["aggregate"]) == {"0.25", "0.5"}
+    half = res["aggregate"]["0.5"]
+    assert half["runs"] == 2 and half["with_interval"] == 0 and half["coverage"] is None  # no bootstrap
+    assert half["mean_measured_final"] == pytest.approx(np.mean([runs[s][-1]["pass_rate"] for s in (0, 1)]))
+    assert abs(res["per_seed"]["1"]["full_fit_A"] - 0.75) < 0.01
+    table = fb.format_table({**res, "axis": "compute"})
+    assert "compute axis: compute (device-hours)" in table
+    assert table.count("| 0 | first") == 2 and table.count("| all | first") == 2
