@@ -8,9 +8,12 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalerl.config import JobSpec, SpecError, load_spec
-from scalerl.runtime.roles import ROLES
+if TYPE_CHECKING:
+    from scalerl.config import JobSpec
+
+ROLES = ("generator", "verifier", "curriculum", "learner")
 
 EXIT_BAD_INPUT = 2
 
@@ -29,6 +32,8 @@ def _check_urls(bus: str, store: str) -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from scalerl.config import SpecError, load_spec
+
     try:
         spec = load_spec(args.job, args.set)
     except SpecError as exc:

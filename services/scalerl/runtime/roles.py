@@ -37,7 +37,6 @@ from scalerl.verifier.role import VerifierRole
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-ROLES = ("generator", "verifier", "curriculum", "learner")
 POLL_S = 0.2
 
 

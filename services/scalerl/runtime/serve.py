@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from scalerl.runtime.commands import ROLES
 from scalerl.runtime.roles import (
-    ROLES,
     CurriculumService,
     GeneratorService,
     ServiceContext,
