@@ -45,6 +45,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     except SpecError as exc:
         return _fail(str(exc))
     out = Path(args.out) if args.out else Path("runs") / spec.name
+    from scalerl.endpoints import output_dir_problem
+
+    problem = output_dir_problem("--out", out)
+    if problem is None and args.distributed:
+        from scalerl.runtime.commands import check_urls
+
+        bad_url = check_urls(args, spec.runtime.bus, spec.runtime.store, f"file://{out.absolute()}/store")[2]
+        problem = bad_url and f"{bad_url} (run --distributed)"
+    if problem:
+        return _fail(problem)
     if out.exists() and any(out.iterdir()) and not (args.resume or args.overwrite):
         return _fail(f"{out} already holds a run: pass --resume to continue it, --overwrite to replace it, "
                      f"or --out DIR")
@@ -88,6 +98,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from scalerl.runtime.setup import configure_threads, initial_model, make_task, seed_everything
 
     out = Path(args.out)
+    from scalerl.endpoints import output_dir_problem
+
+    problem = output_dir_problem("--out", out)
+    if problem:
+        return _fail(problem)
     if (out / "sft" / "config.json").exists() and not args.overwrite:
         return _fail(f"{out / 'sft'} exists; pass --overwrite to retrain")
     shutil.rmtree(out / "sft", ignore_errors=True)

@@ -23,12 +23,16 @@ def _fail(msg: str) -> int:
     return EXIT_BAD_INPUT
 
 
-def _check_urls(bus: str, store: str) -> str | None:
-    if not bus.startswith("kafka://") or len(bus) <= len("kafka://"):
-        return f"--bus {bus!r}: a role process needs kafka://HOST:PORT (memory:// lives in one process)"
-    if not (store.startswith(("s3://", "file://", "/"))):
-        return f"--store {store!r}: expected s3://BUCKET/PREFIX, file:///PATH or an absolute path"
-    return None
+def check_urls(args: argparse.Namespace, spec_bus: str, spec_store: str | None,
+               default_store: str = "") -> tuple[str, str, str | None]:
+    """(bus, store, problem): the addresses a role process will use (the flag, else the spec's field) and
+    a one-line reason to refuse them, checked before any work."""
+    from scalerl.endpoints import bus_problem, store_problem
+
+    bus, store = args.bus or spec_bus, args.store or spec_store or default_store
+    problem = (bus_problem("--bus" if args.bus else "runtime.bus", bus, allow_memory=False)
+               or store_problem("--store" if args.store else "runtime.store", store))
+    return bus, store, problem
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -38,9 +42,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         spec = load_spec(args.job, args.set)
     except SpecError as exc:
         return _fail(str(exc))
-    bus = args.bus or spec.runtime.bus
-    store = args.store or spec.runtime.store or ""
-    problem = _check_urls(bus, store)
+    from scalerl.endpoints import output_dir_problem
+
+    bus, store, problem = check_urls(args, spec.runtime.bus, spec.runtime.store)
+    problem = problem or (output_dir_problem("--out", args.out) if args.out else None)
     if problem:
         return _fail(problem)
     if args.role == "learner" and spec.off_policy.mode != "pipeline":
@@ -77,9 +82,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def run_distributed(spec: JobSpec, out: Path, args: argparse.Namespace) -> int:
     from scalerl.runtime.launcher import LocalCluster, reset_job
 
-    bus = args.bus or spec.runtime.bus
-    store = args.store or spec.runtime.store or f"file://{(out / 'store').resolve()}"
-    problem = _check_urls(bus, store)
+    bus, store, problem = check_urls(args, spec.runtime.bus, spec.runtime.store,
+                                     f"file://{(out / 'store').resolve()}")
     if problem:
         return _fail(problem + " (run --distributed)")
     if spec.off_policy.mode != "pipeline":

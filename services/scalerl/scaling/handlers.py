@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from scalerl.endpoints import output_file_problem
 from scalerl.report import plots, tables
 from scalerl.report.runfiles import RunFileError, json_safe, metrics_file, read_records, run_name
 from scalerl.scaling.analysis import CurveAnalysis, analyse_curve
@@ -24,6 +25,10 @@ EXIT_BAD_INPUT = 2
 
 
 def _guarded(cmd: str, body: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    problem = output_file_problem("--plot", args.plot) if args.plot is not None else None
+    if problem:
+        print(f"scalerl {cmd}: error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         return body(args)
     except (FitError, RunFileError) as e:
