@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command in ("run", "sft"):
+    if args.command in ("run", "sft", "eval"):
         from scalerl.runtime.progress import quiet_third_party_bars
 
         quiet_third_party_bars()
