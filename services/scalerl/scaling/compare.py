@@ -13,7 +13,6 @@ B intervals come from a bootstrap at the A used for ranking (own A, or the share
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
