@@ -1,6 +1,8 @@
-"""`scalerl` command line: run | serve | sft | fit | compare.
+"""`scalerl` command line: run | serve | sft | fit | compare | eval.
 
 Entry points are thin: parse -> validate (exit 2 with one message naming the field) -> build -> run.
+Building the parser imports no torch, transformers, numpy or pydantic: each command's handler imports
+what it needs when it runs, so `scalerl --help` and `scalerl CMD --help` answer at once.
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ import logging
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalerl.config import JobSpec, SpecError, load_spec
+from scalerl import __version__
+
+if TYPE_CHECKING:
+    from scalerl.config import JobSpec
 
 EXIT_BAD_INPUT = 2
 
@@ -23,6 +29,7 @@ def _fail(msg: str) -> int:
 
 
 def _load(args: argparse.Namespace) -> JobSpec:
+    from scalerl.config import load_spec
     from scalerl.runtime.setup import validate_resources
 
     spec = load_spec(args.spec, args.set)
@@ -31,11 +38,23 @@ def _load(args: argparse.Namespace) -> JobSpec:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from scalerl.config import SpecError
+
     try:
         spec = _load(args)
     except SpecError as exc:
         return _fail(str(exc))
     out = Path(args.out) if args.out else Path("runs") / spec.name
+    from scalerl.endpoints import output_dir_problem
+
+    problem = output_dir_problem("--out", out)
+    if problem is None and args.distributed:
+        from scalerl.runtime.commands import check_urls
+
+        bad_url = check_urls(args, spec.runtime.bus, spec.runtime.store, f"file://{out.absolute()}/store")[2]
+        problem = bad_url and f"{bad_url} (run --distributed)"
+    if problem:
+        return _fail(problem)
     if out.exists() and any(out.iterdir()) and not (args.resume or args.overwrite):
         return _fail(f"{out} already holds a run: pass --resume to continue it, --overwrite to replace it, "
                      f"or --out DIR")
@@ -69,6 +88,8 @@ def _print_summary(out: Path, s: dict[str, object]) -> None:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
+    from scalerl.config import SpecError
+
     try:
         spec = _load(args)
     except SpecError as exc:
@@ -77,6 +98,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from scalerl.runtime.setup import configure_threads, initial_model, make_task, seed_everything
 
     out = Path(args.out)
+    from scalerl.endpoints import output_dir_problem
+
+    problem = output_dir_problem("--out", out)
+    if problem:
+        return _fail(problem)
     if (out / "sft" / "config.json").exists() and not args.overwrite:
         return _fail(f"{out / 'sft'} exists; pass --overwrite to retrain")
     shutil.rmtree(out / "sft", ignore_errors=True)
@@ -92,9 +118,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="scalerl", description=__doc__)
+    p = argparse.ArgumentParser(prog="scalerl", description=__doc__.split("\n\n")[0],
+                                epilog="`scalerl COMMAND --help` describes a command's arguments.")
+    p.add_argument("--version", action="version", version=f"scalerl {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def spec_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("spec", help="job spec YAML (see examples/quickstart.yaml)")
@@ -103,14 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--quiet", action="store_true", help="no progress bars")
         sp.add_argument("--overwrite", action="store_true", help="replace existing outputs")
 
-    run = sub.add_parser("run", help="train a policy with RL (all roles in one process)")
+    from scalerl.runtime.commands import add_distributed_args
+    from scalerl.runtime.commands import register as register_serve
+
+    run = sub.add_parser("run", help="train a policy with RL (all roles in one process, or --distributed)")
     spec_args(run)
     run.add_argument("--out", help="run folder (default runs/<name>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     run.set_defaults(func=cmd_run)
-    from scalerl.runtime.commands import add_distributed_args
-    from scalerl.runtime.commands import register as register_serve
-
     add_distributed_args(run)
     register_serve(sub)
 
@@ -119,14 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--out", required=True, help="folder; the model is written to OUT/sft")
     sft.set_defaults(func=cmd_sft)
 
-    try:
-        from scalerl.scaling.commands import register
-    except ImportError:  # pragma: no cover
-        pass
-    else:
-        register(sub)
     from scalerl.evaluation.commands import register as register_eval
+    from scalerl.scaling.commands import register as register_scaling
 
+    register_scaling(sub)
     register_eval(sub)
     return p
 
@@ -136,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command in ("run", "sft"):
+    if args.command in ("run", "sft", "eval"):
         from scalerl.runtime.progress import quiet_third_party_bars
 
         quiet_third_party_bars()

@@ -284,6 +284,14 @@ class JobSpec(_Strict):
     fit: FitConfig = Field(default_factory=FitConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
+    @model_validator(mode="after")
+    def _group_can_train(self) -> JobSpec:
+        if self.generation.group_size == 1 and self.loss.zero_variance_filter:
+            raise ValueError("generation.group_size: 1 with loss.zero_variance_filter: true never trains (a group "
+                             "of one sample has zero reward variance, so every group is dropped); allowed: "
+                             "group_size >= 2, or loss.zero_variance_filter: false")
+        return self
+
     @property
     def max_inflight_prompts(self) -> int:
         return self.curriculum.max_inflight_prompts or self.off_policy.k * self.train.prompts_per_step
@@ -293,6 +301,8 @@ def _format_error(err: ValidationError) -> str:
     first = err.errors()[0]
     path = ".".join(str(p) for p in first["loc"]) or "<root>"
     msg = first["msg"]
+    if first["type"] == "value_error" and not first["loc"]:  # a check across sections names its own fields
+        return msg.removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown field"
     extra = f" (and {err.error_count() - 1} more problem(s))" if err.error_count() > 1 else ""

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scalerl.endpoints import output_file_problem, target_problem
+
 STRATEGIES = ("greedy", "sample", "majority", "best-of-n", "budget-forcing", "tree")
 EMBEDDED_ONLY = ("tree",)  # step-level stops: the Generate request has no stop ids
 EXIT_BAD_INPUT = 2
@@ -83,8 +85,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", default=None, help="iso-compute frontier: device-hour budgets to answer, e.g. 0.05,0.1")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="OUT.json",
                    help="write every number as JSON (to stdout when no file is given)")
-    p.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="test-time scaling plot "
-                   "(with --checkpoints all also OUT-frontier.png)")
+    p.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="test-time scaling plot; with "
+                   "--checkpoints all also one frontier plot per --problems-served N: OUT-frontier-N.png "
+                   "(frontier-N.png for --plot frontier.png)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=eval_command)
 
@@ -136,9 +139,9 @@ def _check_engine(args: argparse.Namespace, strategies: tuple[str, ...]) -> None
     if args.engine not in ("embedded", "grpc"):
         raise BadArgument(f"--engine: {args.engine!r}; allowed: embedded, grpc")
     if args.engine == "grpc":
-        if not args.grpc_target or ":" not in args.grpc_target:
-            raise BadArgument(f"--target: --engine grpc needs the generator service as HOST:PORT, "
-                              f"got {args.grpc_target!r}")
+        problem = target_problem("--target", args.grpc_target)
+        if problem:
+            raise BadArgument(f"{problem} (--engine grpc samples through that generator service)")
         local = [s for s in strategies if s in EMBEDDED_ONLY]
         if local or args.checkpoints == "all":
             what = f"--strategy {','.join(local)}" if local else "--checkpoints all"
@@ -158,6 +161,20 @@ def _check_tasks(tasks: str) -> None:
         raise BadArgument(f"--tasks: not eval, train or a usable JSONL file: {exc}") from None
 
 
+def frontier_plot_path(plot: Path, problems_served: int) -> Path:
+    """Where `--plot OUT.png` puts the frontier for N problems served: OUT-frontier-N.png (frontier-N.png
+    when OUT already ends in "frontier")."""
+    stem = plot.stem if plot.stem.endswith("frontier") else f"{plot.stem}-frontier"
+    return plot.with_name(f"{stem}-{problems_served}{plot.suffix}")
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    for option, path in (("--json", None if args.json in (None, "-") else args.json), ("--plot", args.plot)):
+        problem = None if path is None else output_file_problem(option, path)
+        if problem:
+            raise BadArgument(problem)
+
+
 def plan(args: argparse.Namespace) -> Plan:
     """Validate every argument (no model is loaded); BadArgument names the first bad one."""
     from scalerl.config import SpecError, load_spec
@@ -167,6 +184,7 @@ def plan(args: argparse.Namespace) -> Plan:
     from scalerl.evaluation.scorer_training import ScorerTrainingConfig
     from scalerl.report.runfiles import RunFileError
 
+    _check_outputs(args)
     strategies = tuple(s.strip() for s in args.strategy.split(",") if s.strip())
     unknown = [s for s in strategies if s not in STRATEGIES]
     if not strategies or unknown:
@@ -254,7 +272,7 @@ def eval_command(args: argparse.Namespace) -> int:
         args.plot.write_bytes(scaling_png(last, title=f"{args.target} step {last['step']}: test-time scaling"))
         plots = []
         for front in result.get("frontiers", []):
-            path = args.plot.with_name(f"{args.plot.stem}-frontier-{front['problems_served']}{args.plot.suffix}")
+            path = frontier_plot_path(args.plot, front["problems_served"])
             path.write_bytes(frontier_png(front))
             plots.append(str(path))
         result["plot"] = str(args.plot)

@@ -68,7 +68,9 @@ def _summary_html(run: RunFolder) -> str:
         items.append(("fit at the end of training", ", ".join(parts)))
     elif "fit" in s:
         items.append(("fit at the end of training", "none (see the scaling curve below)"))
-    return tables.key_value_html(items)
+    warnings = s.get("warnings")
+    notes = [f'<p class="warn">{html.escape(str(w))}</p>' for w in warnings] if isinstance(warnings, list) else []
+    return "\n".join([*notes, tables.key_value_html(items)])
 
 
 def token_age_text(ages: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ import numpy as np
 
 from scalerl.scaling import A_MARGIN, Comparison, CurveAnalysis
 from scalerl.scaling.compute import column_unit
+from scalerl.scaling.constants import A_AT_BOUND
 
 Table = tuple[list[str], list[list[str]]]
 
@@ -119,11 +120,14 @@ def power_law_table(a: CurveAnalysis) -> Table:
     if pl is None:
         return ["power law"], [["not fitted (a point is already at the ceiling 1.0)"]]
     gap = pl.A - a.fit.A
-    verdict = (
-        f"its ceiling is {gap:+.3f} from the sigmoid's: power laws fitted early overshoot"
-        if gap > A_MARGIN
-        else "agrees with the sigmoid within the ±0.02 margin"
-    )
+    if pl.A >= A_AT_BOUND and a.fit.A >= A_AT_BOUND:
+        verdict = "both ceilings sit at the fits' bound 1.0: neither is identified yet, nothing to compare"
+    elif gap > A_MARGIN:
+        verdict = f"its ceiling is {gap:+.3f} from the sigmoid's: power laws fitted early overshoot"
+    elif gap < -A_MARGIN:
+        verdict = f"its ceiling is {gap:+.3f} from the sigmoid's (below it)"
+    else:
+        verdict = f"its ceiling agrees with the sigmoid's within the ±{A_MARGIN:g} margin ({gap:+.3f})"
     return ["A", "B", "D", "R²", "reading"], [[rate(pl.A), num(pl.B, 3), num(pl.D, 3), rate(pl.r2), verdict]]
 
 
@@ -133,7 +137,7 @@ def comparison_table(cmp: Comparison, *, x: str = "compute") -> Table:
     for r in cmp.rows:
         rows.append(
             [
-                str(r.rank),
+                f"={r.rank}" if r.tied else str(r.rank),
                 r.name,
                 rate(r.fit.A),
                 span(r.A_ci, rate),

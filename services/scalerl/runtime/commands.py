@@ -8,11 +8,15 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from scalerl.config import JobSpec, SpecError, load_spec
-from scalerl.runtime.roles import ROLES
+if TYPE_CHECKING:
+    from scalerl.config import JobSpec
+
+ROLES = ("generator", "verifier", "curriculum", "learner")
 
 EXIT_BAD_INPUT = 2
+EXIT_OUTAGE = 1
 
 
 def _fail(msg: str) -> int:
@@ -20,29 +24,40 @@ def _fail(msg: str) -> int:
     return EXIT_BAD_INPUT
 
 
-def _check_urls(bus: str, store: str) -> str | None:
-    if not bus.startswith("kafka://") or len(bus) <= len("kafka://"):
-        return f"--bus {bus!r}: a role process needs kafka://HOST:PORT (memory:// lives in one process)"
-    if not (store.startswith(("s3://", "file://", "/"))):
-        return f"--store {store!r}: expected s3://BUCKET/PREFIX, file:///PATH or an absolute path"
-    return None
+def check_urls(args: argparse.Namespace, spec_bus: str, spec_store: str | None,
+               default_store: str = "") -> tuple[str, str, str | None]:
+    """(bus, store, problem): the addresses a role process will use (the flag, else the spec's field) and
+    a one-line reason to refuse them, checked before any work."""
+    from scalerl.endpoints import bus_problem, store_problem
+
+    bus, store = args.bus or spec_bus, args.store or spec_store or default_store
+    problem = (bus_problem("--bus" if args.bus else "runtime.bus", bus, allow_memory=False)
+               or store_problem("--store" if args.store else "runtime.store", store))
+    return bus, store, problem
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from scalerl.config import SpecError, load_spec
+
     try:
         spec = load_spec(args.job, args.set)
     except SpecError as exc:
         return _fail(str(exc))
-    bus = args.bus or spec.runtime.bus
-    store = args.store or spec.runtime.store or ""
-    problem = _check_urls(bus, store)
+    from scalerl.endpoints import output_dir_problem
+
+    bus, store, problem = check_urls(args, spec.runtime.bus, spec.runtime.store)
+    problem = problem or (output_dir_problem("--out", args.out) if args.out else None)
     if problem:
         return _fail(problem)
     if args.role == "learner" and spec.off_policy.mode != "pipeline":
         return _fail(f"off_policy.mode: the distributed learner runs 'pipeline' (PipelineRL-k), got "
                      f"{spec.off_policy.mode!r}")
-    from scalerl.runtime.roles import ServiceContext
+    if not args.max_outage > 0:
+        return _fail(f"--max-outage {args.max_outage:g}: expected seconds > 0")
+    from scalerl.runtime.roles import PROCESS_RETRY, OutageTooLong, ServiceContext
     from scalerl.runtime.serve import install_stop_signals, serve
+
+    PROCESS_RETRY.max_outage_s = args.max_outage
 
     out = Path(args.out) if args.out else Path("runs") / spec.name
     ctx = ServiceContext(spec, bus, store, args.id or f"{args.role}-0", out)
@@ -60,10 +75,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from scalerl.telemetry.tracing import setup_tracing
 
         setup_tracing(os.environ.get("OTEL_SERVICE_NAME") or f"scalerl-{args.role}", otlp_endpoint=endpoint)
-    result = serve(args.role, ctx, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
-                   http_port=None if args.http_port < 0 else args.http_port, stop=stop,
-                   on_ready=lambda ports: print(json.dumps({"role": args.role, "id": ctx.role_id, **ports}),
-                                                flush=True))
+    try:
+        result = serve(args.role, ctx, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
+                       http_port=None if args.http_port < 0 else args.http_port, stop=stop,
+                       on_ready=lambda ports: print(json.dumps({"role": args.role, "id": ctx.role_id, **ports}),
+                                                    flush=True))
+    except OutageTooLong as exc:  # exit 1: the supervisor (Kubernetes, the local launcher) restarts the role
+        print(f"scalerl serve: error: {exc}", file=sys.stderr)
+        return EXIT_OUTAGE
     if isinstance(result, dict):
         print(json.dumps({"summary": str(out / "summary.json"), "final_pass_rate": result.get("final_pass_rate")}))
     return 0
@@ -72,9 +91,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def run_distributed(spec: JobSpec, out: Path, args: argparse.Namespace) -> int:
     from scalerl.runtime.launcher import LocalCluster, reset_job
 
-    bus = args.bus or spec.runtime.bus
-    store = args.store or spec.runtime.store or f"file://{(out / 'store').resolve()}"
-    problem = _check_urls(bus, store)
+    bus, store, problem = check_urls(args, spec.runtime.bus, spec.runtime.store,
+                                     f"file://{(out / 'store').resolve()}")
     if problem:
         return _fail(problem + " (run --distributed)")
     if spec.off_policy.mode != "pipeline":
@@ -108,6 +126,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     sp.add_argument("--bus", help="kafka://HOST:PORT (default: runtime.bus of the spec)")
     sp.add_argument("--store", help="s3://BUCKET/PREFIX or file:///PATH (default: runtime.store of the spec)")
     sp.add_argument("--id", help="replica id, e.g. generator-1 (default ROLE-0)")
+    sp.add_argument("--max-outage", type=float, default=120.0, metavar="SECONDS",
+                    help="wait out an unreachable bus/store this long (plus the call in flight, at most the "
+                    "30 s request timeout), then exit 1 for the supervisor to restart the role (default 120)")
     sp.add_argument("--out", help="learner: run folder for metrics/report (default runs/<name>)")
     sp.add_argument("--grpc-port", type=int, default=50051, help="gRPC port (0: a free one; -1: none)")
     sp.add_argument("--http-port", type=int, default=9090,

@@ -24,11 +24,26 @@ class _Bar:
             self._bar.close()
 
 
+# Deprecation notices of transformers about arguments it passes itself (e.g. "`past_key_values` is
+# deprecated and will be removed in version 5.40.0 for `LlamaModel.forward`. Use `cache` instead."),
+# attributed by their stacklevel to torch's Module.__call__ or to transformers: nothing a user can act on.
+THIRD_PARTY_DEPRECATIONS = r".*(is|are) deprecated.*"
+THIRD_PARTY_MODULES = r"(transformers|torch\.nn\.modules\.module)(\..*)?$"
+
+
 def quiet_third_party_bars() -> None:
-    """Hide transformers' own bars ("Loading weights", "Writing model shards"): ours say what runs."""
+    """Hide transformers' own bars ("Loading weights", "Writing model shards") and its notices: ours say
+    what runs. Only FutureWarning/DeprecationWarning attributed to transformers or torch's Module call
+    are dropped, and transformers' logger keeps its errors; every other warning (ours included) shows."""
+    import warnings
+
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()  # "[transformers] `past_key_values`/`cache_params` are deprecated..."
+    for category in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", message=THIRD_PARTY_DEPRECATIONS, category=category,
+                                module=THIRD_PARTY_MODULES)
 
 
 class Progress:

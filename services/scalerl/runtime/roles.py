@@ -37,7 +37,6 @@ from scalerl.verifier.role import VerifierRole
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-ROLES = ("generator", "verifier", "curriculum", "learner")
 POLL_S = 0.2
 
 
@@ -68,27 +67,61 @@ def ensure_job_topics(bus: Bus, spec: JobSpec) -> None:
 MAX_OUTAGE_S = 120.0
 
 
+class OutageTooLong(RuntimeError):
+    """The bus or store stayed unreachable for longer than the retry limit."""
+
+
+class RetryStopped(BaseException):
+    """A stop (SIGTERM) came while a bus/store call was being retried: nothing more can be committed.
+
+    A BaseException, like KeyboardInterrupt, so that a client library's `except Exception` does not
+    swallow it when the signal handler raises it inside a blocking connect."""
+
+
+@dataclass
+class RetryPolicy:
+    """How this process waits out an outage: `scalerl serve --max-outage` and its SIGTERM event set it."""
+
+    max_outage_s: float = MAX_OUTAGE_S
+    stop: threading.Event | None = None
+
+
+PROCESS_RETRY = RetryPolicy()
+
+
 def retry_io(fn: Callable[[], T], stop: threading.Event | None = None, *, what: str = "bus/store call",
-             max_outage_s: float = MAX_OUTAGE_S, on_error: Callable[[], None] | None = None) -> T:
+             max_outage_s: float | None = None, on_error: Callable[[], None] | None = None) -> T:
     """Call `fn` until it succeeds: a broker restart or a store hiccup is waited out (retry every
     second, `on_error` first, e.g. to rewind a consumer to its committed offsets). After `max_outage_s`
-    of failures the error is raised, so the process exits non-zero and its supervisor restarts it."""
+    (default `PROCESS_RETRY.max_outage_s`) of failures it raises OutageTooLong, so the process exits
+    non-zero and its supervisor restarts it; a stop (`stop`, default `PROCESS_RETRY.stop`) raises
+    RetryStopped. Neither is retried by an enclosing retry_io, so nested retries share one limit."""
+    stop = stop or PROCESS_RETRY.stop
+    limit = PROCESS_RETRY.max_outage_s if max_outage_s is None else max_outage_s
     first_failure: float | None = None
     while True:
         try:
             return fn()
+        except OutageTooLong:
+            raise
         except Exception as exc:
             now = time.monotonic()
             first_failure = first_failure or now
-            if now - first_failure > max_outage_s or (stop is not None and stop.is_set()):
-                raise
+            if now - first_failure > limit:
+                raise OutageTooLong(f"{what}: the bus/store did not answer for {limit:g} s (last error: {exc!r})") \
+                    from exc
+            if stop is not None and stop.is_set():
+                raise RetryStopped(what) from exc
             log.warning("%s failed (%r); retrying", what, exc)
             if on_error is not None:
                 try:
                     on_error()
                 except Exception as again:  # still down: the next attempt retries both
                     log.warning("recovery after %s failed: %r", what, again)
-            time.sleep(1.0)
+            if stop is not None and stop.wait(1.0):
+                raise RetryStopped(what) from exc
+            if stop is None:
+                time.sleep(1.0)
 
 
 def input_lag(bus: Bus, group: str, topic: str) -> dict[str, int]:

@@ -3,7 +3,9 @@
 The process runs the role's loop in the main thread, a gRPC server (health checking, reflection, the
 role's service) and a FastAPI side port (/healthz, /readyz, Prometheus /metrics) beside it. SIGTERM or
 SIGINT sets the stop event: the role finishes or hands back its in-flight work, commits, and the
-servers stop after it (grace period), so the process exits 0.
+servers stop after it (grace period), so the process exits 0. A signal while the role is still
+connecting (the broker or store unreachable) ends the wait at once, also with 0: nothing was taken
+yet. An outage longer than `PROCESS_RETRY.max_outage_s` (`--max-outage`, 120 s) raises OutageTooLong.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from scalerl.runtime.commands import ROLES
 from scalerl.runtime.roles import (
-    ROLES,
+    PROCESS_RETRY,
     CurriculumService,
     GeneratorService,
+    RetryStopped,
     ServiceContext,
     VerifierService,
     retry_io,
@@ -48,10 +52,20 @@ def build_service(role: str, ctx: ServiceContext, *, show_progress: bool = False
     raise ValueError(f"role {role!r}: expected one of {', '.join(ROLES)}")
 
 
+_CONNECTING = threading.Event()  # set while the role is built: a signal then interrupts the blocking connect
+
+
 def install_stop_signals(stop: threading.Event) -> None:
+    """SIGTERM/SIGINT set `stop` (also the process's retry stop); while the role is still connecting they
+    also raise RetryStopped in the main thread, so a connect blocked on an unreachable broker ends now."""
+    PROCESS_RETRY.stop = stop
+
     def handler(signum: int, _frame: Any) -> None:
         log.info("signal %d: finishing in-flight work, then exiting", signum)
         stop.set()
+        if _CONNECTING.is_set():
+            _CONNECTING.clear()
+            raise RetryStopped(f"signal {signum} while connecting")
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
@@ -80,12 +94,23 @@ def serve(role: str, ctx: ServiceContext, *, grpc_port: int | None = None, http_
     # A role started while the broker or store is down (a restart, a rolling upgrade) waits for them; a
     # learner over several ranks does not retry as a whole (its start is a collective, and a retry would
     # desynchronise the ranks: its I/O steps retry one by one instead).
-    service = build() if ranks > 1 else retry_io(build, stop, what=f"start {role}")
+    _CONNECTING.set()
+    log.info("starting %s %s: connecting to %s and %s", role, ctx.role_id, ctx.bus_url, ctx.store_url)
+    try:
+        service = build() if ranks > 1 else retry_io(build, stop, what=f"start {role}")
+    except RetryStopped as exc:
+        log.info("stopped before %s started (%s): nothing taken, nothing to commit", role, exc)
+        return None
+    finally:
+        _CONNECTING.clear()
     servers = start_servers(role, service, ctx, grpc_port=grpc_port, http_port=http_port)
     if on_ready is not None:
         on_ready(servers.ports)
     try:
         return service.run(stop)
+    except RetryStopped as exc:  # stopped while the bus/store was down: what was not committed is redelivered
+        log.info("stopped during an outage (%s): uncommitted work is redelivered to the group", exc)
+        return None
     finally:
         servers.stop()
 

@@ -61,6 +61,39 @@ class TrainClock:
         return self.elapsed_s + (time.perf_counter() - self._since if self._since is not None else 0.0)
 
 
+IDLE_STEPS_WARNING = 5
+"""Consecutive RL steps that train on no group before the run warns (terminal, summary.json, report)."""
+
+
+class IdleSteps:
+    """Counts RL steps whose every group was dropped (zero-variance, or stale): the policy did not move."""
+
+    def __init__(self, warn_after: int = IDLE_STEPS_WARNING) -> None:
+        self.warn_after = warn_after
+        self.streak = self.longest = self.total = 0
+        self.zero_variance = 0  # groups dropped as zero-variance during idle steps
+        self.warned = False
+
+    def observe(self, kept_groups: float | None, dropped_zero_variance: float | None) -> bool:
+        """Record one step; True when a streak of idle steps has just reached `warn_after`."""
+        if kept_groups:
+            self.streak = 0
+            return False
+        self.streak, self.total = self.streak + 1, self.total + 1
+        self.longest = max(self.longest, self.streak)
+        self.zero_variance += int(dropped_zero_variance or 0)
+        if self.streak == self.warn_after:
+            self.warned = True
+            return True
+        return False
+
+    def warning(self) -> str:
+        return (f"{self.longest} consecutive RL steps trained on nothing ({self.total} steps in all; "
+                f"{self.zero_variance} groups dropped as zero-variance, i.e. all samples of a prompt equally "
+                "rewarded): the policy is not learning. Start from a stronger policy (sft.steps), an easier "
+                "task, or a larger generation.group_size; or set loss.zero_variance_filter: false")
+
+
 class TrainerHost:
     """Owns the learner, the evaluator and the run folder. Subclasses bring the rollouts, and the bus and
     store the policy is published to."""
@@ -83,6 +116,7 @@ class TrainerHost:
         self.n_params = 0
         self.counters = {"gen_tokens": 0, "train_tokens": 0, "prefill_tokens": 0, "train_seq_tokens": 0,
                          "dropped_stale": 0, "duplicates": 0}
+        self.idle = IdleSteps()
 
     # -- assembly ----------------------------------------------------------------------------------
     def _setup_common(self) -> None:
@@ -184,6 +218,8 @@ class TrainerHost:
                "train_tokens": self.counters["train_tokens"], "token_age": _token_age_record(stats),
                **(extra or {})}
         self.out.train_record(rec)
+        if self.idle.observe(rec["effective_batch"], rec["dropped_zero_variance"]):
+            log.warning("%s", self.idle.warning())
         bar.update(1, loss=f"{rec['loss'] or 0:.3f}", train_pass=f"{rec['train_pass_rate'] or 0:.2f}",
                    stale=f"{rec['staleness_mean'] or 0:.1f}")
         return rec
@@ -270,7 +306,10 @@ class TrainerHost:
                    "k": self.spec.off_policy.k, "threads": self.threads, "heldout_set": self.heldout_set,
                    "data_seed": self.spec.task.data_seed,
                    "token_age": summarise_token_ages(self.out.read(self.out.train_path)), **extra,
-                   "fit": self.last_fit, **self.init_info}
+                   "fit": self.last_fit, **self.init_info,
+                   "steps_without_training": self.idle.total}
+        if self.idle.warned:
+            summary["warnings"] = [self.idle.warning()]
         for key in ("A", "B", "C_mid"):
             summary[key] = (self.last_fit or {}).get(key)
         self.out.write_summary(summary)

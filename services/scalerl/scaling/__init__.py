@@ -12,27 +12,63 @@ Paper map: formula §1.1 → `curves.sigmoid`; fitting §1.3 → `fit.fit_sigmoi
 linearised efficiency §1.1 → `curves.linearised_efficiency`; bootstrap (ours) → `bootstrap`.
 """
 
-from scalerl.scaling.analysis import CurveAnalysis, Forecast, Holdout, analyse_curve, default_forecast_compute
-from scalerl.scaling.bootstrap import Bootstrap, bootstrap_sigmoid
-from scalerl.scaling.compare import Comparison, RunComparison, compare_curves
-from scalerl.scaling.curves import (
-    A_MARGIN,
-    FitError,
-    PowerLawFit,
-    SigmoidFit,
-    linearised_efficiency,
-    power_law,
-    sigmoid,
-)
-from scalerl.scaling.data import (
-    MIN_POINTS,
-    Curve,
-    FitWindow,
-    curve_from_arrays,
-    curve_from_records,
-    fit_window,
-)
-from scalerl.scaling.fit import fit_power_law, fit_power_law_window, fit_sigmoid, fit_sigmoid_window
+from typing import TYPE_CHECKING
+
+from scalerl.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from scalerl.scaling.analysis import CurveAnalysis, Forecast, Holdout, analyse_curve, default_forecast_compute
+    from scalerl.scaling.bootstrap import Bootstrap, bootstrap_sigmoid
+    from scalerl.scaling.compare import Comparison, RunComparison, compare_curves
+    from scalerl.scaling.curves import (
+        A_MARGIN,
+        FitError,
+        PowerLawFit,
+        SigmoidFit,
+        linearised_efficiency,
+        power_law,
+        sigmoid,
+    )
+    from scalerl.scaling.data import (
+        MIN_POINTS,
+        Curve,
+        FitWindow,
+        curve_from_arrays,
+        curve_from_records,
+        fit_window,
+    )
+    from scalerl.scaling.fit import fit_power_law, fit_power_law_window, fit_sigmoid, fit_sigmoid_window
+
+_EXPORTS = {
+    "A_MARGIN": "constants",
+    "Bootstrap": "bootstrap",
+    "Comparison": "compare",
+    "Curve": "data",
+    "CurveAnalysis": "analysis",
+    "FitError": "curves",
+    "FitWindow": "data",
+    "Forecast": "analysis",
+    "Holdout": "analysis",
+    "MIN_POINTS": "data",
+    "PowerLawFit": "curves",
+    "RunComparison": "compare",
+    "SigmoidFit": "curves",
+    "analyse_curve": "analysis",
+    "bootstrap_sigmoid": "bootstrap",
+    "compare_curves": "compare",
+    "curve_from_arrays": "data",
+    "curve_from_records": "data",
+    "default_forecast_compute": "analysis",
+    "fit_power_law": "fit",
+    "fit_power_law_window": "fit",
+    "fit_sigmoid": "fit",
+    "fit_sigmoid_window": "fit",
+    "fit_window": "data",
+    "linearised_efficiency": "curves",
+    "power_law": "curves",
+    "sigmoid": "curves",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "A_MARGIN",

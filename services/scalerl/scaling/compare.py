@@ -12,6 +12,7 @@ B intervals come from a bootstrap at the A used for ranking (own A, or the share
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ class RunComparison:
 
     name: str
     rank: int
-    """1 = best."""
+    """1 = best; runs with equal ranking keys share the rank (1, 1, 3: competition ranking)."""
     fit: SigmoidFit
     """The run's own fit."""
     shared_fit: SigmoidFit | None
@@ -42,6 +43,8 @@ class RunComparison:
     reason: str
     curve: Curve
     window: FitWindow
+    tied: bool = False
+    """Another run has the same ranking key (shown as "=rank")."""
 
     @property
     def ranked_fit(self) -> SigmoidFit:
@@ -71,6 +74,7 @@ class Comparison:
                 {
                     "name": r.name,
                     "rank": r.rank,
+                    "tied": r.tied,
                     "A": r.fit.A,
                     "B": r.fit.B,
                     "C_mid": r.fit.C_mid,
@@ -148,13 +152,19 @@ def compare_curves(
             b_cis.append(b.interval("B"))
     key = [(sf.B if sf is not None else f.A) for f, sf in zip(fits, shared_fits, strict=True)]
     order = sorted(range(len(runs)), key=lambda i: -key[i])
+    ranks = tie_ranks([key[i] for i in order])
+    names = [n for n, _ in runs]
     rows = []
-    for rank, i in enumerate(order, start=1):
-        reason = _reason(rank, i, order, fits, shared_fits, [n for n, _ in runs], margin)
+    for pos, i in enumerate(order):
+        rank = ranks[pos]
+        twins = [names[j] for p, j in enumerate(order) if ranks[p] == rank and j != i]
+        reason = (f"tied with {', '.join(map(repr, twins))} (the same ranking key)"
+                  if twins else _reason(pos + 1, i, order, fits, shared_fits, names, margin))
         rows.append(
             RunComparison(
                 name=runs[i][0],
                 rank=rank,
+                tied=bool(twins),
                 fit=fits[i],
                 shared_fit=shared_fits[i],
                 B_ci=b_cis[i],
@@ -194,6 +204,16 @@ def heldout_set_warning(runs: Sequence[tuple[str, Sequence[str]]]) -> str | None
         return (f"{', '.join(unknown)} do not record their held-out set (no `heldout_set` in the eval records), "
                 "so it cannot be checked that all runs were evaluated on the same prompts.")
     return None
+
+
+def tie_ranks(sorted_keys: list[float], rel_tol: float = 1e-9) -> list[int]:
+    """Competition ranks of keys sorted best first: equal keys (to `rel_tol`) share a rank, the next rank
+    skips (keys [3, 3, 1] -> [1, 1, 3])."""
+    ranks: list[int] = []
+    for pos, k in enumerate(sorted_keys):
+        same = pos > 0 and math.isclose(k, sorted_keys[pos - 1], rel_tol=rel_tol, abs_tol=1e-12)
+        ranks.append(ranks[-1] if same else pos + 1)
+    return ranks
 
 
 def _reason(

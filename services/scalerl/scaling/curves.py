@@ -21,11 +21,10 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import expit
 
+from scalerl.scaling.constants import A_MARGIN as A_MARGIN
+
 FloatArray = NDArray[np.float64]
 
-A_MARGIN = 0.02
-"""Error margin on A (spec §1.4): three independent ScaleRL runs gave A within ±0.015, so the paper
-treats two A values within 0.02 as equal and then compares B at a shared A."""
 
 
 class FitError(ValueError):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cpu_budget import cpu_budget
-from scalerl.scaling import commands
+from scalerl.scaling import commands, handlers  # handlers: imported here, so the budget below is the fit's
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -156,6 +156,7 @@ def test_fit_of_a_few_hundred_points_is_quick(tmp_path, synth_curve, capsys) -> 
             for a, b in zip(c, y, strict=True)
         )
     )
+    assert handlers.fit_command  # the handler's imports are loaded: the budget below is the fit's
     with cpu_budget(5.0, "scalerl fit"):
         rc, _, _ = run_cli(["fit", str(p), "--json"], capsys)
     assert rc == 0
