@@ -7,6 +7,7 @@ import copy
 import math
 
 import pytest
+import torch
 
 from scalerl.bus.base import Record, TopicNames
 from scalerl.bus.dlq import DLQ_HEADERS, DeadLetters, replay_headers
@@ -108,3 +109,18 @@ def test_dead_letters_carry_one_header_schema_and_are_counted_by_code() -> None:
 def test_replay_headers_drop_the_dead_letter_ones_and_name_the_dlq_offset() -> None:
     raw = {"reason": b"x", "source_topic": b"j.scored", "traceparent": b"t", "replayed_from_dlq_offset": b"1"}
     assert replay_headers(raw, 7) == [("traceparent", b"t"), ("replayed_from_dlq_offset", b"7")]
+
+
+def test_the_learner_probe_raises_on_the_group_a_step_would_crash_on_and_changes_nothing(tiny_spec, tiny_model,
+                                                                                         tokenizer) -> None:
+    from scalerl.learner.learner import Learner
+
+    learner = Learner(tiny_spec, tiny_model, pad_id=tokenizer.pad_token_id)
+    before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    good = _scored(rollout__task__group_size=2)
+    learner.probe(good)
+    bad = _scored(rollout__completions__1__token_ids=[1, 50_000, 2])
+    with pytest.raises(IndexError):
+        learner.probe(bad)
+    assert learner.version == 0
+    assert all(torch.equal(before[k], v) for k, v in tiny_model.state_dict().items())
