@@ -15,7 +15,7 @@ Consumer: a group member (`subscribe`, group-managed assignment) with `enable_au
   (`dead_letters=True`, the default for a group; see `scalerl.bus.dlq.DLQ_OWNERS`) first copies it, raw,
   to the job's dead-letter topic (`<prefix>.dlq`, prefix = the topic name before its last ".") with the
   headers of `scalerl.bus.dlq.DLQ_HEADERS` (reason "undecodable: ...", role = the group) and flushes;
-  any other consumer only counts it (`undecodable_skipped`). Records read from the dead-letter topic
+  any other consumer only skips it; both count it (`undecodable`). Records read from the dead-letter topic
   itself are never re-routed.
 - `seek()` works at any time. Choice: we keep group-managed assignment (so several generators can
   share a topic) and route seeks through a rebalance listener: a seek for a partition this member
@@ -351,7 +351,7 @@ class KafkaBusConsumer(Consumer):
         self._group = group
         self._dead_letters = dead_letters
         self._role = role or group or "reader"
-        self.undecodable_skipped = 0
+        self.undecodable = 0  # records that did not decode (dead-lettered when this consumer owns them)
         self._state_lock = threading.RLock()
         self._pos: dict[Any, int] = {}  # TopicPartition -> next offset to return
         self._pending_seeks: dict[Any, int] = {}
@@ -396,10 +396,10 @@ class KafkaBusConsumer(Consumer):
                 raise ValueError("record has no value (tombstone)")
             value = decode(r.value)
         except Exception as exc:  # never raise on bad data: MessageError, but also anything else
+            self.undecodable += 1
             if self._dead_letters:
                 self._dead_letter(tp, r, f"undecodable: {exc}")
             else:
-                self.undecodable_skipped += 1
                 log.info("skipped undecodable record %s:%d@%d (dead-lettered by the topic's owner)",
                          tp.topic, tp.partition, r.offset)
             return None

@@ -217,7 +217,7 @@ class LearnerService(TrainerHost):
                 "policy_version": self.learner.policy_version if self.ready() else 0,
                 "groups_consumed": len(self.consumed_ids),
                 "groups_dropped_stale": self.counters["dropped_stale"],
-                "dead_lettered": dict(self.dead.counts) if hasattr(self, "dead") else {},
+                "dead_lettered": self._dead_lettered_counts(),
                 "tokens_trained": self.counters["train_tokens"],
                 "staleness_versions": float(last.get("staleness_mean") or 0.0),
                 "step_seconds": float(last.get("step_time_s") or 0.0),
@@ -225,6 +225,12 @@ class LearnerService(TrainerHost):
                 "compute_device_hours": self.compute_device_hours(), **self._progress(),
                 "lag": input_lag(self.bus, self.topics.group("learner"), self.topics.scored)
                 if hasattr(self, "bus") else {}}
+
+    def _dead_lettered_counts(self) -> dict[str, int]:
+        """By reason code: what this learner dead-lettered (since it started), undecodable records included."""
+        counts = dict(self.dead.counts) if hasattr(self, "dead") else {}
+        undecodable = int(getattr(getattr(self, "scored", None), "undecodable", 0))
+        return {**counts, "undecodable": undecodable} if undecodable else counts
 
     def _progress(self) -> dict[str, float]:
         """Last held-out pass rate, the online fit (A with its interval, B, C_mid, R0) and the bound k."""
