@@ -124,3 +124,18 @@ def test_the_learner_probe_raises_on_the_group_a_step_would_crash_on_and_changes
         learner.probe(bad)
     assert learner.version == 0
     assert all(torch.equal(before[k], v) for k, v in tiny_model.state_dict().items())
+
+
+@pytest.mark.parametrize(("argv", "expect"), [
+    (["dlq", "list", "--bus", "memory://", "--job", "j"], "--bus 'memory://': expected kafka://HOST:PORT"),
+    (["dlq", "list", "--bus", "kafka://", "--job", "j"], "--bus 'kafka://': expected kafka://HOST:PORT"),
+    (["dlq", "list", "--bus", "kafka://h:1", "--job", "a b"], "--job 'a b': expected the job's topic prefix"),
+    (["dlq", "replay", "--bus", "kafka://h:1", "--job", "j"], "give exactly one of --offset N"),
+    (["dlq", "replay", "--bus", "kafka://h:1", "--job", "j", "--all", "--offset", "3"], "give exactly one of"),
+])
+def test_scalerl_dlq_rejects_bad_input_with_one_line_and_exit_2(argv, expect, capsys) -> None:
+    from scalerl.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expect in err, err
