@@ -250,7 +250,7 @@ def _bad_records(template: ScoredGroup, vocab: int) -> dict[str, tuple[str, obje
     return out
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_bad_values_are_dead_lettered_once_and_the_run_finishes(infra, unique, sft_start, tmp_path,
                                                                 addition_run_spec):
     spec = addition_run_spec(unique, sft_start, **BAD_RUN)
