@@ -29,6 +29,7 @@ from scalerl.rpc.convert import encode_envelope
 from scalerl.runtime.embedded import EmbeddedRun
 from scalerl.runtime.launcher import LocalCluster
 from scalerl.runtime.roles import ensure_job_topics
+from scalerl.runtime.setup import job_limits, make_task
 from scalerl.store.s3 import S3Store
 from scalerl.store.weights import publish_weights
 
@@ -78,7 +79,8 @@ def bench_weight_swap(spec: JobSpec, model: Any, tok: Any, repeats: int) -> dict
     store = S3Store.from_url(f"s3://{name}/weights")
     topics = TopicNames.of(job)
     engine = TorchEngine(model, tok, seed=0)
-    role = GeneratorRole(job, engine, tok, bus, store, topics, group=topics.group("generators"))
+    limits = job_limits(job, make_task(job), len(tok))
+    role = GeneratorRole(job, engine, tok, bus, store, topics, limits, group=topics.group("generators"))
     role.policy = BackgroundConsumer(role.policy)
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     latencies = []

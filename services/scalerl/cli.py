@@ -1,4 +1,4 @@
-"""`scalerl` command line: run | serve | sft | fit | compare | eval.
+"""`scalerl` command line: run | serve | dlq | sft | fit | compare | eval.
 
 Entry points are thin: parse -> validate (exit 2 with one message naming the field) -> build -> run.
 Building the parser imports no torch, transformers, numpy or pydantic: each command's handler imports
@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
     add_distributed_args(run)
     register_serve(sub)
+    from scalerl.runtime.dlq_commands import register as register_dlq
+
+    register_dlq(sub)
 
     sft = sub.add_parser("sft", help="supervised warm start on the task's gold chains of thought")
     spec_args(sft)

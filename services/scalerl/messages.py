@@ -211,6 +211,9 @@ def decode(data: bytes, expected: type | None = None) -> Any:
         raise MessageError(f"not JSON: {exc}") from exc
     if not isinstance(envelope, dict):
         raise MessageError("envelope must be an object")
+    if "schema" not in envelope or "type" not in envelope:
+        raise MessageError(f"JSON object without the envelope fields 'schema' and 'type' (has "
+                           f"{sorted(map(str, envelope))[:8]}): not a scalerl message")
     if envelope.get("schema") != SCHEMA_VERSION:
         raise MessageError(f"schema version {envelope.get('schema')!r} != {SCHEMA_VERSION}")
     cls = MESSAGE_TYPES.get(str(envelope.get("type")))

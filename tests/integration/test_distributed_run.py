@@ -6,13 +6,17 @@ One run (curriculum, two generators, two verifiers, a learner; PipelineRL-2) in 
   checkpoint in MinIO and its saved offsets;
 - the broker is restarted: every role reconnects and carries on;
 - poison records are written to the rollouts and scored topics: they land in the dead-letter topic.
+The resumed learner never announces a version number again (it numbers past the highest one uploaded);
+rollouts of the versions announced after its checkpoint (the lost lineage) are dropped as stale.
 Then the accounting is checked against the scored topic itself: the groups below the learner's final
 positions are exactly the groups of the training steps (each in one step), plus duplicates counted.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import signal
 import time
 import urllib.request
@@ -21,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from scalerl.bus.kafka import KafkaBus
-from scalerl.messages import ScoredGroup
+from scalerl.messages import PolicyVersion, ScoredGroup
+from scalerl.model.factory import model_vocab_size
 from scalerl.rpc.convert import decode_envelope
 from scalerl.runtime.launcher import LocalCluster
 from warm_start import mixed_reward_warm_start
@@ -77,6 +82,7 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_st
         bus.flush()
         _wait_step(cluster, out, 5)  # the step-4 checkpoint is in MinIO
         cluster.kill("learner-0")
+        before_kill = _announced(bus, unique)  # versions 5.. of this learner die with it (lost lineage)
         cluster.start("learner", "learner-0")
         restart_kafka()
         assert cluster.wait_learner(timeout_s=480) == 0, cluster.tail("learner-0")
@@ -118,8 +124,11 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_st
                                   lambda m: f"{m.task.prompt_id}@{m.task.epoch}", lambda m: m.group_id)
 
     dlq = bus.read_raw(f"{unique}.dlq")
-    origins = {(r.headers.get("original_topic") or r.headers.get("origin_topic") or b"").decode() for r in dlq}
-    assert {f"{unique}.rollouts", f"{unique}.scored"} <= origins
+    # (a record after the learner's checkpoint positions is read again after its restart, and dead-lettered
+    # again: exactly-once dead letters are checked by the run without kills below)
+    origins = {r.headers["source_topic"].decode() for r in dlq}
+    assert origins == {f"{unique}.rollouts", f"{unique}.scored"}
+    _check_versions(bus, unique, before_kill, steps, summary)
     bus.delete_topics([f"{unique}.{k}" for k in ("prompts", "rollouts", "scored", "policy", "metrics", "dlq")])
     bus.close()
 
@@ -152,3 +161,138 @@ def _assert_committed_have_output(bus, topic, group, out_topic, key_in, key_out)
     done = [key_in(decode_envelope(r.value)) for r in inputs if r.offset < committed.get(r.partition, 0)]
     outputs = {key_out(decode_envelope(r.value)) for r in bus.read_raw(out_topic) if not r.value.startswith(b"\x00")}
     assert done and set(done) <= outputs, sorted(set(done) - outputs)[:5]
+
+
+def _announced(bus: KafkaBus, unique: str) -> list[tuple[int, str, int]]:
+    """(version, checksum, learner step) of every announcement on the policy topic, in order."""
+    out = []
+    for rec in bus.read_raw(f"{unique}.policy"):
+        pv = decode_envelope(rec.value, PolicyVersion)
+        out.append((pv.version, pv.checksum, int(rec.headers["learner_step"])))
+    return out
+
+
+def _check_versions(bus: KafkaBus, unique: str, before_kill: list[tuple[int, str, int]], steps: list[dict],
+                    summary: dict) -> None:
+    """No version number announced with two different weights; the resumed learner's first announcement
+    numbers past everything uploaded before the kill; staleness is never negative; every trained group
+    with a token of the lost lineage was dropped (counted in dropped_lost_lineage)."""
+    announced = _announced(bus, unique)
+    checksums: dict[int, set[str]] = {}
+    for version, checksum, _ in announced:
+        checksums.setdefault(version, set()).add(checksum)
+    assert all(len(c) == 1 for c in checksums.values()), {v: c for v, c in checksums.items() if len(c) > 1}
+    high = max(v for v, _, _ in before_kill)
+    resumed = announced[len(before_kill):]
+    assert resumed and resumed[0][0] == high + 1 and resumed[0][2] == 4  # step 4's weights, a new number
+    lost = {v for v, _, step in before_kill if step > 4}
+    assert lost, "the learner was killed after announcing versions past its checkpoint"
+    assert all(r["staleness_mean"] is None or r["staleness_mean"] >= 0 for r in steps)
+    assert all(r["staleness_max"] is None or r["staleness_max"] >= 0 for r in steps)
+    # groups of the steps after the resume: the scored record of each (unique group ids only)
+    versions: dict[str, list[set[int]]] = {}
+    for rec in bus.read_raw(f"{unique}.scored"):
+        if not rec.value.startswith(b"\x00"):
+            g = decode_envelope(rec.value, ScoredGroup)
+            versions.setdefault(g.group_id, []).append({v for c in g.rollout.completions for v in c.versions})
+    for r in steps:
+        if r["step"] <= 4 or any(len(versions.get(gid, [])) != 1 for gid in r["group_ids"]):
+            continue
+        expected = sum(1 for gid in r["group_ids"] if versions[gid][0] & lost)
+        assert r["dropped_lost_lineage"] == expected, (r["step"], expected, r["dropped_lost_lineage"])
+    assert summary["dropped_lost_lineage"] == sum(r["dropped_lost_lineage"] or 0 for r in steps if r["step"] > 4)
+
+
+BAD_RUN = {"steps": 6, "off_policy": {"mode": "pipeline", "k": 2}, "checkpoint_every": 6, "eval_every": 6,
+           "partitions": 1}
+
+
+def _bad_records(template: ScoredGroup, vocab: int) -> dict[str, tuple[str, object, str]]:
+    """key -> (topic kind, well-typed record with a bad value, what its reason must contain). Each uses a
+    known prompt id under its own epoch (900+), so its group id is unlike any the curriculum issues."""
+    def scored(i: int) -> ScoredGroup:
+        g = copy.deepcopy(template)
+        g.rollout.task.epoch = 900 + i
+        return g
+
+    out: dict[str, tuple[str, object, str]] = {}
+    g = scored(0)
+    g.rollout.completions[0].token_ids[0] = vocab + 50_000
+    out["bad-token-rollout"] = ("rollouts", g.rollout, "token_out_of_range: ")
+    g = scored(1)
+    g.rollout.completions[1].logprobs.append(-0.5)
+    out["bad-lengths-rollout"] = ("rollouts", g.rollout, "differ in length")
+    g = scored(2)
+    g.rollout.completions[0].logprobs[0] = math.nan
+    out["bad-nan-logprob-rollout"] = ("rollouts", g.rollout, "non_finite_logprob: ")
+    g = scored(3)
+    g.rollout.completions.pop()
+    out["bad-group-size-rollout"] = ("rollouts", g.rollout, "group_size: ")
+    g = scored(4)
+    for c in g.rollout.completions:
+        c.versions = [10_000] * len(c.token_ids)
+    out["bad-future-version-scored"] = ("scored", g, "version_out_of_range: ")
+    g = scored(5)
+    g.rollout.completions[1].token_ids[-1] = vocab
+    out["bad-token-scored"] = ("scored", g, "token_out_of_range: ")
+    g = scored(6)
+    g.rewards[0] = math.nan
+    out["bad-nan-reward-scored"] = ("scored", g, "non_finite_reward: ")
+    g = scored(7)
+    g.rewards, g.correct = g.rewards[:-1], g.correct[:-1]
+    g.rollout.completions.pop()
+    out["bad-group-size-scored"] = ("scored", g, "group_size: ")
+    out["garbage-scored"] = ("scored", b"\x00not an envelope", "undecodable: ")
+    out["json-scored"] = ("scored", b'{"hello": "world"}', "undecodable: JSON object without the envelope")
+    return out
+
+
+@pytest.mark.timeout(900)
+def test_bad_values_are_dead_lettered_once_and_the_run_finishes(infra, unique, sft_start, tmp_path,
+                                                                addition_run_spec):
+    spec = addition_run_spec(unique, sft_start, **BAD_RUN)
+    out = tmp_path / "run"
+    cluster = LocalCluster(spec, out, f"kafka://{infra.kafka_bootstrap}", f"s3://{unique}/job",
+                           generators=1, verifiers=1, env=infra.s3_env())
+    bus = KafkaBus(infra.kafka_bootstrap)
+    try:
+        cluster.start_all()
+        _wait_step(cluster, out, 1)  # (in-flight cap 2B: the learner must read past the bad records to finish)
+        template = next(decode_envelope(r.value, ScoredGroup) for r in bus.read_raw(f"{unique}.scored"))
+        bad = _bad_records(template, model_vocab_size(spec.model))
+        for key, (kind, value, _) in bad.items():
+            if isinstance(value, bytes):
+                bus.publish_raw(f"{unique}.{kind}", value, key=key.encode())
+            else:
+                bus.publish(f"{unique}.{kind}", value, key=key)
+        bus.flush()
+        assert cluster.wait_learner(timeout_s=480) == 0, cluster.tail("learner-0")
+        codes = cluster.stop_all()
+    finally:
+        cluster.stop_all(timeout_s=30)
+    assert set(codes.values()) == {0}, codes
+    steps = _steps(out)
+    assert [r["step"] for r in steps] == list(range(1, BAD_RUN["steps"] + 1))
+
+    # each bad record once in the dead-letter topic, parked by its topic's owner, with its reason
+    dead = [r for r in bus.read_raw(f"{unique}.dlq") if r.key is not None and r.key.decode() in bad]
+    assert sorted(r.key.decode() for r in dead) == sorted(bad)
+    owners = {"rollouts": f"{unique}.verifiers", "scored": f"{unique}.learner"}
+    for r in dead:
+        kind, _, reason = bad[r.key.decode()]
+        assert r.headers["source_topic"].decode() == f"{unique}.{kind}"
+        assert r.headers["role"].decode() == owners[kind]
+        assert reason in r.headers["reason"].decode(), (r.key, r.headers["reason"])
+
+    # accounting: issued = trained (incl. dropped) + dead-lettered + in flight; no bad group was trained
+    summary = json.loads((out / "summary.json").read_text())
+    issued = {f"{t.prompt_id}@{t.epoch}" for t in (decode_envelope(r.value) for r in bus.read_raw(f"{unique}.prompts"))}
+    trained = [gid for r in steps for gid in r["group_ids"]]
+    assert len(trained) == len(set(trained)) == BAD_RUN["steps"] * spec.train.prompts_per_step
+    assert set(trained) <= issued, "a group the curriculum never issued was trained"
+    in_flight = issued - set(trained)
+    assert len(issued) == len(trained) + len(in_flight)  # no real group was dead-lettered
+    semantic_scored = sum(1 for kind, value, _ in bad.values() if kind == "scored" and not isinstance(value, bytes))
+    assert summary["dead_lettered"] == semantic_scored
+    bus.delete_topics([f"{unique}.{k}" for k in ("prompts", "rollouts", "scored", "policy", "metrics", "dlq")])
+    bus.close()

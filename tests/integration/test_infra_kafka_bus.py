@@ -245,9 +245,10 @@ def test_poison_message_goes_to_dlq_and_consumer_continues(bus: KafkaBus, unique
     assert [(d.value, d.key) for d in dead] == [(garbage, b"bad-1"), (newer, b"bad-2"), (b"[1, 2", b"bad-3")]
     for d, offset in zip(dead, [1, 3, 4], strict=True):
         assert d.headers["reason"], "a dead letter says why"
-        assert d.headers["original_topic"] == topics.rollouts.encode()
-        assert d.headers["original_partition"] == b"0"
-        assert d.headers["original_offset"] == str(offset).encode()
+        assert d.headers["source_topic"] == topics.rollouts.encode()
+        assert d.headers["source_partition"] == b"0"
+        assert d.headers["source_offset"] == str(offset).encode()
+        assert d.headers["reason"].startswith(b"undecodable: ") and d.headers["role"] == group.encode()
     assert b"schema version 99" in dead[1].headers["reason"]
     assert dead[0].headers["traceparent"] == b"tp-1"  # original headers are kept
 

@@ -10,11 +10,13 @@ by all in-sync replicas, and raises if any of them failed.
 
 Consumer: a group member (`subscribe`, group-managed assignment) with `enable_auto_commit=False` and
 `auto_offset_reset="earliest"`; it starts from the group's committed offsets.
-- A record whose bytes do not decode (any error from `decode_envelope`) is copied, raw, to the job's
-  dead-letter topic (`<prefix>.dlq`, prefix = the topic name before its last ".") with a `reason`
-  header and `original_topic` / `original_partition` / `original_offset` headers (the original
-  headers are kept too), flushed, and skipped: its offset counts as consumed. `poll` never raises on
-  bad data. Records read from the dead-letter topic itself are never re-routed.
+- A record whose bytes do not decode (any error from `decode_envelope`) is skipped: its offset counts as
+  consumed and `poll` never raises on bad data. A consumer that owns its topics' dead letters
+  (`dead_letters=True`, the default for a group; see `scalerl.bus.dlq.DLQ_OWNERS`) first copies it, raw,
+  to the job's dead-letter topic (`<prefix>.dlq`, prefix = the topic name before its last ".") with the
+  headers of `scalerl.bus.dlq.DLQ_HEADERS` (reason "undecodable: ...", role = the group) and flushes;
+  any other consumer only skips it; both count it (`undecodable`). Records read from the dead-letter topic
+  itself are never re-routed.
 - `seek()` works at any time. Choice: we keep group-managed assignment (so several generators can
   share a topic) and route seeks through a rebalance listener: a seek for a partition this member
   owns is applied at once; a seek for a partition it does not own yet (e.g. right after creation,
@@ -45,6 +47,7 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.structs import OffsetAndMetadata
 
 from scalerl.bus.base import Bus, Consumer, Record
+from scalerl.bus.dlq import DLQ_HEADERS, dlq_headers
 from scalerl.messages import SCHEMA_VERSION
 from scalerl.rpc.convert import decode_envelope as decode
 from scalerl.rpc.convert import encode_envelope as encode
@@ -52,7 +55,6 @@ from scalerl.rpc.convert import encode_envelope as encode
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-_REASON_MAX = 1000
 
 
 def dlq_topic(topic: str) -> str:
@@ -226,13 +228,13 @@ class KafkaBus(Bus):
 
     # ---- consume ----------------------------------------------------------------------------------
 
-    def consumer(self, topics: list[str], group: str) -> KafkaBusConsumer:
-        return KafkaBusConsumer(self, list(topics), group)
+    def consumer(self, topics: list[str], group: str, *, dead_letters: bool = True) -> KafkaBusConsumer:
+        return KafkaBusConsumer(self, list(topics), group, dead_letters=dead_letters)
 
-    def reader(self, topics: list[str]) -> KafkaBusConsumer:
+    def reader(self, topics: list[str], *, dead_letters: bool = False, role: str = "reader") -> KafkaBusConsumer:
         """Every record of `topics` from the beginning, outside any consumer group (the policy topic:
         no group to join, no coordinator to find, nothing left behind in the broker)."""
-        return KafkaBusConsumer(self, list(topics), None)
+        return KafkaBusConsumer(self, list(topics), None, dead_letters=dead_letters, role=role)
 
     def _raw_consumer(self, **extra: Any) -> Any:
         return KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
@@ -342,10 +344,14 @@ class _SeekOnAssign(ConsumerRebalanceListener):  # type: ignore[misc]
 class KafkaBusConsumer(Consumer):
     """A consumer-group member; see the module docstring for the semantics."""
 
-    def __init__(self, bus: KafkaBus, topics: list[str], group: str | None) -> None:
+    def __init__(self, bus: KafkaBus, topics: list[str], group: str | None, *, dead_letters: bool = True,
+                 role: str | None = None) -> None:
         self._bus = bus
         self._topics = topics
         self._group = group
+        self._dead_letters = dead_letters
+        self._role = role or group or "reader"
+        self.undecodable = 0  # records that did not decode (dead-lettered when this consumer owns them)
         self._state_lock = threading.RLock()
         self._pos: dict[Any, int] = {}  # TopicPartition -> next offset to return
         self._pending_seeks: dict[Any, int] = {}
@@ -376,7 +382,7 @@ class KafkaBusConsumer(Consumer):
                         dead += 1
                     else:
                         out.append(rec)
-            if dead:
+            if dead and self._dead_letters:
                 # the dead letters are durable before their offsets can be committed
                 self._bus.flush(timeout_s=self._bus.request_timeout_ms / 1000)
             if out or time.monotonic() >= deadline:
@@ -390,7 +396,12 @@ class KafkaBusConsumer(Consumer):
                 raise ValueError("record has no value (tombstone)")
             value = decode(r.value)
         except Exception as exc:  # never raise on bad data: MessageError, but also anything else
-            self._dead_letter(tp, r, f"{type(exc).__name__}: {exc}")
+            self.undecodable += 1
+            if self._dead_letters:
+                self._dead_letter(tp, r, f"undecodable: {exc}")
+            else:
+                log.info("skipped undecodable record %s:%d@%d (dead-lettered by the topic's owner)",
+                         tp.topic, tp.partition, r.offset)
             return None
         return Record(tp.topic, tp.partition, r.offset, key, value, headers)
 
@@ -400,12 +411,9 @@ class KafkaBusConsumer(Consumer):
                     target, reason)
         if target == tp.topic:
             return  # a bad record in the dead-letter topic itself: skip it, never loop
-        headers = [(k, v or b"") for k, v in r.headers or []
-                   if k not in ("reason", "original_topic", "original_partition", "original_offset")]
-        headers += [("reason", reason[:_REASON_MAX].encode()),
-                    ("original_topic", tp.topic.encode()),
-                    ("original_partition", str(tp.partition).encode()),
-                    ("original_offset", str(r.offset).encode())]
+        headers = [(k, v or b"") for k, v in r.headers or [] if k not in DLQ_HEADERS]
+        headers += [(k, v.encode()) for k, v in dlq_headers(reason, tp.topic, tp.partition, r.offset,
+                                                            self._role).items()]
         self._bus._ensure_dlq(target)
         self._bus.publish_raw(target, r.value if r.value is not None else b"", key=r.key,
                               headers=headers)

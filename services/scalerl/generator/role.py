@@ -8,6 +8,10 @@ lower (a learner that restarted from a checkpoint announces its versions again).
 
 Offsets of `prompts` are committed only after the rollouts are published, so a
 generator killed mid-batch leaves its prompts to be re-delivered.
+
+The generators own the dead letters of `prompts`: a record that is not a PromptTask, names a prompt the
+job does not have or asks for another group size than G (`scalerl.bus.validate`) goes to `dlq`. A bad
+record on `policy` is skipped here (the curriculum dead-letters it).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import torch
 
 from scalerl.bus import Bus, TopicNames
 from scalerl.bus.base import Consumer
-from scalerl.bus.dlq import dead_letter
+from scalerl.bus.dlq import DeadLetters
+from scalerl.bus.validate import Limits, reason_for
 from scalerl.config import JobSpec
 from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
 from scalerl.messages import PolicyVersion, PromptTask, RolloutGroup
@@ -51,8 +56,8 @@ def length_control(spec: JobSpec, tokenizer: Any, *, interrupt: bool | None = No
 
 class GeneratorRole:
     def __init__(self, spec: JobSpec, engine: GenerationEngine, tokenizer: Any, bus: Bus, store: Store,
-                 topics: TopicNames, *, generator_id: str = "generator-0", group: str = "generators",
-                 prompts: Consumer | None = None) -> None:
+                 topics: TopicNames, limits: Limits, *, generator_id: str = "generator-0",
+                 group: str = "generators", prompts: Consumer | None = None) -> None:
         self.spec = spec
         self.engine = engine
         self.tokenizer = tokenizer
@@ -61,9 +66,12 @@ class GeneratorRole:
         self.topics = topics
         self.generator_id = generator_id
         self.group = group
+        self.limits = limits
         # `prompts`: a consumer shared by the generator threads of one process (each record goes to one of them)
         self.prompts = prompts if prompts is not None else bus.consumer([topics.prompts], group)
         self.policy = bus.reader([topics.policy])
+        self.dead = DeadLetters(bus, topics.dlq, group)
+        self.policy_skipped = 0  # records on `policy` that are not announcements
         self.sampling = SamplingParams(spec.generation.temperature, spec.generation.top_p)
         self.length = length_control(spec, tokenizer)
         self.paused = threading.Event()  # set -> stop taking new work (evaluation in progress)
@@ -84,7 +92,7 @@ class GeneratorRole:
             if isinstance(rec.value, PolicyVersion):
                 latest = rec.value
             else:
-                dead_letter(self.bus, self.topics.dlq, rec, "expected PolicyVersion")
+                self.policy_skipped += 1
         if latest is None or latest == self.loaded:
             return None
         weights = load_weights(self.store, latest)
@@ -103,10 +111,11 @@ class GeneratorRole:
         records = self.prompts.poll(timeout_s=timeout_s, max_records=self.spec.generation.prompts_per_batch)
         tasks: list[tuple[Any, PromptTask]] = []
         for rec in records:
-            if isinstance(rec.value, PromptTask):
+            reason = reason_for(rec.value, PromptTask, self.limits)
+            if reason is None:
                 tasks.append((rec, rec.value))
             else:
-                dead_letter(self.bus, self.topics.dlq, rec, f"expected PromptTask, got {type(rec.value).__name__}")
+                self.dead.send(rec, reason)
         if tasks:
             self.sync_policy()  # the policy announced before these prompts were issued, before the first token
             self._generate(tasks, in_flight)

@@ -3,7 +3,9 @@
 Legend: N = sequences (groups × G), L = longest prompt+completion − 1 (next-token positions).
 
 Order of operations per step (ScaleRL §2.8):
-1. drop groups older than k policy versions (PipelineRL-k bound; counted as `dropped_stale`);
+1. drop groups older than k policy versions (PipelineRL-k bound; counted as `dropped_stale`), and groups
+   with a token of a lost lineage (`scalerl.learner.lineage`; counted in `dropped_stale` and
+   `dropped_lost_lineage`);
 2. zero-variance filter: drop groups whose G rewards are all equal, no refill (§2.6);
 3. advantages on the survivors (group-centred, batch std taken *after* the filter — spec §6.6
    leaves this open; after is the effective batch the loss actually sees).
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from scalerl.learner.lineage import Lineage
 from scalerl.messages import ScoredGroup
 from scalerl.recipe import group_advantages, token_age_counts, zero_variance_mask
 
@@ -55,21 +58,28 @@ class Assembled:
     dropped_stale: int
     dropped_zero_variance: int
     token_ages: dict[int, int]  # {age in versions: trained tokens} over the kept groups' loss-mask tokens
+    dropped_lost_lineage: int = 0
 
 
-def split_stale(groups: list[ScoredGroup], version: int, k: int) -> tuple[list[ScoredGroup], list[ScoredGroup]]:
-    """(fresh, stale): a group is stale when any of its tokens is more than k versions old."""
+def split_stale(groups: list[ScoredGroup], version: int, k: int,
+                lineage: Lineage | None = None) -> tuple[list[ScoredGroup], list[ScoredGroup]]:
+    """(fresh, stale): a group is stale when any of its tokens is more than k versions old or was sampled
+    by a version of a lost lineage."""
     fresh: list[ScoredGroup] = []
     stale: list[ScoredGroup] = []
     for g in groups:
         oldest = min((c.min_version for c in g.rollout.completions), default=version)
-        (stale if version - oldest > k else fresh).append(g)
+        lost = lineage is not None and lineage.any_lost(v for c in g.rollout.completions for v in c.versions)
+        (stale if version - oldest > k or lost else fresh).append(g)
     return fresh, stale
 
 
 def assemble(groups: list[ScoredGroup], *, version: int, k: int, pad_id: int, zero_variance_filter: bool,
-             normalization: str) -> Assembled:
-    fresh, stale = split_stale(groups, version, k)
+             normalization: str, lineage: Lineage | None = None) -> Assembled:
+    """`version`: the learner's current policy version; `lineage`: its lost versions (None: none)."""
+    fresh, stale = split_stale(groups, version, k, lineage)
+    n_lost = sum(1 for g in stale if lineage is not None
+                 and lineage.any_lost(v for c in g.rollout.completions for v in c.versions))
     rewards = torch.tensor([r for g in fresh for r in g.rewards], dtype=torch.float32)
     gid = torch.tensor([i for i, g in enumerate(fresh) for _ in g.rewards], dtype=torch.long)
     if zero_variance_filter and len(fresh):
@@ -80,7 +90,7 @@ def assemble(groups: list[ScoredGroup], *, version: int, k: int, pad_id: int, ze
     kept = [fresh[i] for i in keep_groups]
     n_zero = len(fresh) - len(kept)
     if not kept:
-        return Assembled(None, [], len(stale), n_zero, {})
+        return Assembled(None, [], len(stale), n_zero, {}, n_lost)
 
     seqs: list[list[int]] = []
     gens: list[list[float]] = []
@@ -118,7 +128,7 @@ def assemble(groups: list[ScoredGroup], *, version: int, k: int, pad_id: int, ze
                        torch.tensor(ages, dtype=torch.long))
     comps = [c for g in kept for c in g.rollout.completions]
     ages_hist = token_age_counts([c.versions for c in comps], [c.loss_mask for c in comps], version)
-    return Assembled(batch, kept, len(stale), n_zero, ages_hist)
+    return Assembled(batch, kept, len(stale), n_zero, ages_hist, n_lost)
 
 
 def aggregation_units(mask: torch.Tensor, group_ids: torch.Tensor, aggregation: str) -> int:

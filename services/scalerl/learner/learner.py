@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from scalerl.config import JobSpec
 from scalerl.learner.batch import TrainBatch, aggregation_units, assemble
+from scalerl.learner.lineage import Lineage, lineage_of, lineage_state
 from scalerl.messages import ScoredGroup
 from scalerl.model.factory import sequence_logprobs, trunk_of
 from scalerl.recipe import age_stats, policy_loss
@@ -50,6 +51,8 @@ class Learner:
         self.model = model
         self.pad_id = pad_id
         self.version = version  # = optimizer steps taken
+        # policy version = steps + offset: a resumed learner numbers past every version ever announced
+        self.lineage = Lineage()
         self.rank, self.world_size = world()
         # Shard whenever a process group exists (FSDP on one device too), never without one.
         self.sharded = dist.is_available() and dist.is_initialized()
@@ -63,18 +66,37 @@ class Learner:
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
         self.device = next(model.parameters()).device
 
+    @property
+    def policy_version(self) -> int:
+        """The version of the current weights as announced: unique for the job's lifetime."""
+        return self.version + self.lineage.offset
+
     # -- one step ----------------------------------------------------------------------------------
+    def probe(self, group: ScoredGroup) -> None:
+        """Assemble `group` alone and run its forward pass (no gradient, no state change): raises what a
+        step would raise on it (e.g. an embedding lookup past the vocabulary)."""
+        s = self.spec
+        asm = assemble([group], version=self.policy_version, k=s.off_policy.k, pad_id=self.pad_id, lineage=self.lineage,
+                       zero_variance_filter=False, normalization=s.loss.advantage_normalization)
+        if asm.batch is None:
+            return
+        mb = asm.batch.to(self.device)
+        with torch.no_grad():
+            sequence_logprobs(self.model, mb.input_ids, mb.attention_mask, mb.targets,
+                              fp32_head=s.model.fp32_lm_head, temperature=s.generation.temperature)
+
     def step(self, groups: list[ScoredGroup]) -> dict[str, float]:
         """Train on `groups` (all ranks get the same list; each takes its share of whole groups)."""
         t0 = time.perf_counter()
         s = self.spec
-        asm = assemble(groups, version=self.version, k=s.off_policy.k, pad_id=self.pad_id,
+        asm = assemble(groups, version=self.policy_version, k=s.off_policy.k, pad_id=self.pad_id, lineage=self.lineage,
                        zero_variance_filter=s.loss.zero_variance_filter,
                        normalization=s.loss.advantage_normalization)
         stats: dict[str, float] = {
             "batch/groups": float(len(groups)),
             "batch/effective": float(len(asm.kept_groups)),
             "batch/dropped_stale": float(asm.dropped_stale),
+            "batch/dropped_lost_lineage": float(asm.dropped_lost_lineage),
             "batch/dropped_zero_variance": float(asm.dropped_zero_variance),
         }
         stats.update(_rollout_stats(groups))
@@ -167,13 +189,15 @@ class Learner:
                                              options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         else:
             optim = self.optimizer.state_dict()
-        return {"version": self.version, "optimizer": optim, "scheduler": self.scheduler.state_dict()}
+        return {"version": self.version, "optimizer": optim, "scheduler": self.scheduler.state_dict(),
+                **lineage_state(self.lineage)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The inverse of `state_dict`. Sharded: a collective; only rank 0's `state["optimizer"]` is read
         (the full state, broadcast and re-sharded, and written into: the caller's dict is consumed), the
         other ranks' is ignored."""
         self.version = int(state["version"])
+        self.lineage = lineage_of(state)
         if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 

@@ -73,6 +73,22 @@ def load_model_and_tokenizer(cfg: ModelConfig, seed: int, folder: str | Path | N
     return model, tokenizer
 
 
+def embedding_rows(model: Any) -> int:
+    """The token ids `model` can embed: [0, this)."""
+    return int(model.get_input_embeddings().num_embeddings)
+
+
+def model_vocab_size(cfg: ModelConfig) -> int:
+    """Rows of the policy's embedding (valid token ids are [0, this)) without loading its weights: the
+    config of `init_checkpoint` (else `path`), else the tiny model's (the char tokenizer's size)."""
+    from transformers import AutoConfig
+
+    src = cfg.init_checkpoint or cfg.path
+    if src is not None:
+        return int(AutoConfig.from_pretrained(str(src)).vocab_size)
+    return len(build_char_tokenizer())
+
+
 def save_model_and_tokenizer(model: torch.nn.Module, tokenizer: Tokenizer, folder: str | Path) -> None:
     Path(folder).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(folder))  # type: ignore[operator]

@@ -28,7 +28,8 @@ from typing import Any
 
 from scalerl.bus import TopicNames, open_bus
 from scalerl.bus.base import Bus, Consumer
-from scalerl.bus.dlq import dead_letter
+from scalerl.bus.dlq import DeadLetters
+from scalerl.bus.validate import reason_for
 from scalerl.config import JobSpec
 from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted
 from scalerl.generator.role import GeneratorRole
@@ -89,7 +90,8 @@ class EmbeddedRun(TrainerHost):
         self.store = open_store(spec.runtime.store or str(self.out.root / "store"))
         self.generators = self._make_generators(model, tok)
         self.generator = self.generators[0]
-        self.verifier_role = VerifierRole(self.verifier, self.bus, self.topics)
+        self.verifier_role = VerifierRole(self.verifier, self.bus, self.topics, self.limits)
+        self.dead = DeadLetters(self.bus, self.topics.dlq, "learner")
         self.curriculum = make_curriculum(
             spec, self.train_problems, steps_in_flight=spec.off_policy.k if spec.off_policy.mode == "ppo" else 1)
         self.scored: Consumer = self.bus.consumer([self.topics.scored], "learner")
@@ -108,7 +110,7 @@ class EmbeddedRun(TrainerHost):
         for i in range(n):
             engine = TorchEngine(copy.deepcopy(model).eval(), tok, fp32_head=spec.model.fp32_lm_head,
                                  seed=spec.seed + 1 + 1000 * i)
-            out.append(GeneratorRole(spec, engine, tok, self.bus, self.store, self.topics,
+            out.append(GeneratorRole(spec, engine, tok, self.bus, self.store, self.topics, self.limits,
                                      generator_id=f"generator-{i}", prompts=shared))
         return out
 
@@ -141,8 +143,12 @@ class EmbeddedRun(TrainerHost):
             recs = self.scored.poll(timeout_s=0.02)
             for rec in recs:
                 g = rec.value
-                if not isinstance(g, ScoredGroup):
-                    dead_letter(self.bus, self.topics.dlq, rec, f"expected ScoredGroup, got {type(g).__name__}")
+                reason = reason_for(g, ScoredGroup, self.limits, self.learner.version)
+                if reason is not None:
+                    self.dead.send(rec, reason)
+                    self.counters["dead_lettered"] += 1
+                    if isinstance(g, ScoredGroup):  # its in-flight slot is free again
+                        self.curriculum.pending.pop(Curriculum.key(g.rollout.task), None)
                     continue
                 if Curriculum.key(g.rollout.task) not in self.curriculum.pending:
                     self.counters["duplicates"] += 1

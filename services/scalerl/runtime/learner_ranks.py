@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from scalerl.config import JobSpec
 from scalerl.learner.learner import Learner, broadcast_weights, world
+from scalerl.learner.lineage import Lineage
 from scalerl.messages import ScoredGroup
 
 log = logging.getLogger(__name__)
@@ -97,20 +98,24 @@ class Ranks:
             self.world_size = 1  # nobody is listening any more: no collective may follow
 
 
-def start_learner(spec: JobSpec, model: Any, pad_id: int, resume_state: dict[str, Any] | None) -> Learner:
+def start_learner(spec: JobSpec, model: Any, pad_id: int, resume_state: dict[str, Any] | None,
+                  lineage: Lineage | None = None) -> Learner:
     """On every rank, in the same order: rank 0's weights to all, shard (FSDP when a process group
-    exists), then rank 0's trainer state to all when it resumes (`resume_state` is read on rank 0 only;
-    the others pass None)."""
+    exists), then rank 0's trainer state and version lineage to all (`resume_state` and `lineage` are
+    read on rank 0 only; the others pass None). `lineage` replaces the checkpoint's (see
+    `scalerl.learner.lineage.resume_lineage`)."""
     broadcast_weights(model)
     learner = Learner(spec, model, pad_id=pad_id)
     if learner.world_size > 1:
         small = None if resume_state is None else {k: v for k, v in resume_state.items() if k != "optimizer"}
-        small = _broadcast(small)
+        small, lineage = _broadcast((small, lineage))
         if small is not None:
             optim = resume_state["optimizer"] if resume_state is not None else {}
             learner.load_state_dict({**small, "optimizer": optim})
     elif resume_state is not None:
         learner.load_state_dict(resume_state)
+    if lineage is not None:
+        learner.lineage = lineage
     return learner
 
 

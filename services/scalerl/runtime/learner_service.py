@@ -11,6 +11,15 @@ read again. Each step record lists its group ids, so the accounting can be check
 
 PipelineRL-k: a group older than k versions is dropped (and counted); the learner waits while the
 newest policy version seen on incoming groups is more than k versions behind.
+
+The learner owns the dead letters of `scored`. A record that does not decode, is not a ScoredGroup or
+breaks a rule of `scalerl.bus.validate` (with the bound: token versions in [0, the learner's current
+version]) is dead-lettered, counted (`dead_lettered` in the status, the metrics and the summary) and never
+trained on. The step itself is guarded (`_guarded_step`): a batch that still raises is probed group by
+group (forward pass only, no state changes); the groups that raise are dead-lettered ("step_failed"), the
+others go back to the buffer, and no step is taken. So no record can crash the learner into a restart
+loop. (With several torchrun ranks a failed step may have left a collective half done: it is re-raised and
+the group restarts, as for any rank failure.)
 """
 
 from __future__ import annotations
@@ -25,13 +34,16 @@ from typing import Any
 
 from scalerl.bus import TopicNames, open_bus
 from scalerl.bus.base import Bus, Record
-from scalerl.bus.dlq import dead_letter
+from scalerl.bus.dlq import DeadLetters
+from scalerl.bus.validate import reason_for
 from scalerl.learner.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
+from scalerl.learner.lineage import lineage_of, resume_lineage
 from scalerl.messages import MetricRecord, ScoredGroup
 from scalerl.runtime.roles import ServiceContext, ensure_job_topics, input_lag, retry_io
 from scalerl.runtime.trainer import TrainerHost
 from scalerl.store import open_store
 from scalerl.store.checkpoints import download_latest_checkpoint, upload_checkpoint
+from scalerl.store.weights import highest_version
 from scalerl.telemetry.hops import hop
 
 log = logging.getLogger(__name__)
@@ -65,12 +77,21 @@ class LearnerService(TrainerHost):
         self.store = open_store(self.ctx.store_url)
         self.bus: Bus = open_bus(self.ctx.bus_url)
         retry_io(lambda: ensure_job_topics(self.bus, spec), what="create the job's topics")
+        self.dead = DeadLetters(self.bus, self.topics.dlq, self.topics.group("learner"))
         self.scored = retry_io(lambda: self.bus.consumer([self.topics.scored], self.topics.group("learner")),
                                what="join the learner group")
         ckpt = retry_io(lambda: download_latest_checkpoint(self.store, self.out.checkpoints), what="fetch checkpoint")
         state = load_trainer_state(ckpt) if ckpt is not None else None
+        # versions never repeat: number past the highest ever uploaded (scalerl.learner.lineage)
+        high = retry_io(lambda: highest_version(self.store), what="read policy versions")
+        learner_state = state["learner"] if state is not None else None
+        lineage = resume_lineage(int(learner_state["version"]) if learner_state else 0,
+                                 lineage_of(learner_state) if learner_state else None, high)
+        if lineage.lost:
+            log.warning("policy versions %s are a lost lineage: their rollouts are dropped as stale",
+                        ", ".join(f"{lo}..{hi}" for lo, hi in lineage.lost))
         model, tok = self._load_policy(ckpt)
-        self._setup_learner(model, tok, state["learner"] if state is not None else None)
+        self._setup_learner(model, tok, learner_state, lineage)
         if ckpt is not None and state is not None:
             self._restore(ckpt, state)
         retry_io(self._publish, what="publish policy")
@@ -98,11 +119,16 @@ class LearnerService(TrainerHost):
             pos[key] = min(pos.get(key, rec.offset), rec.offset)
         return pos
 
+    def _dead_letter(self, rec: Record, reason: str) -> None:
+        self.dead.send(rec, reason)
+        self.counters["dead_lettered"] += 1
+
     def _admit(self, rec: Record) -> None:
-        """Buffer a polled record: dead-letter what is not a ScoredGroup, count and skip duplicates."""
+        """Buffer a polled record: dead-letter what is invalid, count and skip duplicates."""
         g = rec.value
-        if not isinstance(g, ScoredGroup):
-            dead_letter(self.bus, self.topics.dlq, rec, f"expected ScoredGroup, got {type(g).__name__}")
+        reason = reason_for(g, ScoredGroup, self.limits, self.learner.policy_version)
+        if reason is not None:
+            self._dead_letter(rec, reason)
             return
         if g.group_id in self.consumed_ids or any(r.value.group_id == g.group_id for r in self.buffer):
             self.duplicate_positions.append((rec.position_key, rec.offset))
@@ -122,10 +148,34 @@ class LearnerService(TrainerHost):
         taken, self.buffer = self.buffer[:n], self.buffer[n:]
         return taken
 
+    def _guarded_step(self, records: list[Record]) -> dict[str, float] | None:
+        """The optimizer step on `records`, or None when it raised: then each group is probed alone, those
+        that raise are dead-lettered (all of them when none raises alone), the rest go back to the buffer."""
+        try:
+            return self.ranks.step([r.value for r in records])
+        except Exception as exc:
+            if self.learner.world_size > 1:
+                raise
+            log.exception("step %d raised; probing its %d groups one by one", self.learner.version + 1, len(records))
+            failing: dict[int, str] = {}
+            for i, rec in enumerate(records):
+                try:
+                    self.learner.probe(rec.value)
+                except Exception as alone:
+                    failing[i] = f"step_failed: the learner raised {alone!r} on this group"
+            if not failing:
+                failing = {i: f"step_failed: the batch raised {exc!r} (no group raised alone)"
+                           for i in range(len(records))}
+            for i, reason in failing.items():
+                self._dead_letter(records[i], reason)
+            retry_io(self.bus.flush, what="flush dead letters")
+            self.buffer = [r for i, r in enumerate(records) if i not in failing] + self.buffer
+            return None
+
     def _wait_for_generators(self, stop: threading.Event) -> None:
         """PipelineRL-k: do not run more than k versions ahead of the newest rollouts."""
         k = self.spec.off_policy.k
-        while self.learner.version + 1 - self.newest_version_seen > k and not stop.is_set():
+        while self.learner.policy_version + 1 - self.newest_version_seen > k and not stop.is_set():
             for rec in retry_io(lambda: self.scored.poll(timeout_s=0.1), stop, what="poll scored"):
                 self._admit(rec)
 
@@ -164,8 +214,11 @@ class LearnerService(TrainerHost):
         step = getattr(getattr(self, "learner", None), "version", 0)
         last = self.last_step
         return {"role": "learner", "id": self.ctx.role_id, "ready": self.ready(), "step": step,
-                "policy_version": step, "groups_consumed": len(self.consumed_ids),
-                "groups_dropped_stale": self.counters["dropped_stale"], "tokens_trained": self.counters["train_tokens"],
+                "policy_version": self.learner.policy_version if self.ready() else 0,
+                "groups_consumed": len(self.consumed_ids),
+                "groups_dropped_stale": self.counters["dropped_stale"],
+                "dead_lettered": self._dead_lettered_counts(),
+                "tokens_trained": self.counters["train_tokens"],
                 "staleness_versions": float(last.get("staleness_mean") or 0.0),
                 "step_seconds": float(last.get("step_time_s") or 0.0),
                 "newest_version_seen": self.newest_version_seen, "buffered_groups": len(self.buffer),
@@ -173,6 +226,12 @@ class LearnerService(TrainerHost):
                 "devices": self.ledger.devices, **self._progress(),
                 "lag": input_lag(self.bus, self.topics.group("learner"), self.topics.scored)
                 if hasattr(self, "bus") else {}}
+
+    def _dead_lettered_counts(self) -> dict[str, int]:
+        """By reason code: what this learner dead-lettered (since it started), undecodable records included."""
+        counts = dict(self.dead.counts) if hasattr(self, "dead") else {}
+        undecodable = int(getattr(getattr(self, "scored", None), "undecodable", 0))
+        return {**counts, "undecodable": undecodable} if undecodable else counts
 
     def _progress(self) -> dict[str, float]:
         """Last held-out pass rate, the online fit (A with its interval, B, C_mid, R0) and the bound k."""
@@ -211,8 +270,10 @@ class LearnerService(TrainerHost):
                 break
             self._wait_for_generators(stop)
             waited_s = time.perf_counter() - t_wait
+            stats = self._guarded_step(records)
+            if stats is None:  # groups were dead-lettered; the others wait in the buffer for the next batch
+                continue
             groups = [r.value for r in records]
-            stats = self.ranks.step(groups)
             self.consumed_ids.update(g.group_id for g in groups)
             self._count(stats)
             safe = self.safe_positions()

@@ -23,13 +23,22 @@ from typing import Any, TypeVar
 
 from scalerl.bus import Bus, TopicNames, open_bus
 from scalerl.bus.background import BackgroundConsumer
+from scalerl.bus.dlq import DeadLetters
+from scalerl.bus.validate import reason_for
 from scalerl.config import JobSpec
 from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted
 from scalerl.generator.role import GeneratorRole
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.messages import PolicyVersion, ScoredGroup
-from scalerl.model.factory import load_model_and_tokenizer, resolve_device
-from scalerl.runtime.setup import configure_threads, make_curriculum, make_task, make_verifier, seed_everything
+from scalerl.model.factory import embedding_rows, load_model_and_tokenizer, resolve_device
+from scalerl.runtime.setup import (
+    configure_threads,
+    job_limits,
+    make_curriculum,
+    make_task,
+    make_verifier,
+    seed_everything,
+)
 from scalerl.store import Store, open_store
 from scalerl.telemetry.hops import hop
 from scalerl.verifier.role import VerifierRole
@@ -154,7 +163,8 @@ class GeneratorService:
         self.engine = TorchEngine(model, self.tokenizer, fp32_head=spec.model.fp32_lm_head,
                                   seed=role_seed(spec, ctx.role_id))
         self.engine_lock = threading.Lock()  # the bus loop and gRPC Generate/UpdateWeights share the engine
-        self.role = GeneratorRole(spec, self.engine, self.tokenizer, self.bus, self.store, self.topics,
+        limits = job_limits(spec, make_task(spec), embedding_rows(model))
+        self.role = GeneratorRole(spec, self.engine, self.tokenizer, self.bus, self.store, self.topics, limits,
                                   generator_id=ctx.role_id, group=self.topics.group("generators"))
         # Announcements are read in the background: the check between decode steps costs no I/O.
         self.role.policy = BackgroundConsumer(self.role.policy, name="policy-reader")
@@ -167,6 +177,7 @@ class GeneratorService:
         return {"role": "generator", "id": self.ctx.role_id, "policy_version": self.engine.version,
                 "ready": self.ready(), "tokens_generated": self.role.gen_tokens,
                 "groups_generated": self.role.groups_out, "swaps_in_flight": self.engine.swaps_in_flight,
+                "dead_lettered": dict(self.role.dead.counts),
                 "lag": input_lag(self.bus, self.role.group, self.topics.prompts)}
 
     def run(self, stop: threading.Event) -> None:
@@ -195,15 +206,17 @@ class VerifierService:
         seed_everything(ctx.spec.seed)
         self.ctx = ctx
         self.bus, self.store, self.topics = ctx.open()
-        self.verifier = make_verifier(ctx.spec, make_task(ctx.spec))
-        self.role = VerifierRole(self.verifier, self.bus, self.topics, group=self.topics.group("verifiers"))
+        task = make_task(ctx.spec)
+        self.verifier = make_verifier(ctx.spec, task)
+        self.role = VerifierRole(self.verifier, self.bus, self.topics, job_limits(ctx.spec, task),
+                                 group=self.topics.group("verifiers"))
 
     def ready(self) -> bool:
         return True
 
     def status(self) -> dict[str, Any]:
         return {"role": "verifier", "id": self.ctx.role_id, "ready": True, "groups_scored": self.role.scored,
-                "dead_lettered": self.role.dead_lettered,
+                "dead_lettered": dict(self.role.dead.counts),
                 "lag": input_lag(self.bus, self.role.group, self.topics.rollouts)}
 
     def run(self, stop: threading.Event) -> None:
@@ -229,7 +242,9 @@ class CurriculumService:
         seed_everything(spec.seed)
         self.ctx = ctx
         self.bus, self.store, self.topics = ctx.open()
-        self.curriculum = make_curriculum(spec, make_task(spec).problems("train"))
+        task = make_task(spec)
+        self.curriculum = make_curriculum(spec, task.problems("train"))
+        self.limits = job_limits(spec, task)
         self.issued = 0
         self.groups_scored = 0
         self.learner_version = 0
@@ -242,8 +257,13 @@ class CurriculumService:
             self.curriculum.reissue = []
             self.issued = int(state["issued"])
             log.info("curriculum resumed: %d prompts issued, epoch %d", self.issued, self.curriculum.epoch)
-        self.scored = self.bus.consumer([self.topics.scored], self.topics.group("curriculum"))
-        self.policy = BackgroundConsumer(self.bus.reader([self.topics.policy]), name="policy-reader")
+        # `scored` is the learner's to dead-letter (the curriculum skips and counts what it cannot use);
+        # `policy` is the curriculum's (one replica; generators only skip)
+        self.scored = self.bus.consumer([self.topics.scored], self.topics.group("curriculum"), dead_letters=False)
+        self.policy = BackgroundConsumer(self.bus.reader([self.topics.policy], dead_letters=True,
+                                                         role=self.topics.group("curriculum")), name="policy-reader")
+        self.dead = DeadLetters(self.bus, self.topics.dlq, self.topics.group("curriculum"))
+        self.skipped: dict[str, int] = {}  # scored records not used, by reason code (dead-lettered by the learner)
 
     def ready(self) -> bool:
         return True
@@ -252,7 +272,8 @@ class CurriculumService:
         return {"role": "curriculum", "id": self.ctx.role_id, "ready": True, "prompts_issued": self.issued,
                 "policy_version": self.learner_version, "epoch": self.curriculum.epoch,
                 "prompts_inflight": self.outstanding(), "prompts_retired": self.curriculum.retired_count,
-                "groups_scored": self.groups_scored, "exhausted": self.exhausted}
+                "groups_scored": self.groups_scored, "exhausted": self.exhausted,
+                "dead_lettered": dict(self.dead.counts), "scored_skipped": dict(self.skipped)}
 
     def outstanding(self) -> int:
         return max(0, self.issued - self.ctx.spec.train.prompts_per_step * self.learner_version)
@@ -260,9 +281,19 @@ class CurriculumService:
     def step(self, timeout_s: float = POLL_S) -> int:
         """One round: read progress, issue what flow control allows, save state. Returns prompts issued."""
         for rec in self.policy.poll(timeout_s=0.0):
-            if isinstance(rec.value, PolicyVersion):
-                self.learner_version = rec.value.version  # the last announcement is the learner's step
-        scored = [r.value for r in self.scored.poll(timeout_s=timeout_s) if isinstance(r.value, ScoredGroup)]
+            if isinstance(rec.value, PolicyVersion):  # the last announcement carries the learner's step
+                step = rec.headers.get("learner_step", "")
+                self.learner_version = int(step) if step.isdigit() else rec.value.version
+            else:
+                self.dead.send(rec, f"wrong_type: expected PolicyVersion, got {type(rec.value).__name__}")
+        scored = []
+        for rec in self.scored.poll(timeout_s=timeout_s):
+            reason = reason_for(rec.value, ScoredGroup, self.limits)
+            if reason is None:
+                scored.append(rec.value)
+            else:  # the learner dead-letters it; here it only must not count as an observation
+                code = reason.split(":", 1)[0]
+                self.skipped[code] = self.skipped.get(code, 0) + 1
         self.curriculum.consumed(scored)  # pass-rate history; duplicates are ignored
         self.groups_scored += len(scored)
         tasks = []

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from scalerl.bus.validate import Limits
 from scalerl.config import JobSpec, SpecError
 from scalerl.curriculum.curriculum import Curriculum
 from scalerl.learner.sft import run_sft
@@ -110,3 +111,13 @@ def initial_model(spec: JobSpec, task: Task, out_dir: Path,
     elif spec.sft.steps > 0:
         log.warning("task %s has no gold solutions: skipping SFT", spec.task.kind)
     return model, tok, info
+
+
+def job_limits(spec: JobSpec, task: Task, vocab_size: int | None = None) -> Limits:
+    """What every consumer's records must fit (`scalerl.bus.validate`): the job's G and budgets, the
+    policy's vocabulary (`vocab_size`, else read from the model's config) and the task's training
+    prompt ids (the only ones the curriculum issues)."""
+    from scalerl.model.factory import model_vocab_size
+
+    vocab = vocab_size if vocab_size is not None else model_vocab_size(spec.model)
+    return Limits.from_spec(spec, vocab, [p.id for p in task.problems("train")])

@@ -42,6 +42,12 @@ class StatusMetrics(RoleMetrics):
                 self.policy_version.set(float(s["policy_version"]))
             if "staleness_versions" in s:
                 self.staleness.set(float(s["staleness_versions"]))
+            for code, n in s.get("dead_lettered", {}).items():
+                seen = f"dead_lettered/{code}"
+                delta = float(n) - self._seen.get(seen, 0.0)
+                if delta > 0:
+                    self.dead_lettered.labels(reason=code).inc(delta)
+                self._seen[seen] = float(n)
             for topic, lag in s.get("lag", {}).items():
                 self.queue_lag.labels(topic=topic).set(float(lag))
             self.ready.set(1.0 if s.get("ready") else 0.0)

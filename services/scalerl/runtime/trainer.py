@@ -23,13 +23,21 @@ from scalerl.generator.engine import SamplingParams
 from scalerl.generator.role import length_control
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.learner.learner import world
-from scalerl.model.factory import load_model_and_tokenizer, resolve_device
+from scalerl.learner.lineage import Lineage
+from scalerl.model.factory import embedding_rows, load_model_and_tokenizer, resolve_device
 from scalerl.recipe import age_stats, merge_age_counts
 from scalerl.runtime.devices import DeviceLedger, DevicePool, read_pool_file
 from scalerl.runtime.learner_ranks import Ranks, start_learner
 from scalerl.runtime.outputs import RunOutputs
 from scalerl.runtime.progress import Progress
-from scalerl.runtime.setup import configure_threads, initial_model, make_task, make_verifier, seed_everything
+from scalerl.runtime.setup import (
+    configure_threads,
+    initial_model,
+    job_limits,
+    make_task,
+    make_verifier,
+    seed_everything,
+)
 from scalerl.scaling.compute import rl_flops
 from scalerl.store import Store
 from scalerl.store.weights import publish_weights
@@ -115,7 +123,8 @@ class TrainerHost:
         self.pool: DevicePool | None = None
         self.n_params = 0
         self.counters = {"gen_tokens": 0, "train_tokens": 0, "prefill_tokens": 0, "train_seq_tokens": 0,
-                         "dropped_stale": 0, "duplicates": 0}
+                         "dropped_stale": 0, "duplicates": 0,
+                         "dead_lettered": 0, "dropped_lost_lineage": 0}
         self.idle = IdleSteps()
 
     # -- assembly ----------------------------------------------------------------------------------
@@ -143,15 +152,17 @@ class TrainerHost:
         bar.close()
         return model, tok
 
-    def _setup_learner(self, model: Any, tok: Any, resume_state: dict[str, Any] | None = None) -> None:
+    def _setup_learner(self, model: Any, tok: Any, resume_state: dict[str, Any] | None = None,
+                       lineage: Lineage | None = None) -> None:
         """The learner over `model` (on every rank of a torchrun group: see `learner_ranks`), resumed from
         `resume_state` (a checkpoint's learner state) when given, and the evaluation engine. Sharded over
         several ranks, rank 0 evaluates on an unsharded copy refreshed before each evaluation."""
         spec = self.spec
         self.tokenizer = tok
         self.n_params = sum(p.numel() for p in model.parameters())  # before any sharding
+        self.limits = job_limits(spec, self.task, embedding_rows(model))
         self.eval_copy = copy.deepcopy(model) if world()[1] > 1 else None
-        self.learner = start_learner(spec, model, tok.pad_token_id, resume_state)
+        self.learner = start_learner(spec, model, tok.pad_token_id, resume_state, lineage)
         self.ranks = Ranks(self.learner)
         self.ledger = DeviceLedger(self.current_devices())
         self.eval_engine = TorchEngine(self.eval_copy if self.eval_copy is not None else model, tok,
@@ -202,11 +213,13 @@ class TrainerHost:
         self.counters["train_seq_tokens"] += int(stats.get("tokens/train_seq", 0))
         self.counters["train_tokens"] += int(stats.get("tokens/train", 0))
         self.counters["dropped_stale"] += int(stats.get("batch/dropped_stale", 0))
+        self.counters["dropped_lost_lineage"] += int(stats.get("batch/dropped_lost_lineage", 0))
 
     def _log_step(self, stats: dict[str, float], bar: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         rec = {"kind": "step", "step": self.learner.version, **self._compute_fields(),
                "loss": stats.get("loss/value"), "effective_batch": stats.get("batch/effective"),
-               "dropped_stale": stats.get("batch/dropped_stale"),
+               "policy_version": self.learner.policy_version, "dropped_stale": stats.get("batch/dropped_stale"),
+               "dropped_lost_lineage": stats.get("batch/dropped_lost_lineage"),
                "dropped_zero_variance": stats.get("batch/dropped_zero_variance"),
                "truncation_rate": stats.get("rollout/truncation_rate"),
                "interruption_rate": stats.get("rollout/interruption_rate"),
@@ -226,8 +239,9 @@ class TrainerHost:
 
     def _publish(self) -> None:
         """Upload the current weights, then announce them on `policy`."""
-        pv = publish_weights(self.store, self.learner.version, self.ranks.full_state_dict())
-        self.bus.publish(self.topics.policy, pv, key="policy")
+        pv = publish_weights(self.store, self.learner.policy_version, self.ranks.full_state_dict())
+        # the step travels with the version (they differ after a resume: `scalerl.learner.lineage`)
+        self.bus.publish(self.topics.policy, pv, key="policy", headers={"learner_step": str(self.learner.version)})
         self.bus.flush()
 
     def _eval_due(self) -> bool:
@@ -302,7 +316,10 @@ class TrainerHost:
                    "devices": self.ledger.devices, "pool": None if self.pool is None else self.pool.to_dict(),
                    "train_wall_s": self.clock.now_s(), "gen_tokens": self.counters["gen_tokens"],
                    "train_tokens": self.counters["train_tokens"], "dropped_stale": self.counters["dropped_stale"],
-                   "duplicates_dropped": self.counters["duplicates"], "mode": self.spec.off_policy.mode,
+                   "duplicates_dropped": self.counters["duplicates"],
+                   "dead_lettered": self.counters["dead_lettered"],
+                   "dropped_lost_lineage": self.counters["dropped_lost_lineage"],
+                   "policy_version": self.learner.policy_version, "mode": self.spec.off_policy.mode,
                    "k": self.spec.off_policy.k, "threads": self.threads, "heldout_set": self.heldout_set,
                    "data_seed": self.spec.task.data_seed,
                    "token_age": summarise_token_ages(self.out.read(self.out.train_path)), **extra,

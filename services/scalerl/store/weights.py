@@ -9,6 +9,7 @@ overwrites an object a generator may be reading.
 from __future__ import annotations
 
 import hashlib
+import re
 
 import torch
 from safetensors.torch import load as st_load
@@ -16,6 +17,8 @@ from safetensors.torch import save as st_save
 
 from scalerl.messages import PolicyVersion
 from scalerl.store.base import Store, StoreError
+
+_KEY = re.compile(r"policy/v(\d{8})-[0-9a-f]+\.safetensors$")
 
 
 def weights_key(version: int, checksum: str) -> str:
@@ -34,6 +37,13 @@ def publish_weights(store: Store, version: int, state_dict: dict[str, torch.Tens
         for old in [k for k in store.list("policy/") if k != key][:-(keep_last - 1) or None]:
             store.delete(old)
     return PolicyVersion(version=version, uri=uri, checksum=digest)
+
+
+def highest_version(store: Store) -> int | None:
+    """The highest policy version whose weights were ever uploaded (None: none). Weights are uploaded
+    before they are announced and the newest are never deleted, so this bounds every announced version."""
+    versions = [int(m.group(1)) for key in store.list("policy/") if (m := _KEY.search(key))]
+    return max(versions, default=None)
 
 
 def load_weights(store: Store, pv: PolicyVersion) -> dict[str, torch.Tensor]:

@@ -68,6 +68,9 @@ class RoleMetrics:
         self.step_seconds = Histogram(f"{p}_step_seconds", "Duration of one unit of work: a generation "
                                       "batch, a scoring batch, an optimizer step.", buckets=STEP_BUCKETS_S,
                                       registry=r)
+        self.dead_lettered = Counter(f"{p}_dead_lettered", "Records this role sent to the dead-letter "
+                                     "topic (or skipped as another role's to dead-letter), by reason code "
+                                     "(scalerl.bus.validate.REASON_CODES).", ["reason"], registry=r)
         self.ready = Gauge(f"{p}_ready", "1 while the role is ready (/readyz answers 200), else 0.",
                            registry=r)
         self.progress: dict[str, Gauge] = {}
