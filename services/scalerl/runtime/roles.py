@@ -25,8 +25,8 @@ from scalerl.bus import Bus, TopicNames, open_bus
 from scalerl.bus.background import BackgroundConsumer
 from scalerl.config import JobSpec
 from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted
+from scalerl.generator.factory import make_engine
 from scalerl.generator.role import GeneratorRole
-from scalerl.generator.torch_engine import TorchEngine
 from scalerl.messages import PolicyVersion, ScoredGroup
 from scalerl.model.factory import load_model_and_tokenizer, resolve_device
 from scalerl.runtime.setup import configure_threads, make_curriculum, make_task, make_verifier, seed_everything
@@ -118,8 +118,8 @@ class GeneratorService:
         self.bus, self.store, self.topics = ctx.open()
         model, self.tokenizer = load_model_and_tokenizer(spec.model, spec.seed)  # weights come from the store
         model.to(resolve_device(spec.model.device)).eval()
-        self.engine = TorchEngine(model, self.tokenizer, fp32_head=spec.model.fp32_lm_head,
-                                  seed=role_seed(spec, ctx.role_id))
+        self.engine = make_engine(spec, model, self.tokenizer, seed=role_seed(spec, ctx.role_id),
+                                  workdir=ctx.out_dir / f"{ctx.role_id}-init")
         self.engine_lock = threading.Lock()  # the bus loop and gRPC Generate/UpdateWeights share the engine
         self.role = GeneratorRole(spec, self.engine, self.tokenizer, self.bus, self.store, self.topics,
                                   generator_id=ctx.role_id, group=self.topics.group("generators"))
