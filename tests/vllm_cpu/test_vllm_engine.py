@@ -81,11 +81,7 @@ def test_step0_logprobs_match_learner(engine: Any, policy: tuple[Any, Any, Path]
 
 def test_weight_update_matches_hf_forward_of_new_weights(engine: Any, policy: tuple[Any, Any, Path]) -> None:
     model, tok, _ = policy
-    new = copy.deepcopy(model)
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(7)
-        for p in new.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    new = perturbed(model, 7)
     ps = prompts(tok)
     try:
         engine.load_weights(new.state_dict(), engine.version + 1)
@@ -147,3 +143,48 @@ def test_length_rules_equal_torch_engine(engine: Any, policy: tuple[Any, Any, Pa
         if name.startswith(("interruption", "forcing")):
             assert any(forced), f"{name}: no forced token recorded"
     assert {"stop", "length"} <= reasons  # interrupted rows are checked by their forced tokens above
+
+
+def perturbed(model: Any, seed: int) -> Any:
+    new = copy.deepcopy(model)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(seed)
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return new
+
+
+def kept_cache_logprobs(old: Any, new: Any, prompt: list[int], toks: list[int], k: int, T: float) -> torch.Tensor:
+    """Reference for a swap after the k-th token: tokens 1..k under the old weights; tokens k+1.. under
+    the new weights reading the KV cache the old weights wrote for the prompt and tokens 1..k-1 (the
+    k-th token is fed through the new weights at the first step after the swap). [len(toks)]"""
+    with torch.no_grad():
+        first = old(torch.tensor([prompt + toks[:k - 1]]), use_cache=True)
+        rest = new(torch.tensor([toks[k - 1:-1]]), past_key_values=first.past_key_values, use_cache=True)
+    logits = torch.cat([first.logits[0, len(prompt) - 1:], rest.logits[0]]).float() / T
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(toks).unsqueeze(-1)).squeeze(-1)
+
+
+def test_weights_swap_between_decode_steps(engine: Any, policy: tuple[Any, Any, Path]) -> None:
+    """PipelineRL in flight: new weights arrive while the rows are decoding; each token carries the
+    version that sampled it and its log-prob matches a reference that keeps the old KV cache."""
+    model, tok, _ = policy
+    new = perturbed(model, 11)
+    ps = prompts(tok)
+    v0, swaps0, polls = engine.version, engine.swaps_in_flight, [0]
+
+    def source() -> tuple[int, dict[str, torch.Tensor]] | None:
+        polls[0] += 1
+        return (v0 + 1, new.state_dict()) if polls[0] >= 6 else None
+
+    try:
+        comps = engine.generate(ps, SamplingParams(0.7), free_run(tok, 24), policy_source=source)
+        assert engine.swaps_in_flight == swaps0 + 1 and engine.version == v0 + 1
+        for p, c in zip(ps, comps, strict=True):
+            k = c.versions.count(v0)
+            assert 0 < k < len(c.token_ids), c.versions
+            assert c.versions == [v0] * k + [v0 + 1] * (len(c.token_ids) - k)
+            ref = kept_cache_logprobs(model, new, p, c.token_ids, k, 0.7)
+            assert float((ref - torch.tensor(c.logprobs)).abs().max()) <= TOL
+    finally:
+        engine.load_weights(model.state_dict(), engine.version + 1)
