@@ -188,3 +188,15 @@ def test_weights_swap_between_decode_steps(engine: Any, policy: tuple[Any, Any, 
             assert float((ref - torch.tensor(c.logprobs)).abs().max()) <= TOL
     finally:
         engine.load_weights(model.state_dict(), engine.version + 1)
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.7, 1.0), (0.7, 0.8), (0.0, 1.0)])
+def test_next_token_probs_equal_torch_engine(engine: Any, policy: tuple[Any, Any, Path], temperature: float,
+                                             top_p: float) -> None:
+    """The distribution the evaluation's unique search reads (temperature, then the top-p nucleus)."""
+    model, tok, _ = policy
+    prefixes = [p + p[:3] for p in prompts(tok)]
+    sampling = SamplingParams(temperature, top_p)
+    got = engine.next_token_probs(prefixes, sampling)
+    ref = TorchEngine(model, tok).next_token_probs(prefixes, sampling)
+    assert got.shape == ref.shape and float((got - ref).abs().max()) <= 1e-5
