@@ -41,6 +41,10 @@ from scalerl.generator.engine import GenerationEngine, LengthControl, PolicySour
 from scalerl.messages import Completion, FinishReason
 
 THINKING, ANSWER, DONE = "thinking", "answer", "done"
+# KV cache on CPU when neither the caller nor VLLM_CPU_KVCACHE_SPACE sizes it: 1 GiB (the tiny model
+# holds ~260k tokens in it: 4 layers × K,V × 128 floats × 4 B = 4 KiB a token; a 0.5B model with 24 layers,
+# 2 KV heads of 64 dims in fp32: 24 KiB a token, ~44k tokens).
+CPU_KV_CACHE_BYTES = 1 << 30
 
 
 @dataclass
@@ -69,10 +73,14 @@ class VLLMEngine(GenerationEngine):
     def __init__(self, model_path: str | Path, tokenizer: Any, *, seed: int = 0, version: int = 0,
                  dtype: str = "float32", kv_cache_memory_bytes: int | None = None, enforce_eager: bool = False,
                  max_num_seqs: int = 256) -> None:
-        """`kv_cache_memory_bytes` None: vLLM's default (on CPU `VLLM_CPU_KVCACHE_SPACE` GiB, never a
-        fraction of RAM; on GPU its memory-utilisation fraction)."""
+        """`kv_cache_memory_bytes` None: on a GPU vLLM's memory-utilisation fraction; on CPU never a
+        fraction of RAM (vLLM would reserve 92% of it): `VLLM_CPU_KVCACHE_SPACE` GiB when set, else
+        CPU_KV_CACHE_BYTES."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: step loop + direct worker access
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        if kv_cache_memory_bytes is None and not torch.cuda.is_available():
+            gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+            kv_cache_memory_bytes = int(float(gib) * (1 << 30)) if gib else CPU_KV_CACHE_BYTES
         from vllm import LLM  # lazy: only the vLLM environment has it
 
         self.llm = LLM(model=str(model_path), dtype=dtype, seed=seed, skip_tokenizer_init=True,
