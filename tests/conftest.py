@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# tests/vllm_cpu run in the vLLM environment (`make install-vllm`, a separate pytest process: make test);
+# the main environment has no vLLM and does not collect them.
+if importlib.util.find_spec("vllm") is None:
+    collect_ignore = ["vllm_cpu"]
 
 
 @pytest.fixture(scope="session")

@@ -110,7 +110,8 @@ class LengthPenaltyConfig(_Strict):
 
 
 class GenerationConfig(_Strict):
-    engine: Literal["torch", "vllm"] = Field("torch", description="vllm needs a GPU and `scalerl[vllm]`.")
+    engine: Literal["torch", "vllm"] = Field("torch", description=(
+        "Sampler: torch (any machine) or vllm (run in the vLLM environment: make install-vllm; CPU or GPU)."))
     group_size: int = Field(16, ge=1, le=1024, description="G completions per prompt (ScaleRL: 16).")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
@@ -161,8 +162,10 @@ class OffPolicyConfig(_Strict):
         "ahead of a generator, and drops (and counts) groups holding a token more than k versions old."))
     embedded_generators: int | None = Field(None, ge=1, le=64, description=(
         "Embedded mode, pipeline only: generator worker threads, each with its own copy of the weights, that "
-        "keep sampling while the learner trains (PipelineRL); null = 2, so that generation can run ahead of "
-        "the learner (the distributed launcher and the operator count generator processes instead)."))
+        "keep sampling while the learner trains (PipelineRL); null = 2 with generation.engine torch, so that "
+        "generation can run ahead of the learner, and 1 with vllm (one vLLM engine batches every row itself; "
+        "a second would hold a second KV cache). The distributed launcher and the operator count generator "
+        "processes instead."))
 
     @model_validator(mode="after")
     def _generators_need_pipeline(self) -> OffPolicyConfig:
@@ -171,9 +174,6 @@ class OffPolicyConfig(_Strict):
                              "in the learner's thread)")
         return self
 
-    @property
-    def generator_workers(self) -> int:
-        return self.embedded_generators or 2
 
 
 class OptimConfig(_Strict):

@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", default=None, help="completions drawn per problem (default: the largest k)")
     p.add_argument("--temperature", default=None, help="sampling temperature (default: the spec's eval temperature)")
     p.add_argument("--seed", default="0", help="generator and subset seed")
-    p.add_argument("--engine", default="embedded", help="embedded (torch engine in this process) or grpc")
+    p.add_argument("--engine", default="embedded", help="embedded (generation.engine in this process) or grpc")
     p.add_argument("--target", dest="grpc_target", default=None, metavar="HOST:PORT",
                    help="generator service address (--engine grpc)")
     p.add_argument("--scorer", default=None, metavar="PATH|train",
@@ -182,6 +182,7 @@ def plan(args: argparse.Namespace) -> Plan:
     from scalerl.evaluation.runner import EvalOptions
     from scalerl.evaluation.scorer import is_scorer_folder
     from scalerl.evaluation.scorer_training import ScorerTrainingConfig
+    from scalerl.generator.factory import check_engine
     from scalerl.report.runfiles import RunFileError
 
     _check_outputs(args)
@@ -203,6 +204,8 @@ def plan(args: argparse.Namespace) -> Plan:
     try:
         spec_file, run, refs = resolve_target(args.target, which=args.checkpoints, spec=args.spec)
         spec = load_spec(spec_file)
+        if args.engine == "embedded":
+            check_engine(spec)
     except (TargetError, RunFileError, SpecError) as exc:
         raise BadArgument(str(exc)) from None
     if args.checkpoints == "all" and run is not None and (start := start_ref(run, spec.model.init_checkpoint)):

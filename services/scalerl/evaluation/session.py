@@ -5,6 +5,7 @@ Returns the JSON record (every number) and the text report; commands.py writes t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,7 @@ def _problems(plan: Any, task: Task) -> tuple[list[Problem], str]:
 def _evaluate_ref(plan: Any, ref: CheckpointRef, task: Task, problems: list[Problem], backend: Any,
                   progress: Progress) -> tuple[dict[str, Any], list[StrategyPoint]]:
     """The checkpoint's JSON record, and its strategy points (for the text report)."""
-    from scalerl.generator.torch_engine import TorchEngine
+    from scalerl.generator.factory import make_engine
     from scalerl.model.factory import load_model_and_tokenizer, resolve_device
     from scalerl.runtime.setup import make_verifier
 
@@ -74,8 +75,8 @@ def _evaluate_ref(plan: Any, ref: CheckpointRef, task: Task, problems: list[Prob
     model, tok = load_model_and_tokenizer(spec.model, spec.seed, ref.folder)
     model.to(resolve_device(spec.model.device)).eval()
     if backend is None:
-        backend = EmbeddedBackend(TorchEngine(model, tok, fp32_head=spec.model.fp32_lm_head,
-                                                    seed=plan.opts.seed), seed=plan.opts.seed)
+        backend = EmbeddedBackend(make_engine(spec, model, tok, seed=plan.opts.seed, workdir=Path(ref.folder),
+                                              model_folder=Path(ref.folder)), seed=plan.opts.seed)
     ctx = Context(spec=spec, task=task, verifier=make_verifier(spec, task), tokenizer=tok, policy=model,
                   backend=backend, checkpoint=ref.folder, opts=plan.opts, progress=progress)
     record = evaluate_checkpoint(ctx, problems)

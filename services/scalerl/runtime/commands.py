@@ -38,9 +38,12 @@ def check_urls(args: argparse.Namespace, spec_bus: str, spec_store: str | None,
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from scalerl.config import SpecError, load_spec
+    from scalerl.generator.factory import check_engine
 
     try:
         spec = load_spec(args.job, args.set)
+        if args.role == "generator":
+            check_engine(spec)
     except SpecError as exc:
         return _fail(str(exc))
     from scalerl.endpoints import output_dir_problem

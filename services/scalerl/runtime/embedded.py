@@ -2,7 +2,7 @@
 
 Two off-policy modes (ScaleRL §2.1), both over the same bus/store interfaces as distributed mode:
 
-- `pipeline` (PipelineRL-k): `off_policy.generator_workers` generator threads (each with its own copy of
+- `pipeline` (PipelineRL-k): `off_policy.embedded_generators` generator threads (each with its own copy of
   the weights, sharing one prompt consumer) and a verifier thread stream rollouts while the main thread
   (curriculum + learner) trains; each new policy version is published to the store and announced on
   `policy`, and every generator swaps it in between decode steps. Up to k × B prompts are in flight (the
@@ -32,8 +32,8 @@ from scalerl.bus.dlq import DeadLetters
 from scalerl.bus.validate import reason_for
 from scalerl.config import JobSpec
 from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted
+from scalerl.generator.factory import make_engine
 from scalerl.generator.role import GeneratorRole
-from scalerl.generator.torch_engine import TorchEngine
 from scalerl.learner.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
 from scalerl.messages import ScoredGroup
 from scalerl.runtime.setup import make_curriculum
@@ -101,15 +101,16 @@ class EmbeddedRun(TrainerHost):
         self._publish()
 
     def _make_generators(self, model: Any, tok: Any) -> list[GeneratorRole]:
-        """One generator (pipeline: `generator_workers` of them, sharing a prompt consumer), each sampling
+        """One generator (pipeline: `off_policy.embedded_generators` of them, sharing a prompt consumer), each sampling
         from its own copy of the weights with its own seed."""
         spec = self.spec
-        n = spec.off_policy.generator_workers if spec.off_policy.mode == "pipeline" else 1
+        default_workers = 2 if spec.generation.engine == "torch" else 1
+        n = (spec.off_policy.embedded_generators or default_workers) if spec.off_policy.mode == "pipeline" else 1
         shared = self.bus.consumer([self.topics.prompts], "generators")
         out = []
         for i in range(n):
-            engine = TorchEngine(copy.deepcopy(model).eval(), tok, fp32_head=spec.model.fp32_lm_head,
-                                 seed=spec.seed + 1 + 1000 * i)
+            engine = make_engine(spec, copy.deepcopy(model).eval(), tok, seed=spec.seed + 1 + 1000 * i,
+                                 workdir=self.out.root / f"generator-init-{i}")
             out.append(GeneratorRole(spec, engine, tok, self.bus, self.store, self.topics, self.limits,
                                      generator_id=f"generator-{i}", prompts=shared))
         return out

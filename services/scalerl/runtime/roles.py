@@ -27,8 +27,8 @@ from scalerl.bus.dlq import DeadLetters
 from scalerl.bus.validate import reason_for
 from scalerl.config import JobSpec
 from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted
+from scalerl.generator.factory import make_engine
 from scalerl.generator.role import GeneratorRole
-from scalerl.generator.torch_engine import TorchEngine
 from scalerl.messages import PolicyVersion, ScoredGroup
 from scalerl.model.factory import embedding_rows, load_model_and_tokenizer, resolve_device
 from scalerl.runtime.setup import (
@@ -160,8 +160,8 @@ class GeneratorService:
         self.bus, self.store, self.topics = ctx.open()
         model, self.tokenizer = load_model_and_tokenizer(spec.model, spec.seed)  # weights come from the store
         model.to(resolve_device(spec.model.device)).eval()
-        self.engine = TorchEngine(model, self.tokenizer, fp32_head=spec.model.fp32_lm_head,
-                                  seed=role_seed(spec, ctx.role_id))
+        self.engine = make_engine(spec, model, self.tokenizer, seed=role_seed(spec, ctx.role_id),
+                                  workdir=ctx.out_dir / f"{ctx.role_id}-init")
         self.engine_lock = threading.Lock()  # the bus loop and gRPC Generate/UpdateWeights share the engine
         limits = job_limits(spec, make_task(spec), embedding_rows(model))
         self.role = GeneratorRole(spec, self.engine, self.tokenizer, self.bus, self.store, self.topics, limits,

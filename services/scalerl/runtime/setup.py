@@ -20,6 +20,7 @@ import torch
 from scalerl.bus.validate import Limits
 from scalerl.config import JobSpec, SpecError
 from scalerl.curriculum.curriculum import Curriculum
+from scalerl.generator.factory import check_engine
 from scalerl.learner.sft import run_sft
 from scalerl.model.factory import load_model_and_tokenizer, resolve_device, save_model_and_tokenizer
 from scalerl.tasks import DatasetError, Problem, Task, build_task, validate_jsonl
@@ -43,8 +44,7 @@ def validate_resources(spec: JobSpec) -> None:
     for field, path in (("model.path", spec.model.path), ("model.init_checkpoint", spec.model.init_checkpoint)):
         if path is not None and not (Path(path) / "config.json").is_file():
             raise SpecError(f"{field}: {path} is not a Hugging Face model folder (no config.json)")
-    if spec.generation.engine == "vllm" and not torch.cuda.is_available():
-        raise SpecError("generation.engine: 'vllm' needs a CUDA GPU; use 'torch' on this machine")
+    check_engine(spec)
 
 
 def seed_everything(seed: int) -> None:

@@ -88,4 +88,4 @@ def test_inflight_depth_scales_with_k():
         s = spec_from_dict({"off_policy": {"k": k}, "train": {"prompts_per_step": 6}})
         assert s.max_inflight_prompts == 6 * k
     assert spec_from_dict({"curriculum": {"max_inflight_prompts": 5}}).max_inflight_prompts == 5
-    assert JobSpec().off_policy.generator_workers == 2
+    assert JobSpec().off_policy.embedded_generators is None  # 2 worker threads with the torch engine

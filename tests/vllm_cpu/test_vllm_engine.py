@@ -1,0 +1,202 @@
+"""The vLLM engine against our learner and the torch engine, on the tiny model saved as a Hugging Face
+folder (run in the vLLM environment: `make install-vllm`; the main suite ignores this folder).
+
+- step 0: the log-probs vLLM records equal the learner's teacher-forced ones (|log ρ| <= 1e-4, fp32),
+  at T = 0.7 with top_p = 1 and with top_p < 1;
+- after `load_weights`, samples (greedy) and log-probs equal a transformers forward of the new weights;
+- length rules (thinking budget, interruption + answer budget, budget forcing, forced-token records)
+  equal the torch engine's, greedy (deterministic) on the same weights;
+- weights swapped between decode steps: tokens' versions change at the swap.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from scalerl.config import ModelConfig
+from scalerl.generator.engine import LengthControl, SamplingParams, budget_forcing
+from scalerl.generator.torch_engine import TorchEngine
+from scalerl.messages import Completion
+from scalerl.model.factory import load_model_and_tokenizer, save_model_and_tokenizer, sequence_logprobs
+
+pytestmark = pytest.mark.vllm
+TOL = 1e-4  # nats: |log ρ| bound in fp32 (the learner's and vLLM's kernels differ in summation order)
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Path]:
+    cfg = ModelConfig(tiny={"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 2,
+                            "max_positions": 256})
+    model, tok = load_model_and_tokenizer(cfg, seed=3)
+    folder = tmp_path_factory.mktemp("tiny-hf")
+    save_model_and_tokenizer(model, tok, folder)
+    return model.eval(), tok, folder
+
+
+@pytest.fixture(scope="module")
+def engine(policy: tuple[Any, Any, Path]) -> Any:
+    from scalerl.generator.vllm_engine import VLLMEngine
+
+    _, tok, folder = policy
+    return VLLMEngine(folder, tok, seed=0, kv_cache_memory_bytes=64 << 20, enforce_eager=True)
+
+
+def prompts(tok: Any) -> list[list[int]]:
+    return [tok.encode(s) for s in ("12+34=", "7*8=", "99-5=", "3+3+3=")]
+
+
+def learner_logprobs(model: Any, prompt: list[int], comp: Completion, temperature: float) -> torch.Tensor:
+    """Teacher-forced log-probs of the completion's tokens (the learner's side of ρ): [T]."""
+    ids = torch.tensor([prompt + comp.token_ids])
+    with torch.no_grad():
+        logp, _ = sequence_logprobs(model, ids[:, :-1], torch.ones_like(ids[:, :-1]), ids[:, 1:],
+                                    fp32_head=True, temperature=temperature)
+    return logp[0, len(prompt) - 1:]
+
+
+def free_run(tok: Any, thinking: int = 40, answer: int = 8) -> LengthControl:
+    """Length rules whose special ids are outside the vocabulary: pure sampling to the thinking budget."""
+    never = len(tok) + 7
+    return LengthControl(thinking_budget=thinking, answer_budget=answer, think_close_id=never, eos_id=never)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_step0_logprobs_match_learner(engine: Any, policy: tuple[Any, Any, Path], top_p: float) -> None:
+    model, tok, _ = policy
+    ps = prompts(tok)
+    comps = engine.generate(ps, SamplingParams(0.7, top_p), free_run(tok))
+    assert all(len(c.token_ids) == 40 and c.finish_reason == "length" for c in comps)
+    worst = max(float((learner_logprobs(model, p, c, 0.7) - torch.tensor(c.logprobs)).abs().max())
+                for p, c in zip(ps, comps, strict=True))
+    assert worst <= TOL, f"step-0 max |log ρ| = {worst:.2e} nats"
+    # Sampling differs from greedy: the temperature is applied (not the argmax path every row).
+    assert len({tuple(c.token_ids) for c in comps}) == len(comps)
+
+
+def test_weight_update_matches_hf_forward_of_new_weights(engine: Any, policy: tuple[Any, Any, Path]) -> None:
+    model, tok, _ = policy
+    new = perturbed(model, 7)
+    ps = prompts(tok)
+    try:
+        engine.load_weights(new.state_dict(), engine.version + 1)
+        comps = engine.generate(ps, SamplingParams(0.7), free_run(tok, 24))
+        assert {v for c in comps for v in c.versions} == {engine.version}
+        for p, c in zip(ps, comps, strict=True):
+            assert float((learner_logprobs(new, p, c, 0.7) - torch.tensor(c.logprobs)).abs().max()) <= TOL
+        greedy = engine.generate(ps, SamplingParams(0.0), free_run(tok, 24))
+        ref = TorchEngine(new, tok, seed=0).generate(ps, SamplingParams(0.0), free_run(tok, 24))
+        assert [c.token_ids for c in greedy] == [c.token_ids for c in ref]
+        old_greedy = TorchEngine(model, tok, seed=0).generate(ps, SamplingParams(0.0), free_run(tok, 24))
+        assert [c.token_ids for c in greedy] != [c.token_ids for c in old_greedy]  # the update took effect
+    finally:
+        engine.load_weights(model.state_dict(), engine.version + 1)
+
+
+def greedy_paths(model: Any, tok: Any, ps: list[list[int]], n: int) -> list[list[int]]:
+    return [c.token_ids for c in TorchEngine(model, tok).generate(ps, SamplingParams(0.0), free_run(tok, n))]
+
+
+def scenarios(model: Any, tok: Any, ps: list[list[int]]) -> dict[str, LengthControl]:
+    """Length rules whose `</think>` / EOS ids are tokens the greedy paths emit, so each rule is hit:
+    row 0 closes its thinking early, row 1 ends on EOS, row 3 emits neither in its first 16 tokens
+    (it reaches the cut or the budget)."""
+    paths = greedy_paths(model, tok, ps, 30)
+    keep_going = set(paths[3][:16])
+    close = next(t for t in paths[0][2:8] if t not in paths[0][:2] and t not in keep_going)
+    eos = next(t for t in paths[1][2:12] if t not in paths[0][:20] and t not in keep_going and t != close)
+    phrase = tuple(tok.encode("</think>!"))
+    base = LengthControl(thinking_budget=16, answer_budget=5, think_close_id=close, eos_id=eos)
+    wait = tuple(tok.encode("Wait"))
+    return {
+        "budget_truncates": base,
+        "interruption": replace(base, interruption_ids=phrase, window=(6, 12)),
+        "stop_ids": replace(base, stop_ids=(paths[2][4],)),
+        "forcing_max": budget_forcing(base, max_thinking=8, answer_prefix_ids=tuple(tok.encode("A:"))),
+        "forcing_min": budget_forcing(base, min_thinking=10, wait_ids=wait, max_waits=2),
+        "forcing_both": budget_forcing(base, max_thinking=12, min_thinking=6, wait_ids=wait, max_waits=1),
+    }
+
+
+def test_length_rules_equal_torch_engine(engine: Any, policy: tuple[Any, Any, Path]) -> None:
+    model, tok, _ = policy
+    ps = prompts(tok)
+    reasons: set[str] = set()
+    for name, length in scenarios(model, tok, ps).items():
+        torch_rng, vllm_rng = TorchEngine(model, tok, seed=5), engine
+        vllm_rng.set_rng_state(torch_rng.rng_state())  # the same cut points
+        ref = torch_rng.generate(ps, SamplingParams(0.0), length)
+        got = engine.generate(ps, SamplingParams(0.0), length)
+        for r, g in zip(ref, got, strict=True):
+            assert g.token_ids == r.token_ids, name
+            assert g.loss_mask == r.loss_mask, name
+            assert (g.finish_reason, g.thinking_tokens) == (r.finish_reason, r.thinking_tokens), name
+            assert max(abs(a - b) for a, b in zip(g.logprobs, r.logprobs, strict=True)) <= TOL, name
+            assert g.versions == [engine.version] * len(g.token_ids), name
+            reasons.add(g.finish_reason)
+        forced = [not m for c in got for m in c.loss_mask]
+        if name.startswith(("interruption", "forcing")):
+            assert any(forced), f"{name}: no forced token recorded"
+    assert {"stop", "length"} <= reasons  # interrupted rows are checked by their forced tokens above
+
+
+def perturbed(model: Any, seed: int) -> Any:
+    new = copy.deepcopy(model)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(seed)
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return new
+
+
+def kept_cache_logprobs(old: Any, new: Any, prompt: list[int], toks: list[int], k: int, T: float) -> torch.Tensor:
+    """Reference for a swap after the k-th token: tokens 1..k under the old weights; tokens k+1.. under
+    the new weights reading the KV cache the old weights wrote for the prompt and tokens 1..k-1 (the
+    k-th token is fed through the new weights at the first step after the swap). [len(toks)]"""
+    with torch.no_grad():
+        first = old(torch.tensor([prompt + toks[:k - 1]]), use_cache=True)
+        rest = new(torch.tensor([toks[k - 1:-1]]), past_key_values=first.past_key_values, use_cache=True)
+    logits = torch.cat([first.logits[0, len(prompt) - 1:], rest.logits[0]]).float() / T
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(toks).unsqueeze(-1)).squeeze(-1)
+
+
+def test_weights_swap_between_decode_steps(engine: Any, policy: tuple[Any, Any, Path]) -> None:
+    """PipelineRL in flight: new weights arrive while the rows are decoding; each token carries the
+    version that sampled it and its log-prob matches a reference that keeps the old KV cache."""
+    model, tok, _ = policy
+    new = perturbed(model, 11)
+    ps = prompts(tok)
+    v0, swaps0, polls = engine.version, engine.swaps_in_flight, [0]
+
+    def source() -> tuple[int, dict[str, torch.Tensor]] | None:
+        polls[0] += 1
+        return (v0 + 1, new.state_dict()) if polls[0] >= 6 else None
+
+    try:
+        comps = engine.generate(ps, SamplingParams(0.7), free_run(tok, 24), policy_source=source)
+        assert engine.swaps_in_flight == swaps0 + 1 and engine.version == v0 + 1
+        for p, c in zip(ps, comps, strict=True):
+            k = c.versions.count(v0)
+            assert 0 < k < len(c.token_ids), c.versions
+            assert c.versions == [v0] * k + [v0 + 1] * (len(c.token_ids) - k)
+            ref = kept_cache_logprobs(model, new, p, c.token_ids, k, 0.7)
+            assert float((ref - torch.tensor(c.logprobs)).abs().max()) <= TOL
+    finally:
+        engine.load_weights(model.state_dict(), engine.version + 1)
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.7, 1.0), (0.7, 0.8), (0.0, 1.0)])
+def test_next_token_probs_equal_torch_engine(engine: Any, policy: tuple[Any, Any, Path], temperature: float,
+                                             top_p: float) -> None:
+    """The distribution the evaluation's unique search reads (temperature, then the top-p nucleus)."""
+    model, tok, _ = policy
+    prefixes = [p + p[:3] for p in prompts(tok)]
+    sampling = SamplingParams(temperature, top_p)
+    got = engine.next_token_probs(prefixes, sampling)
+    ref = TorchEngine(model, tok).next_token_probs(prefixes, sampling)
+    assert got.shape == ref.shape and float((got - ref).abs().max()) <= 1e-5
