@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from scalerl.generator.engine import GenerationEngine, LengthControl, PolicySource, SamplingParams
+from scalerl.generator.engine import GenerationEngine, LengthControl, PolicySource, SamplingParams, close_end
 from scalerl.messages import Completion, FinishReason
 
 
@@ -82,11 +82,14 @@ class VLLMEngine(GenerationEngine):
         """Phase 1 under budget forcing's minimum: rounds of sampling that stop on `</think>`; an early
         one is replaced by the "Wait" tokens (masked). Returns (ids, logprobs, loss mask, stopped) per row;
         `stopped` is True for EOS / stop ids, and for an accepted `</think>` the ids end with it."""
-        close, wait = length.think_close_id, list(length.wait_ids)
+        if len(length.think_close_ids) != 1:
+            raise ValueError("budget forcing's minimum on vLLM needs a one-token </think> (vLLM stops on single "
+                             "token ids); use generation.engine 'torch' with this tokenizer")
+        close, wait = length.think_close_ids[0], list(length.wait_ids)
         rows: list[tuple[list[int], list[float], list[bool], bool]] = [([], [], [], False) for _ in prompt_ids]
         waits = [0] * len(prompt_ids)
         active = list(range(len(prompt_ids)))
-        stop_ids = [length.eos_id, close, *length.stop_ids]
+        stop_ids = [*length.all_end_ids, close, *length.stop_ids]
         while active:
             left = [cuts[i] - len(rows[i][0]) for i in active]
             outs = self._sample([prompt_ids[i] + rows[i][0] for i in active], sampling, left, stop_ids)
@@ -125,11 +128,11 @@ class VLLMEngine(GenerationEngine):
         else:
             first = [(ids, lps, [True] * len(ids), stopped)
                      for ids, lps, stopped in self._sample(prompt_ids, sampling, cuts,
-                                                           [length.eos_id, *length.stop_ids])]
+                                                           [*length.all_end_ids, *length.stop_ids])]
         v1 = self.version
         rows: list[dict[str, Any]] = []
         for ids, lps, mask, stopped in first:
-            closed = length.think_close_id in ids
+            closed = close_end(ids, length) is not None
             rows.append({"ids": ids, "lps": lps, "vers": [v1] * len(ids), "mask": mask,
                          "stopped": stopped, "closed": closed, "interrupted": False})
         if length.forces_minimum:  # rows that closed thinking stopped there: sample their answers
@@ -138,7 +141,7 @@ class VLLMEngine(GenerationEngine):
         if need:
             self._poll(policy_source)
             cont = self._sample([prompt_ids[i] + rows[i]["ids"] + phrase for i in need], sampling,
-                                [length.answer_budget] * len(need), [length.eos_id])
+                                [length.answer_budget] * len(need), list(length.all_end_ids))
             for i, (ids, lps, stopped) in zip(need, cont, strict=True):
                 r = rows[i]
                 r["ids"] += phrase + ids
@@ -154,7 +157,7 @@ class VLLMEngine(GenerationEngine):
         if not todo:
             return
         outs = self._sample([prompt_ids[i] + rows[i]["ids"] for i in todo], sampling,
-                            [length.answer_budget] * len(todo), [length.eos_id])
+                            [length.answer_budget] * len(todo), list(length.all_end_ids))
         for i, (ids, lps, stopped) in zip(todo, outs, strict=True):
             r = rows[i]
             r["ids"] += ids
@@ -165,7 +168,8 @@ class VLLMEngine(GenerationEngine):
 
     def _finish(self, r: dict[str, Any], length: LengthControl) -> Completion:
         ids = r["ids"]
-        think = ids.index(length.think_close_id) + 1 if length.think_close_id in ids else len(ids)
+        end = close_end(ids, length)
+        think = len(ids) if end is None else end
         truncated = not r["stopped"]
         if len(ids) - think > length.answer_budget:  # phase 1 ran past the answer budget
             keep = think + length.answer_budget
@@ -174,7 +178,7 @@ class VLLMEngine(GenerationEngine):
             truncated = True
         reason: FinishReason = "length" if truncated else ("interrupted" if r["interrupted"] else "stop")
         return Completion(token_ids=r["ids"], logprobs=r["lps"], versions=r["vers"], loss_mask=r["mask"],
-                          finish_reason=reason, text=self.completion_text(r["ids"], length.eos_id),
+                          finish_reason=reason, text=self.completion_text(r["ids"], length.all_end_ids),
                           thinking_tokens=think)
 
     def _poll(self, policy_source: PolicySource | None) -> None:

@@ -139,6 +139,7 @@ def convert_gguf(gguf: Path, target: Path, dtype: str) -> float:
         raise ModelSourceError(f"{gguf}: the GGUF lacks weights {sorted(missing)[:3]}")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared by every role and user of the machine
     try:
         model.save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))

