@@ -24,7 +24,6 @@ from safetensors.torch import save as st_save
 from scalerl.messages import PolicyVersion
 from scalerl.store.base import Store, StoreError
 
-
 TIED_KEY = "scalerl.tied"
 
 
