@@ -83,6 +83,10 @@ class TaskConfig(_Strict):
     eval_path: str | None = Field(None, description="JSONL held-out set (kind=jsonl); default holds out.")
     train_size: int = Field(20000, ge=1, le=10_000_000, description="Generated training prompts.")
     eval_size: int = Field(200, ge=1, le=100_000, description="Held-out eval prompts.")
+    phrasing: Literal["symbolic", "chat"] = Field("symbolic", description=(
+        "Prompt style: symbolic = the compact prompts the tiny model learns from scratch (357+468=); chat = "
+        "natural-language questions for an instruct model, answers read from free text (Answer:, \\boxed{}, "
+        "else the last number or expression; see each task's docstring). Default: the quickstart's."))
     reward_correct: float = Field(1.0, description="Reward of a correct completion (ScaleRL: +1).")
     reward_incorrect: float = Field(-1.0, description="Reward of an incorrect completion (ScaleRL: −1).")
 

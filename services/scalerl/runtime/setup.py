@@ -68,7 +68,7 @@ def make_task(spec: JobSpec) -> Task:
     t = spec.task
     return build_task(t.kind, seed=spec.seed, train_size=t.train_size, eval_size=t.eval_size, digits=t.digits,
                       countdown_numbers=t.countdown_numbers, countdown_max_number=t.countdown_max_number,
-                      train_path=t.train_path, eval_path=t.eval_path)
+                      train_path=t.train_path, eval_path=t.eval_path, phrasing=t.phrasing)
 
 
 def make_verifier(spec: JobSpec, task: Task) -> Verifier:
