@@ -33,10 +33,10 @@ import re
 from abc import abstractmethod
 
 from scalerl.tasks.base import (
+    Phrasing,
     Problem,
     Split,
     Task,
-    Phrasing,
     answer_after_think,
     answer_region,
     check_phrasing,

@@ -28,10 +28,10 @@ Conventions shared by every task:
 from __future__ import annotations
 
 import random
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-import re
 from typing import Literal, TypeVar
 
 from scalerl.model.tokenizer import THINK_CLOSE

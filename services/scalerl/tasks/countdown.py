@@ -40,10 +40,10 @@ from collections import Counter
 from fractions import Fraction
 
 from scalerl.tasks.base import (
+    Phrasing,
     Problem,
     Split,
     Task,
-    Phrasing,
     answer_after_think,
     answer_region,
     check_phrasing,

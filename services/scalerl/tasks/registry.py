@@ -69,7 +69,8 @@ def build_task(
     """The task `kind` ("addition", "multiplication", "countdown" or "jsonl") with these settings.
 
     Generated kinds ignore the paths; "jsonl" ignores the generator settings and `train_size`
-    (the file decides) and needs `train_path`. `phrasing`: "symbolic" or "chat" (tasks/base.py). Problems are generated lazily, on the first
+    (the file decides) and needs `train_path`.
+    `phrasing`: "symbolic" or "chat" (tasks/base.py). Problems are generated lazily, on the first
     `problems()` call; a JSONL dataset is read and validated here (`DatasetError`).
     """
     if kind not in _BUILDERS:
