@@ -34,7 +34,7 @@ def untie(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], di
     out: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     for name, t in tensors.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        key = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape))
         if t.numel() and key in kept:
             aliases[name] = kept[key]
         else:
