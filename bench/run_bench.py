@@ -61,7 +61,7 @@ def bench_generator(model, tok, prompts: list[list[int]], new_tokens: int, repea
     model.eval()
     engine = TorchEngine(model, tok, fp32_head=True, seed=0)
     never = 10**9  # no token id stops either side early
-    length = LengthControl(thinking_budget=new_tokens, answer_budget=1, think_close_id=never, eos_id=never)
+    length = LengthControl(thinking_budget=new_tokens, answer_budget=1, think_close_ids=(never,), eos_id=never)
     ours_s = _median_time(lambda: engine.generate(prompts, SamplingParams(), length), repeats)
 
     pad = tok.pad_token_id

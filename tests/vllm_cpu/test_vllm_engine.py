@@ -63,7 +63,7 @@ def learner_logprobs(model: Any, prompt: list[int], comp: Completion, temperatur
 def free_run(tok: Any, thinking: int = 40, answer: int = 8) -> LengthControl:
     """Length rules whose special ids are outside the vocabulary: pure sampling to the thinking budget."""
     never = len(tok) + 7
-    return LengthControl(thinking_budget=thinking, answer_budget=answer, think_close_id=never, eos_id=never)
+    return LengthControl(thinking_budget=thinking, answer_budget=answer, think_close_ids=(never,), eos_id=never)
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
@@ -111,7 +111,7 @@ def scenarios(model: Any, tok: Any, ps: list[list[int]]) -> dict[str, LengthCont
     close = next(t for t in paths[0][2:8] if t not in paths[0][:2] and t not in keep_going)
     eos = next(t for t in paths[1][2:12] if t not in paths[0][:20] and t not in keep_going and t != close)
     phrase = tuple(tok.encode("</think>!"))
-    base = LengthControl(thinking_budget=16, answer_budget=5, think_close_id=close, eos_id=eos)
+    base = LengthControl(thinking_budget=16, answer_budget=5, think_close_ids=(close,), eos_id=eos)
     wait = tuple(tok.encode("Wait"))
     return {
         "budget_truncates": base,

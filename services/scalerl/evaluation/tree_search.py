@@ -123,14 +123,14 @@ def step_length_control(cfg: TreeSearchConfig, *, answer_budget: int, tokenizer:
     """One call of a step: stop at any of the `stops` characters or at `</think>`."""
     close = int(tokenizer.convert_tokens_to_ids(THINK_CLOSE))
     ids = tuple(int(tokenizer.convert_tokens_to_ids(s)) for s in stops)
-    return LengthControl(thinking_budget=cfg.step_tokens, answer_budget=answer_budget, think_close_id=close,
+    return LengthControl(thinking_budget=cfg.step_tokens, answer_budget=answer_budget, think_close_ids=(close,),
                          eos_id=int(tokenizer.eos_token_id), stop_ids=(*ids, close))
 
 
 def answer_length_control(*, answer_budget: int, tokenizer: Any) -> LengthControl:
     """The answer after `</think>` (already in the prompt): up to `answer_budget` tokens, then EOS."""
     close = tokenizer.convert_tokens_to_ids(THINK_CLOSE)
-    return LengthControl(thinking_budget=answer_budget, answer_budget=1, think_close_id=int(close),
+    return LengthControl(thinking_budget=answer_budget, answer_budget=1, think_close_ids=(int(close),),
                          eos_id=int(tokenizer.eos_token_id))
 
 

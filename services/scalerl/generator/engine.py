@@ -37,7 +37,14 @@ class LengthControl:
     interruption_ids: the phrase injected at the cut (ends with `</think>`); None = no interruption
         (length-penalty mode: a sequence that exceeds the budgets is truncated, finish "length").
     window: [lo, hi] thinking tokens; each sequence's cut point is uniform in it.
-    think_close_id / eos_id: token ids of `</think>` and end of sequence.
+    think_close_ids: the token sequence of `</think>`: one id where the tokenizer has it as a special
+        token (Qwen3-style), several where it is ordinary text (SmolLM2's BPE: "</", "think", ">").
+        Thinking ends on the token that completes it (the generated suffix equals the sequence); it is
+        also what budget forcing's maximum forces.
+    think_close_alts: further spellings of `</think>` that also end thinking (a BPE tokenizer spells it
+        differently after a space, e.g. " </", "think", ">"); see `scalerl.model.text`.
+    eos_id: the end-of-sequence id; end_ids: further ids that end a sequence like it (end-of-turn
+        tokens of a chat model, e.g. `<|im_end|>`, `<|endoftext|>`).
     min_thinking: budget forcing's minimum: a sampled `</think>` after fewer thinking tokens than this
         is replaced by `wait_ids` (forced, loss-masked), at most `max_waits` times per sequence.
     wait_ids: the tokens forced in place of an early `</think>` (s1: "Wait").
@@ -46,13 +53,16 @@ class LengthControl:
         tree search samples one reasoning step at a time.
 
     Thinking tokens count every token before the answer phase, forced "Wait" tokens included (the
-    `</think>` that closes thinking is counted too, as before).
+    `</think>` that closes thinking is counted too, as before). Budget forcing's minimum with a
+    multi-token `</think>` replaces the token that would complete it; the tokens before it stay.
     """
 
     thinking_budget: int
     answer_budget: int
-    think_close_id: int
+    think_close_ids: tuple[int, ...]
     eos_id: int
+    end_ids: tuple[int, ...] = ()
+    think_close_alts: tuple[tuple[int, ...], ...] = ()
     interruption_ids: tuple[int, ...] | None = None
     window: tuple[int, int] = (1, 1)
     min_thinking: int = 0
@@ -68,10 +78,30 @@ class LengthControl:
             raise ValueError(f"min_thinking and max_waits must be >= 0, got {self.min_thinking}, {self.max_waits}")
         if self.max_waits > 0 and not self.wait_ids:
             raise ValueError("max_waits > 0 needs wait_ids (the tokens forced in place of an early </think>)")
+        if not self.think_close_ids or any(not alt for alt in self.think_close_alts):
+            raise ValueError("think_close_ids and every think_close_alts entry need at least one token id")
+
+    @property
+    def close_sequences(self) -> tuple[tuple[int, ...], ...]:
+        """Every token sequence that ends thinking, the canonical `think_close_ids` first."""
+        return (self.think_close_ids, *(a for a in self.think_close_alts if a != self.think_close_ids))
+
+    @property
+    def all_end_ids(self) -> tuple[int, ...]:
+        """EOS and the end-of-turn ids: any of them ends a sequence."""
+        return (self.eos_id, *(i for i in self.end_ids if i != self.eos_id))
 
     @property
     def forces_minimum(self) -> bool:
         return self.min_thinking > 0 and self.max_waits > 0
+
+
+def close_end(token_ids: Sequence[int], length: LengthControl) -> int | None:
+    """The index just after the first `</think>` (any spelling) in `token_ids`, or None."""
+    for end in range(1, len(token_ids) + 1):
+        if any(tuple(token_ids[max(0, end - len(seq)):end]) == seq for seq in length.close_sequences):
+            return end
+    return None
 
 
 def budget_forcing(base: LengthControl, *, max_thinking: int | None = None, answer_prefix_ids: Sequence[int] = (),
@@ -89,7 +119,7 @@ def budget_forcing(base: LengthControl, *, max_thinking: int | None = None, answ
         if max_thinking < 1:
             raise ValueError(f"max_thinking must be >= 1, got {max_thinking}")
         out = replace(out, thinking_budget=max_thinking, window=(max_thinking, max_thinking),
-                      interruption_ids=(base.think_close_id, *answer_prefix_ids))
+                      interruption_ids=(*base.think_close_ids, *answer_prefix_ids))
     return replace(out, min_thinking=min_thinking, wait_ids=tuple(wait_ids), max_waits=max_waits)
 
 
@@ -98,11 +128,12 @@ def budget_forcing_of(length: LengthControl) -> dict[str, Any] | None:
     `budget_forcing`, for sending the rules to a generator service), or None when it has none: a
     maximum is an interruption whose phrase starts with `</think>` at a fixed cut."""
     phrase = length.interruption_ids or ()
-    forced_max = bool(phrase) and phrase[0] == length.think_close_id and length.window[0] == length.window[1]
+    close = length.think_close_ids
+    forced_max = phrase[:len(close)] == close and length.window[0] == length.window[1]
     if not forced_max and not (length.min_thinking or length.wait_ids or length.max_waits):
         return None
     return {"max_thinking": length.window[0] if forced_max else None,
-            "answer_prefix_ids": tuple(phrase[1:]) if forced_max else (),
+            "answer_prefix_ids": tuple(phrase[len(close):]) if forced_max else (),
             "min_thinking": length.min_thinking, "wait_ids": tuple(length.wait_ids), "max_waits": length.max_waits}
 
 
@@ -139,6 +170,6 @@ class GenerationEngine(ABC):
     def decode(self, token_ids: list[int]) -> str:
         """Token ids -> text (special tokens kept, so `</think>` stays visible to the verifier)."""
 
-    def completion_text(self, token_ids: list[int], eos_id: int) -> str:
-        """The text the verifier reads: the completion without its closing EOS token."""
-        return self.decode(token_ids[:-1] if token_ids and token_ids[-1] == eos_id else token_ids)
+    def completion_text(self, token_ids: list[int], end_ids: Sequence[int]) -> str:
+        """The text the verifier reads: the completion without its closing EOS / end-of-turn token."""
+        return self.decode(token_ids[:-1] if token_ids and token_ids[-1] in end_ids else token_ids)

@@ -28,28 +28,24 @@ from scalerl.bus.validate import Limits, reason_for
 from scalerl.config import JobSpec
 from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
 from scalerl.messages import PolicyVersion, PromptTask, RolloutGroup
+from scalerl.model.text import encode_prompt, end_ids, text_ids, think_close_spellings
 from scalerl.store import Store
 from scalerl.store.weights import load_weights
 from scalerl.telemetry.hops import hop
 
-
-def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
-    """BOS (if the tokenizer has one) + the prompt's tokens, no other special tokens."""
-    ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    bos = tokenizer.bos_token_id
-    return [bos, *ids] if bos is not None else ids
+__all__ = ["GeneratorRole", "encode_prompt", "length_control"]
 
 
 def length_control(spec: JobSpec, tokenizer: Any, *, interrupt: bool | None = None) -> LengthControl:
-    """The job's length rules in token ids (interruption unless `length_control: length_penalty`)."""
+    """The job's length rules in token ids (interruption unless `length_control: length_penalty`);
+    `</think>`, EOS and the end-of-turn ids come from the tokenizer (`scalerl.model.text`)."""
     g = spec.generation
     use_interrupt = g.length_control == "interruption" if interrupt is None else interrupt
-    phrase = tuple(tokenizer(g.interruption.phrase, add_special_tokens=False)["input_ids"])
-    close = tokenizer.convert_tokens_to_ids("</think>")
-    if close is None or close == tokenizer.unk_token_id:
-        raise ValueError("the tokenizer has no '</think>' token; add it as a special token")
+    phrase = text_ids(tokenizer, g.interruption.phrase)
+    close, *alts = think_close_spellings(tokenizer)
+    eos, *turn_ends = end_ids(tokenizer)
     return LengthControl(thinking_budget=g.thinking_budget_tokens, answer_budget=g.answer_budget_tokens,
-                         think_close_id=int(close), eos_id=int(tokenizer.eos_token_id),
+                         think_close_ids=close, think_close_alts=tuple(alts), eos_id=eos, end_ids=tuple(turn_ends),
                          interruption_ids=phrase if use_interrupt else None,
                          window=tuple(g.interruption.window_tokens))  # type: ignore[arg-type]
 

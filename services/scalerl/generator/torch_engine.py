@@ -17,6 +17,9 @@ Departures / choices:
    phrase (training-time interruption, and budget forcing's maximum: `</think>` at a fixed cut) and the
    "Wait" phrase (budget forcing's minimum, started when a row samples `</think>` too early). Both
    are recorded with `loss_mask` False, so the learner never trains on them.
+4. `</think>` may be several tokens (a BPE tokenizer without a special token for it): `CloseMatcher`
+   keeps each row's last few tokens and reports the step whose token completes any spelling of it
+   (the generated suffix equals the sequence); one token is the special case of a length-1 suffix.
 """
 
 from __future__ import annotations
@@ -33,6 +36,32 @@ from scalerl.model.factory import lm_head_logits, trunk_of
 THINKING, FORCED, ANSWER, DONE = 0, 1, 2, 3
 # Kinds of forced phrase (row of the forced-token table): the interruption phrase, budget forcing's "Wait".
 INTERRUPT, WAIT = 0, 1
+
+
+class CloseMatcher:
+    """Which rows' next token completes `</think>`: each row's previous K - 1 tokens are kept
+    (K = the longest spelling), and a token closes when previous tokens + it end with a spelling."""
+
+    def __init__(self, sequences: tuple[tuple[int, ...], ...], rows: int, device: torch.device) -> None:
+        self.sequences = [torch.tensor(seq, dtype=torch.long, device=device) for seq in sequences]
+        width = max(len(seq) for seq in sequences) - 1
+        self.tail_BK = torch.full((rows, width), -1, dtype=torch.long, device=device)  # -1: no token yet
+
+    def completes(self, tok_B: torch.Tensor) -> torch.Tensor:
+        """[B] bool: the tail followed by `tok_B` ends with one of the sequences."""
+        hit = torch.zeros_like(tok_B, dtype=torch.bool)
+        K = self.tail_BK.shape[1]
+        for seq in self.sequences:
+            n = len(seq)
+            ok = tok_B == seq[-1]
+            if n > 1:
+                ok &= (self.tail_BK[:, K - n + 1:] == seq[:-1]).all(-1)
+            hit |= ok
+        return hit
+
+    def push(self, tok_B: torch.Tensor) -> None:
+        if self.tail_BK.shape[1]:
+            self.tail_BK = torch.cat([self.tail_BK[:, 1:], tok_B.unsqueeze(-1)], dim=1)
 
 
 class TorchEngine(GenerationEngine):
@@ -135,6 +164,8 @@ class TorchEngine(GenerationEngine):
         wait_len = len(length.wait_ids) if length.forces_minimum else 0
         forced_table = self._forced_table(length, dev)  # [2, L]: interruption phrase, "Wait"
         stop_ids = torch.tensor(length.stop_ids, dtype=torch.long, device=dev) if length.stop_ids else None
+        end_ids = torch.tensor(length.all_end_ids, dtype=torch.long, device=dev)
+        closer = CloseMatcher(length.close_sequences, B, dev)
         max_steps = length.thinking_budget + wait_len + phrase_len + length.answer_budget
         max_steps = min(max_steps, max_pos - ids_BP.shape[1])
         if max_steps <= 0:
@@ -169,7 +200,8 @@ class TorchEngine(GenerationEngine):
                 break
             tok_B, logp_BV = self._sample(lm_head_logits(self.model, hidden_BH, self.fp32_head), sampling)
             if wait_len:  # budget forcing (min): an early </think> starts the forced "Wait" phrase
-                self._suppress_early_close(phase, tok_B, live_B, n_think, n_waits, forced_pos, forced_kind, length)
+                self._suppress_early_close(phase, closer.completes(tok_B), live_B, n_think, n_waits, forced_pos,
+                                           forced_kind, length)
             # Forced rows take the next token of their phrase instead of the sampled one.
             forced_B = phase == FORCED
             if forced_table.shape[1]:
@@ -183,7 +215,8 @@ class TorchEngine(GenerationEngine):
             steps_version.append(self.version)
             self._advance(phase, tok_B, live_B, forced_B, n_think, n_answer, forced_pos, cut_at,
                           interrupted, truncated, length, phrase_len, forced_kind=forced_kind, wait_len=wait_len,
-                          stop_ids=stop_ids)
+                          stop_ids=stop_ids, closing=closer.completes(tok_B), end_ids=end_ids)
+            closer.push(tok_B)
             if not bool((phase != DONE).any()):
                 break
             # Hot-swap between decode steps, keeping the KV cache.
@@ -199,7 +232,7 @@ class TorchEngine(GenerationEngine):
             cache, hidden_BH = out.past_key_values, out.last_hidden_state[:, -1]
         truncated |= phase != DONE  # ran out of positions
         return self._collect(B, steps_tok, steps_logp, steps_forced, steps_live, steps_version,
-                             n_think, interrupted, truncated, length.eos_id)
+                             n_think, interrupted, truncated, length.all_end_ids)
 
     @staticmethod
     def _forced_table(length: LengthControl, dev: torch.device) -> torch.Tensor:
@@ -212,13 +245,14 @@ class TorchEngine(GenerationEngine):
         return table
 
     @staticmethod
-    def _suppress_early_close(phase: torch.Tensor, tok: torch.Tensor, live: torch.Tensor, n_think: torch.Tensor,
+    def _suppress_early_close(phase: torch.Tensor, closing: torch.Tensor, live: torch.Tensor, n_think: torch.Tensor,
                               n_waits: torch.Tensor, forced_pos: torch.Tensor, forced_kind: torch.Tensor,
                               length: LengthControl) -> None:
-        """Budget forcing (min), before the token is recorded: a thinking row that sampled `</think>`
-        with fewer than `min_thinking` thinking tokens and fewer than `max_waits` waits so far enters
-        FORCED with the "Wait" phrase from its first token (which replaces the `</think>`). In place."""
-        early = (live & (phase == THINKING) & (tok == length.think_close_id)
+        """Budget forcing (min), before the token is recorded: a thinking row whose sampled token
+        completes `</think>` (`closing` [B]) with fewer than `min_thinking` thinking tokens and fewer
+        than `max_waits` waits so far enters FORCED with the "Wait" phrase from its first token (which
+        replaces that token; with a multi-token `</think>` the tokens before it stay). In place."""
+        early = (live & (phase == THINKING) & closing
                  & (n_think < length.min_thinking) & (n_waits < length.max_waits))
         phase[early] = FORCED
         forced_kind[early] = WAIT
@@ -230,18 +264,26 @@ class TorchEngine(GenerationEngine):
                  n_think: torch.Tensor, n_answer: torch.Tensor, forced_pos: torch.Tensor,
                  cut_at: torch.Tensor, interrupted: torch.Tensor, truncated: torch.Tensor,
                  length: LengthControl, phrase_len: int, *, forced_kind: torch.Tensor | None = None,
-                 wait_len: int = 0, stop_ids: torch.Tensor | None = None) -> None:
+                 wait_len: int = 0, stop_ids: torch.Tensor | None = None, closing: torch.Tensor | None = None,
+                 end_ids: torch.Tensor | None = None) -> None:
         """Move each row's state machine by the token it just emitted (all in place, vectorised).
 
         `wait_len` > 0 (budget forcing's minimum) needs `forced_kind` [B], which phrase a FORCED row is
         in; otherwise every FORCED row is in the interruption phrase. `stop_ids`: `length.stop_ids` as a
-        tensor (built once per generate call, not per step)."""
+        tensor (built once per generate call, not per step). `closing` [B]: the token completes `</think>`
+        (`CloseMatcher`; default: it equals a one-token spelling). `end_ids`: `length.all_end_ids` as a
+        tensor (default built here)."""
         thinking = live & (phase == THINKING)
         answering = live & (phase == ANSWER)
-        is_eos = tok == length.eos_id
+        if end_ids is None:
+            end_ids = torch.tensor(length.all_end_ids, dtype=torch.long, device=tok.device)
+        is_eos = torch.isin(tok, end_ids)
+        if closing is None:
+            singles = [seq[0] for seq in length.close_sequences if len(seq) == 1]
+            closing = torch.isin(tok, torch.tensor(singles, dtype=torch.long, device=tok.device))
         # THINKING: count ("Wait" tokens too); </think> -> ANSWER; EOS or a stop id -> DONE;
         # cut point -> FORCED interruption (or truncate).
-        closes = thinking & (tok == length.think_close_id)
+        closes = thinking & closing
         stops = thinking & is_eos
         if stop_ids is not None:
             stops |= thinking & torch.isin(tok, stop_ids)
@@ -282,7 +324,7 @@ class TorchEngine(GenerationEngine):
     def _collect(self, B: int, steps_tok: list[torch.Tensor], steps_logp: list[torch.Tensor],
                  steps_forced: list[torch.Tensor], steps_live: list[torch.Tensor], steps_version: list[int],
                  n_think: torch.Tensor, interrupted: torch.Tensor, truncated: torch.Tensor,
-                 eos_id: int) -> list[Completion]:
+                 end_ids: tuple[int, ...]) -> list[Completion]:
         tok_SB = torch.stack(steps_tok).cpu()
         logp_SB = torch.stack(steps_logp).cpu()
         forced_SB = torch.stack(steps_forced).cpu()
@@ -299,7 +341,7 @@ class TorchEngine(GenerationEngine):
                 versions=versions[sel].tolist(),
                 loss_mask=(~forced_SB[sel, b]).tolist(),
                 finish_reason=reason,
-                text=self.completion_text(toks, eos_id),
+                text=self.completion_text(toks, end_ids),
                 thinking_tokens=int(n_think[b]),
             ))
         return out

@@ -217,10 +217,10 @@ class VLLMEngine(GenerationEngine):
             return
         if row.phase == THINKING:
             budget = row.cut - row.n_think
-            stop = [length.eos_id, length.think_close_id, *length.stop_ids]
+            stop = [*length.all_end_ids, *_close_ids(length), *length.stop_ids]
         else:
             budget = length.answer_budget - row.n_answer
-            stop = [length.eos_id]
+            stop = list(length.all_end_ids)
         stop = [t for t in stop if 0 <= t < self.vocab]  # vLLM rejects ids it can never sample
         score_only = row.phase == DONE
         max_tokens = 1 if score_only else max(1, min(budget, row.steps_left))
@@ -258,18 +258,18 @@ class VLLMEngine(GenerationEngine):
         last = row.ids[-1] if n else None
         if row.phase == ANSWER:
             row.n_answer += n
-            if last != length.eos_id:
+            if last not in length.all_end_ids:
                 row.truncated = True  # answer budget or decode steps used up
             row.phase = DONE
             return
         row.n_think += n
-        if last == length.think_close_id:
+        if last in _close_ids(length):
             if length.forces_minimum and row.n_think - 1 < length.min_thinking and row.n_waits < length.max_waits:
                 self._replace_close_by_wait(row, length)
             else:
                 row.phase = ANSWER
                 return
-        elif last == length.eos_id or last in length.stop_ids:
+        elif last in length.all_end_ids or last in length.stop_ids:
             row.phase = DONE
             return
         if row.steps_left <= 0:
@@ -300,5 +300,16 @@ class VLLMEngine(GenerationEngine):
     def _completion(self, row: _Row, length: LengthControl) -> Completion:
         reason: FinishReason = "length" if row.truncated else ("interrupted" if row.interrupted else "stop")
         return Completion(token_ids=row.ids, logprobs=row.lps, versions=row.vers, loss_mask=row.mask,
-                          finish_reason=reason, text=self.completion_text(row.ids, length.eos_id),
+                          finish_reason=reason, text=self.completion_text(row.ids, length.all_end_ids),
                           thinking_tokens=row.n_think)
+
+
+def _close_ids(length: LengthControl) -> tuple[int, ...]:
+    """The ids that end thinking, each spelling of `</think>` being one token (a special token, as in
+    Qwen3-style tokenizers, or the char tokenizer). A `</think>` spelled as several BPE tokens (SmolLM2)
+    would need vLLM to stop on a token suffix: not supported by this engine yet, said plainly."""
+    seqs = length.close_sequences
+    if any(len(seq) != 1 for seq in seqs):
+        raise ValueError(f"generation.engine 'vllm': this tokenizer spells </think> as {[len(q) for q in seqs]} "
+                         "tokens; the vLLM engine needs a one-token </think> (a special token); use engine 'torch'")
+    return tuple(seq[0] for seq in seqs)

@@ -15,17 +15,17 @@ import torch
 
 from scalerl.config import SFTConfig
 from scalerl.model.factory import sequence_logprobs
+from scalerl.model.text import encode_prompt, text_ids
 
 
 def sft_examples(tokenizer: Any, pairs: list[tuple[str, str]]) -> list[tuple[list[int], int]]:
-    """(prompt, solution) -> (token ids, index of the first solution token)."""
+    """(prompt, solution) -> (token ids, index of the first solution token). The prompt is encoded as
+    the generator encodes it (`scalerl.model.text.encode_prompt`: chat template or BOS + text)."""
     out = []
-    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    eos = tokenizer.eos_token_id
     for prompt, solution in pairs:
-        p = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        s = list(tokenizer(solution, add_special_tokens=False)["input_ids"])
-        head = [bos, *p] if bos is not None else p
-        out.append(([*head, *s, eos], len(head)))
+        head = encode_prompt(tokenizer, prompt)
+        out.append(([*head, *text_ids(tokenizer, solution), eos], len(head)))
     return out
 
 

@@ -8,6 +8,17 @@ FP32 head (ScaleRL §2.3): generator and learner both compute the final projecti
 log-softmax in float32 from the last hidden state, whatever the model's dtype. The same function
 (`lm_head_logits`) is used on both sides, so at step 0 the generator's recorded log-probs and the
 learner's teacher-forced log-probs agree (|log ρ| < 1e-4 on CPU fp32).
+
+Tied embeddings (SmolLM2, most small instruct models): `lm_head.weight is embed_tokens.weight`, one
+`Parameter`. Keeping the head in fp32 converts that one parameter in place (the tie stays: one
+tensor, gradients from both uses, one optimizer state); in a bfloat16 model the embedding's output is
+cast back to bfloat16 by a forward hook so the trunk still runs in bfloat16.
+
+Memory of the head: the learner's logits are [N, L, V] float32, V × 4 bytes per token (49,152 × 4 =
+192 KiB per token for SmolLM2), and the log-softmax and its gradient as much again. `sequence_logprobs`
+therefore computes head + log-softmax in chunks of at most `LOGIT_CHUNK_ELEMENTS` logits under
+activation checkpointing: only one chunk's [T, V] is alive at a time, in forward and in backward. For
+the tiny model's 102 symbols one chunk holds every token of any batch (the old single pass).
 """
 
 from __future__ import annotations
@@ -17,13 +28,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from scalerl.config import ModelConfig
+from scalerl.model.sources import model_folder, offline
 from scalerl.model.tokenizer import build_char_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+LOGIT_CHUNK_ELEMENTS = 1 << 24  # float32 logits per chunk of the learner's head: 64 MiB (341 tokens at V=49,152)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -56,11 +70,13 @@ def build_tiny_model(cfg: ModelConfig, tokenizer: Tokenizer, seed: int) -> Llama
 
 def load_model_and_tokenizer(cfg: ModelConfig, seed: int, folder: str | Path | None = None,
                              ) -> tuple[torch.nn.Module, Tokenizer]:
-    """Load from `folder` (or `cfg.path`), else build the tiny model and the char tokenizer."""
-    src = folder if folder is not None else cfg.path
+    """Load from `folder` (a saved policy), else `cfg.path` (a folder, a .gguf converted once into the cache,
+    or a package file: `scalerl.model.sources`), else build the tiny model and the char tokenizer."""
+    src = folder if folder is not None else (model_folder(cfg.path, cfg.dtype) if cfg.path is not None else None)
     dtype = _DTYPES[cfg.dtype]
     model: torch.nn.Module
     if src is not None:
+        offline()
         tokenizer = AutoTokenizer.from_pretrained(str(src))
         model = AutoModelForCausalLM.from_pretrained(str(src), dtype=dtype, attn_implementation="sdpa")
     else:
@@ -103,9 +119,22 @@ def trunk_of(model: Any) -> torch.nn.Module:
     return trunk  # type: ignore[no-any-return]
 
 
+def heads_tied(model: Any) -> bool:
+    """True when the LM head and the input embedding are one parameter."""
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and emb is not None and head.weight is emb.weight
+
+
 def keep_head_in_fp32(model: Any) -> None:
-    """Store the LM head's parameters in float32 (whatever the model's dtype): the FP32 head."""
+    """Store the LM head's parameters in float32 (whatever the model's dtype): the FP32 head.
+
+    `Module.float()` converts in place (`param.data`), so a tied weight stays one parameter; in a lower-
+    precision model its embedding output is cast back to the trunk's dtype."""
+    trunk_dtype = model.get_input_embeddings().weight.dtype
+    tied = heads_tied(model)
     model.get_output_embeddings().float()
+    if tied and trunk_dtype != torch.float32:
+        model.get_input_embeddings().register_forward_hook(lambda _m, _args, out: out.to(trunk_dtype))
 
 
 def lm_head_logits(model: Any, hidden: torch.Tensor, fp32_head: bool) -> torch.Tensor:
@@ -136,13 +165,37 @@ def sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     out = trunk_of(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                           use_cache=False)
-    logits = lm_head_logits(model, out.last_hidden_state, fp32_head).float() / temperature  # [N, L, V]
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N, L]
-    entropy = None
-    if with_entropy:
+    return head_logprobs(model, out.last_hidden_state, targets, fp32_head=fp32_head, temperature=temperature,
+                         with_entropy=with_entropy)
+
+
+def head_logprobs(model: Any, hidden: torch.Tensor, targets: torch.Tensor, *, fp32_head: bool,
+                  temperature: float = 1.0, with_entropy: bool = False,
+                  chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(targets) from the last hidden state, the head and log-softmax in token chunks.
+
+    hidden: [N, L, H], targets: [N, L] -> logp [N, L] float32 (and entropy [N, L], no grad). A chunk holds
+    at most `chunk_elements` logits (>= 1 token); with more than one chunk each runs under activation
+    checkpointing, so backward recomputes a chunk's logits instead of keeping all [N, L, V] alive."""
+    N, L, H = hidden.shape
+    vocab = model.get_output_embeddings().weight.shape[0]
+    per_chunk = max(1, chunk_elements // vocab)
+    flat_h, flat_t = hidden.reshape(N * L, H), targets.reshape(N * L)
+
+    def chunk(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp_all = torch.log_softmax(lm_head_logits(model, h, fp32_head).float() / temperature, dim=-1)  # [T, V]
+        logp = logp_all.gather(-1, t.unsqueeze(-1)).squeeze(-1)
         with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
+            ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else logp.new_zeros(())
+        return logp, ent
+
+    if per_chunk >= N * L:
+        parts = [chunk(flat_h, flat_t)]
+    else:
+        parts = [checkpoint(chunk, flat_h[i:i + per_chunk], flat_t[i:i + per_chunk], use_reentrant=False)
+                 for i in range(0, N * L, per_chunk)]
+    logp = torch.cat([p[0] for p in parts]).reshape(N, L)
+    entropy = torch.cat([p[1].reshape(-1) for p in parts]).reshape(N, L) if with_entropy else None
     return logp, entropy
 
 

@@ -23,6 +23,7 @@ from scalerl.curriculum.curriculum import Curriculum
 from scalerl.generator.factory import check_engine
 from scalerl.learner.sft import run_sft
 from scalerl.model.factory import load_model_and_tokenizer, resolve_device, save_model_and_tokenizer
+from scalerl.model.sources import ModelSourceError, check_model_path
 from scalerl.tasks import DatasetError, Problem, Task, build_task, validate_jsonl
 from scalerl.verifier.verifier import Verifier
 
@@ -41,9 +42,14 @@ def validate_resources(spec: JobSpec) -> None:
                 validate_jsonl(path)
             except DatasetError as exc:
                 raise SpecError(f"task.{field}: {exc}") from None
-    for field, path in (("model.path", spec.model.path), ("model.init_checkpoint", spec.model.init_checkpoint)):
-        if path is not None and not (Path(path) / "config.json").is_file():
-            raise SpecError(f"{field}: {path} is not a Hugging Face model folder (no config.json)")
+    if spec.model.path is not None:
+        try:
+            check_model_path(spec.model.path)
+        except ModelSourceError as exc:
+            raise SpecError(f"model.path: {exc}") from None
+    init = spec.model.init_checkpoint
+    if init is not None and not (Path(init) / "config.json").is_file():
+        raise SpecError(f"model.init_checkpoint: {init} is not a Hugging Face model folder (no config.json)")
     check_engine(spec)
 
 
@@ -64,7 +70,7 @@ def make_task(spec: JobSpec) -> Task:
     t = spec.task
     return build_task(t.kind, seed=t.data_seed, train_size=t.train_size, eval_size=t.eval_size, digits=t.digits,
                       countdown_numbers=t.countdown_numbers, countdown_max_number=t.countdown_max_number,
-                      train_path=t.train_path, eval_path=t.eval_path)
+                      train_path=t.train_path, eval_path=t.eval_path, phrasing=t.phrasing)
 
 
 def make_verifier(spec: JobSpec, task: Task) -> Verifier:

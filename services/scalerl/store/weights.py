@@ -4,12 +4,19 @@ Write order makes publication atomic: the object is fully written before its ver
 and a reader verifies the checksum before swapping the weights in. The key carries the checksum as well
 as the version, so a learner that restarts from a checkpoint and publishes a version number again never
 overwrites an object a generator may be reading.
+
+Tied weights (`lm_head.weight is model.embed_tokens.weight`): safetensors refuses two names for one
+storage, so the tensor is stored once under its first name and the other names are listed in the
+file's metadata (`scalerl.tied`: {alias: stored name}); `load_weights` gives every alias the very same
+tensor back, so both keys are present and equal.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+import struct
 
 import torch
 from safetensors.torch import load as st_load
@@ -20,6 +27,31 @@ from scalerl.store.base import Store, StoreError
 
 _KEY = re.compile(r"policy/v(\d{8})-[0-9a-f]+\.safetensors$")
 
+TIED_KEY = "scalerl.tied"
+
+
+def untie(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors with each shared storage kept once, {alias: kept name}) for tensors that are views of the
+    same memory with the same shape (tied weights)."""
+    kept: dict[tuple[int, int, tuple[int, ...]], str] = {}
+    out: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    for name, t in tensors.items():
+        key = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape))
+        if t.numel() and key in kept:
+            aliases[name] = kept[key]
+        else:
+            kept[key] = name
+            out[name] = t
+    return out, aliases
+
+
+def tied_aliases(data: bytes) -> dict[str, str]:
+    """The {alias: stored name} map of a safetensors blob written by `publish_weights` ({} if none)."""
+    (size,) = struct.unpack("<Q", data[:8])
+    meta = json.loads(data[8:8 + size]).get("__metadata__") or {}
+    return dict(json.loads(meta[TIED_KEY])) if TIED_KEY in meta else {}
+
 
 def weights_key(version: int, checksum: str) -> str:
     return f"policy/v{version:08d}-{checksum[:16]}.safetensors"
@@ -28,8 +60,8 @@ def weights_key(version: int, checksum: str) -> str:
 def publish_weights(store: Store, version: int, state_dict: dict[str, torch.Tensor],
                     keep_last: int = 3) -> PolicyVersion:
     """Upload the weights, then return the announcement; older versions beyond `keep_last` go."""
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-    data = st_save(tensors)
+    tensors, aliases = untie({k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()})
+    data = st_save(tensors, metadata={TIED_KEY: json.dumps(aliases)} if aliases else None)
     digest = hashlib.sha256(data).hexdigest()
     key = weights_key(version, digest)
     uri = store.put_bytes(key, data)
@@ -52,4 +84,7 @@ def load_weights(store: Store, pv: PolicyVersion) -> dict[str, torch.Tensor]:
     digest = hashlib.sha256(data).hexdigest()
     if digest != pv.checksum:
         raise StoreError(f"checksum mismatch for {pv.uri}: {digest} != {pv.checksum}")
-    return st_load(data)
+    tensors = st_load(data)
+    for alias, name in tied_aliases(data).items():
+        tensors[alias] = tensors[name]
+    return tensors

@@ -20,6 +20,10 @@ Design choices:
    is longer carries (up to 8) and a different table, not a second partial-product stage.
 3. `is_correct` compares integers: spaces are ignored, anything that is not an optional sign
    followed by at most `_MAX_ANSWER_DIGITS` digits is wrong.
+4. Chat phrasing (`phrasing="chat"`, for an instruct model): "What is 357 + 468? End your reply with
+   'Answer: <number>'." (multiplication: "357 * 8"); the answer is the first integer of the final
+   `Answer:` line or `\boxed{}` (`final_answer_text`), else the **last integer** of the reply (after
+   `</think>` if any); thousands separators are dropped. No gold solution (no SFT for instruct models).
 """
 
 from __future__ import annotations
@@ -29,16 +33,21 @@ import re
 from abc import abstractmethod
 
 from scalerl.tasks.base import (
+    Phrasing,
     Problem,
     Split,
     Task,
     answer_after_think,
+    answer_region,
+    check_phrasing,
     check_range,
     check_split,
+    final_answer_text,
     sample_disjoint,
 )
 
 _INTEGER = re.compile(r"[+-]?\d+")
+_NUMBER_IN_TEXT = re.compile(r"-?\d[\d,]*")
 _MAX_ANSWER_DIGITS = 64  # int() of a huge string is quadratic; no answer here has more than 25 digits
 MAX_DIGITS = 12
 
@@ -51,6 +60,15 @@ def parse_integer(text: str | None) -> int | None:
     if len(compact) > _MAX_ANSWER_DIGITS + 1 or not _INTEGER.fullmatch(compact):
         return None
     return int(compact)
+
+
+def chat_integer(completion: str) -> int | None:
+    """The integer a free-text reply gives as its answer (rule 4 of the module docstring)."""
+    stated = final_answer_text(completion)
+    found = _NUMBER_IN_TEXT.findall(stated) if stated else []
+    if not found:
+        found = _NUMBER_IN_TEXT.findall(answer_region(completion))[-1:]
+    return parse_integer(found[0].replace(",", "").rstrip(",")) if found else None
 
 
 def addition_solution(a: int, b: int) -> str:
@@ -82,8 +100,10 @@ class _IntegerTask(Task):
     prefix: str
     op: str
 
-    def __init__(self, *, digits: int, seed: int, train_size: int, eval_size: int) -> None:
+    def __init__(self, *, digits: int, seed: int, train_size: int, eval_size: int,
+                 phrasing: Phrasing = "symbolic") -> None:
         self.digits = check_range("digits", digits, 1, MAX_DIGITS)
+        self.phrasing = check_phrasing(phrasing)
         self.seed, self.train_size, self.eval_size = seed, train_size, eval_size
         self.name = f"{self.prefix}{digits}"
         self._cache: dict[Split, list[Problem]] | None = None
@@ -106,15 +126,25 @@ class _IntegerTask(Task):
 
     def _build(self, split: Split, pairs: list[tuple[int, int]]) -> list[Problem]:
         problems = []
+        chat = self.phrasing == "chat"
         for i, (a, b) in enumerate(pairs):
             solution = self._solution(a, b)
             answer = solution.rpartition("</think>")[2]
-            problems.append(Problem(id=f"{self.name}-{split}-{i:06d}", prompt=f"{a}{self.op}{b}=",
-                                    answer=answer, solution=solution))
+            prompt = (f"What is {a} {self.op} {b}? End your reply with 'Answer: <number>'." if chat
+                      else f"{a}{self.op}{b}=")
+            problems.append(Problem(id=f"{self.name}-{split}-{i:06d}", prompt=prompt, answer=answer,
+                                    solution="" if chat else solution))
         return problems
 
+    def extract_answer(self, completion: str) -> str | None:
+        if self.phrasing == "chat":
+            got = chat_integer(completion)
+            return None if got is None else str(got)
+        return answer_after_think(completion)
+
     def is_correct(self, completion: str, answer: str) -> bool:
-        got, want = parse_integer(answer_after_think(completion)), parse_integer(answer)
+        got = chat_integer(completion) if self.phrasing == "chat" else parse_integer(answer_after_think(completion))
+        want = parse_integer(answer)
         return got is not None and got == want
 
 

@@ -14,7 +14,12 @@ Conventions shared by every task:
    one). `answer_after_think` is that rule.
 2. `Problem.solution` is the gold completion for SFT, `"<think>...</think>" + answer text`, without
    `<eos>` (the SFT code appends it) and without the prompt.
-3. Generated tasks draw train and eval problems from separate, seeded random streams
+3. `phrasing` (every task): "symbolic" is the compact prompt the tiny model learns from scratch
+   (`357+468=`), its answer strictly the text after `</think>`; "chat" asks in natural language for an
+   instruct model and reads the answer from free text (`final_answer_text`: after the last `</think>`
+   when there is one, the last `Answer: ...` line, else the last `\boxed{...}`; each task states its
+   fallback, e.g. the last number). Rewards are the verifier's either way.
+4. Generated tasks draw train and eval problems from separate, seeded random streams
    (`sample_disjoint`): eval is drawn first and every train draw that collides with an eval problem
    is rejected, so no eval prompt appears in train, and the eval set does not change with
    `train_size`.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -32,6 +38,9 @@ from typing import Literal, TypeVar
 from scalerl.model.tokenizer import THINK_CLOSE
 
 Split = Literal["train", "eval"]
+Phrasing = Literal["symbolic", "chat"]
+PHRASINGS: tuple[Phrasing, ...] = ("symbolic", "chat")
+_ANSWER_LINE = re.compile(r"answer\s*[:：]\s*(.+)", re.IGNORECASE)
 SPLITS: tuple[Split, ...] = ("train", "eval")
 K = TypeVar("K", bound=Hashable)
 
@@ -94,6 +103,29 @@ def problem_set_fingerprint(problems: Sequence[Problem]) -> str:
             digest.update(b"\x1f")  # unit separator: ("ab", "c") and ("a", "bc") hash differently
         digest.update(b"\x1e")
     return digest.hexdigest()[:16]
+
+
+def answer_region(completion: str) -> str:
+    """Where a chat-phrased answer is looked for: the text after the last `</think>`, else all of it."""
+    return completion.rpartition(THINK_CLOSE)[2]
+
+
+def final_answer_text(completion: str) -> str | None:
+    """The stated final answer of a free-text reply, or None: in `answer_region`, the rest of the last
+    line containing `Answer:` (any case), else the content of the last `\boxed{...}`."""
+    from scalerl.tasks.math_answer import last_boxed  # math_answer imports this module
+
+    region = answer_region(completion)
+    lines = _ANSWER_LINE.findall(region)
+    if lines and lines[-1].strip():
+        return str(lines[-1]).strip()
+    return last_boxed(region)
+
+
+def check_phrasing(phrasing: str) -> Phrasing:
+    if phrasing not in PHRASINGS:
+        raise ValueError(f"phrasing must be one of {list(PHRASINGS)}, got {phrasing!r}")
+    return phrasing  # type: ignore[return-value]
 
 
 def check_split(split: str) -> Split:

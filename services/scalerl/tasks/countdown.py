@@ -23,6 +23,11 @@ Departures from the brief, and why:
    problem, which also makes the train/eval disjointness check exact).
 3. The final expression uses as few parentheses as the standard precedence allows; the verifier
    evaluates it left to right with the same integer rule, so it accepts its own gold answers.
+5. Chat phrasing (`phrasing="chat"`): "Using the numbers 3, 7, 25, 50, each at most once, and + - * /,
+   make 125. End your reply with 'Answer: <expression>'."; the expression is the final `Answer:` line
+   or `\boxed{}` (`final_answer_text`), else the **last arithmetic expression** in the reply (a run of
+   digits, operators, parentheses and spaces holding an operator); "×"/"÷" read as "*"/"/", and
+   anything from "=" on is dropped ("3*4+7 = 19" is the expression "3*4+7").
 4. The verifier requires positive-integer intermediates (the game's rule, as in Stream-of-Search);
    TinyZero's `eval`-based checker would also accept e.g. `(7/2)*4`.
 """
@@ -35,12 +40,16 @@ from collections import Counter
 from fractions import Fraction
 
 from scalerl.tasks.base import (
+    Phrasing,
     Problem,
     Split,
     Task,
     answer_after_think,
+    answer_region,
+    check_phrasing,
     check_range,
     check_split,
+    final_answer_text,
     sample_disjoint,
 )
 from scalerl.tasks.countdown_search import STEP_PATTERN, apply_op, solve_countdown
@@ -51,6 +60,23 @@ _MAX_DRAW_TRIES = 10_000  # consecutive failed attempts to build a target in ran
 _PROMPT = re.compile(r"\s*((?:\d+\s+)*\d+)\s*->\s*(\d+)\s*:?\s*")
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 _ATOM = 3
+_EXPRESSION_RUN = re.compile(r"[\d()+\-*/ ]+")
+
+
+def chat_expression(completion: str) -> str | None:
+    """The expression a free-text Countdown reply gives (rule 5 of the module docstring), or None."""
+    stated = final_answer_text(completion)
+    text = (stated if stated else answer_region(completion)).replace("×", "*").replace("÷", "/")
+    if stated:
+        text = text.split("=", 1)[0]
+    runs = [r.strip() for r in _EXPRESSION_RUN.findall(text)]
+    runs = [r for r in runs if re.search(r"\d", r) and re.search(r"[+\-*/]", r.strip("()"))]
+    return runs[-1] if runs else None
+
+
+def format_countdown_chat_prompt(numbers: list[int], target: int) -> str:
+    return (f"Using the numbers {', '.join(map(str, numbers))}, each at most once, and + - * /, make {target}. "
+            "End your reply with 'Answer: <expression>'.")
 
 
 def format_countdown_prompt(numbers: list[int], target: int) -> str:
@@ -102,7 +128,8 @@ class CountdownTask(Task):
     """Countdown with `num_numbers` numbers in [1, max_number]; see the module docstring."""
 
     def __init__(self, *, num_numbers: int, max_number: int, seed: int, train_size: int,
-                 eval_size: int) -> None:
+                 eval_size: int, phrasing: Phrasing = "symbolic") -> None:
+        self.phrasing = check_phrasing(phrasing)
         self.num_numbers = check_range("countdown_numbers", num_numbers, 3, 6)
         self.max_number = check_range("countdown_max_number", max_number, 2, 1000)
         self.seed, self.train_size, self.eval_size = seed, train_size, eval_size
@@ -142,13 +169,18 @@ class CountdownTask(Task):
                 raise AssertionError(f"unsolvable generated problem {numbers} -> {target}")
             expression = steps_to_expression(numbers, steps, target)
             prompt = format_countdown_prompt(numbers, target)
-            problems.append(Problem(id=f"{self.name}-{split}-{i:06d}", prompt=prompt,
+            chat = self.phrasing == "chat"
+            problems.append(Problem(id=f"{self.name}-{split}-{i:06d}",
+                                    prompt=format_countdown_chat_prompt(numbers, target) if chat else prompt,
                                     answer=prompt.removesuffix(":"),
-                                    solution=f"<think>{','.join(steps)}</think>{expression}"))
+                                    solution="" if chat else f"<think>{','.join(steps)}</think>{expression}"))
         return problems
+
+    def extract_answer(self, completion: str) -> str | None:
+        return chat_expression(completion) if self.phrasing == "chat" else answer_after_think(completion)
 
     def is_correct(self, completion: str, answer: str) -> bool:
         """`answer` is `"<numbers> -> <target>"` (a malformed reference raises ValueError)."""
         numbers, target = parse_countdown_prompt(answer)
-        expression = answer_after_think(completion)
+        expression = self.extract_answer(completion)
         return expression is not None and check_countdown_answer(expression, numbers, target)

@@ -13,6 +13,9 @@ Choices:
    with it, the whole eval file is the eval split (`eval_size` is not used).
    With or without it, training records whose prompt is also an eval prompt are dropped, so no
    eval prompt appears in train (decontamination by exact prompt text).
+   Chat phrasing (`phrasing="chat"`) appends "Put your final answer in \\boxed{}." to every prompt; the
+   answer is read by `extract_math_answer` either way (`\\boxed{}`, `####`, "answer is", else the last
+   number: already free-text tolerant).
 3. Numeric answers become strings (`2` → `"2"`, `0.5` → `"0.5"`); non-finite numbers and booleans
    are rejected. `solution` is `""`: there is no gold chain of thought.
 4. The verifier is `extract_math_answer` + `math_equal` (math_verify, then sympy, then strings).
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalerl.tasks.base import Problem, Split, Task, check_split
+from scalerl.tasks.base import Phrasing, Problem, Split, Task, check_phrasing, check_split
 from scalerl.tasks.math_answer import extract_math_answer, math_equal
 
 
@@ -99,8 +102,11 @@ def validate_jsonl(path: str | Path) -> int:
     return len(read_jsonl(path))
 
 
-def _to_problems(records: list[_Record], source: str) -> list[Problem]:
-    return [Problem(id=r.id or f"{source}-L{r.line}", prompt=r.prompt, answer=r.answer, solution="")
+CHAT_SUFFIX = "\n\nPut your final answer in \\boxed{}."
+
+
+def _to_problems(records: list[_Record], source: str, suffix: str = "") -> list[Problem]:
+    return [Problem(id=r.id or f"{source}-L{r.line}", prompt=r.prompt + suffix, answer=r.answer, solution="")
             for r in records]
 
 
@@ -108,7 +114,8 @@ class JsonlTask(Task):
     """Math problems from JSONL files, verified with `math_equal` (see the module docstring)."""
 
     def __init__(self, *, train_path: str | Path, eval_path: str | Path | None, eval_size: int,
-                 seed: int) -> None:
+                 seed: int, phrasing: Phrasing = "symbolic") -> None:
+        suffix = CHAT_SUFFIX if check_phrasing(phrasing) == "chat" else ""
         self.name = f"jsonl:{Path(train_path).stem}"
         train = read_jsonl(train_path)
         if eval_path is not None:
@@ -126,8 +133,8 @@ class JsonlTask(Task):
             raise DatasetError(f"{train_path}: every training prompt is also an eval prompt")
         # Default ids name the file a record came from: held-out eval records keep "train-L<line>".
         self._problems: dict[Split, list[Problem]] = {
-            "train": _to_problems(train, "train"),
-            "eval": _to_problems(eval_records, "eval" if eval_path is not None else "train"),
+            "train": _to_problems(train, "train", suffix),
+            "eval": _to_problems(eval_records, "eval" if eval_path is not None else "train", suffix),
         }
         seen: dict[str, str] = {}
         for split, problems in self._problems.items():

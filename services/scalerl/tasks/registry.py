@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.tasks.arithmetic import MAX_DIGITS, AdditionTask, MultiplicationTask
-from scalerl.tasks.base import Task, check_range
+from scalerl.tasks.base import Task, check_phrasing, check_range
 from scalerl.tasks.countdown import CountdownTask
 from scalerl.tasks.jsonl import JsonlTask
 
@@ -23,24 +23,25 @@ MAX_EVAL_SIZE = 100_000
 
 def _addition(**kw: Any) -> Task:
     return AdditionTask(digits=kw["digits"], seed=kw["seed"], train_size=kw["train_size"],
-                        eval_size=kw["eval_size"])
+                        eval_size=kw["eval_size"], phrasing=kw["phrasing"])
 
 
 def _multiplication(**kw: Any) -> Task:
     return MultiplicationTask(digits=kw["digits"], seed=kw["seed"], train_size=kw["train_size"],
-                              eval_size=kw["eval_size"])
+                              eval_size=kw["eval_size"], phrasing=kw["phrasing"])
 
 
 def _countdown(**kw: Any) -> Task:
     return CountdownTask(num_numbers=kw["countdown_numbers"], max_number=kw["countdown_max_number"],
-                         seed=kw["seed"], train_size=kw["train_size"], eval_size=kw["eval_size"])
+                         seed=kw["seed"], train_size=kw["train_size"], eval_size=kw["eval_size"],
+                         phrasing=kw["phrasing"])
 
 
 def _jsonl(**kw: Any) -> Task:
     if not kw["train_path"]:
         raise ValueError("train_path is required when kind is 'jsonl'")
     return JsonlTask(train_path=kw["train_path"], eval_path=kw["eval_path"] or None,
-                     eval_size=kw["eval_size"], seed=kw["seed"])
+                     eval_size=kw["eval_size"], seed=kw["seed"], phrasing=kw["phrasing"])
 
 
 _BUILDERS: dict[str, Callable[..., Task]] = {
@@ -63,11 +64,13 @@ def build_task(
     countdown_max_number: int = 25,
     train_path: str | Path | None = None,
     eval_path: str | Path | None = None,
+    phrasing: str = "symbolic",
 ) -> Task:
     """The task `kind` ("addition", "multiplication", "countdown" or "jsonl") with these settings.
 
     Generated kinds ignore the paths; "jsonl" ignores the generator settings and `train_size`
-    (the file decides) and needs `train_path`. Problems are generated lazily, on the first
+    (the file decides) and needs `train_path`.
+    `phrasing`: "symbolic" or "chat" (tasks/base.py). Problems are generated lazily, on the first
     `problems()` call; a JSONL dataset is read and validated here (`DatasetError`).
     """
     if kind not in _BUILDERS:
@@ -81,4 +84,4 @@ def build_task(
     check_range("countdown_max_number", countdown_max_number, 2, 1000)
     return _BUILDERS[kind](seed=seed, train_size=train_size, eval_size=eval_size, digits=digits,
                            countdown_numbers=countdown_numbers, countdown_max_number=countdown_max_number,
-                           train_path=train_path, eval_path=eval_path)
+                           train_path=train_path, eval_path=eval_path, phrasing=check_phrasing(phrasing))

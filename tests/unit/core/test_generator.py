@@ -39,7 +39,7 @@ def test_hot_swap_between_decode_steps_stamps_new_version(tiny_spec, tiny_model,
         calls["n"] += 1
         return (1, new) if calls["n"] == 3 else None  # announced after the 3rd decode step
 
-    length = LengthControl(thinking_budget=10, answer_budget=2, think_close_id=10**6, eos_id=10**6)
+    length = LengthControl(thinking_budget=10, answer_budget=2, think_close_ids=(10**6,), eos_id=10**6)
     comps = eng.generate(_prompts(tokenizer, ["1+1="], 4), SamplingParams(), length, policy_source=source)
     assert eng.version == 1 and eng.swaps_in_flight == 1
     for c in comps:
@@ -70,7 +70,7 @@ def test_forced_interruption_injects_masked_phrase(tiny_spec, tiny_model, tokeni
 def test_state_machine_transitions():
     """The controller alone, on hand-made tokens: CLOSE=7, EOS=9, phrase of 2 tokens, cut at 2."""
     B = 4
-    length = LengthControl(thinking_budget=5, answer_budget=2, think_close_id=7, eos_id=9,
+    length = LengthControl(thinking_budget=5, answer_budget=2, think_close_ids=(7,), eos_id=9,
                            interruption_ids=(5, 7), window=(2, 2))
     phase = torch.full((B,), THINKING)
     n_think, n_answer, fpos = (torch.zeros(B, dtype=torch.long) for _ in range(3))

