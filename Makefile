@@ -29,7 +29,8 @@ VENV_PATH = PATH="$(CURDIR)/$(VENV)/bin:$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)"
 PYTEST_ARGS ?=
 # The tests that train a model run a second time on other CPU kernels than torch picks here: AVX2
 # where the default is AVX-512 (another machine of our kind may lack it), torch's non-vectorised
-# kernels where the default already is AVX2. Results must not depend on which.
+# kernels where the default already is AVX2. Results must not depend on which. (The `slow` ones, a
+# long training run each, run once.)
 RETRAIN_TESTS ?= tests/unit tests/e2e
 ALT_KERNELS = $(PY) -c "import torch; print('default' if torch.backends.cpu.get_cpu_capability() == 'AVX2' else 'avx2')"
 
@@ -90,7 +91,7 @@ test: install-dev install-vllm infra-up
 	  --junitxml=build/junit-vllm.xml tests/vllm_cpu; vrc=$$?; [ $$rc -ne 0 ] || rc=$$vrc; \
 	if [ $$rc -eq 0 ]; then \
 	  alt=$$($(ALT_KERNELS)); echo "make: the tests that train, again with ATEN_CPU_CAPABILITY=$$alt"; \
-	  ATEN_CPU_CAPABILITY=$$alt $(PY) -m pytest -m "not gpu and not infra" -p no:cacheprovider \
+	  ATEN_CPU_CAPABILITY=$$alt $(PY) -m pytest -m "not gpu and not infra and not slow and not vllm" -p no:cacheprovider \
 	    --junitxml=build/junit-$$alt.xml $(RETRAIN_TESTS); rc=$$?; \
 	fi; \
 	bash scripts/infra/down.sh >/dev/null 2>&1 || true; exit $$rc
@@ -99,7 +100,8 @@ test-unit: install-dev
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 test-other-kernels: install-dev
-	ATEN_CPU_CAPABILITY=$$($(ALT_KERNELS)) $(PY) -m pytest -m "not gpu and not infra" $(RETRAIN_TESTS) $(PYTEST_ARGS)
+	ATEN_CPU_CAPABILITY=$$($(ALT_KERNELS)) $(PY) -m pytest -m "not gpu and not infra and not slow and not vllm" \
+	  $(RETRAIN_TESTS) $(PYTEST_ARGS)
 
 test-vllm: install-vllm
 	$(VLLM_TEST_ENV) "$$(cat $(VLLM_PY_FILE))" -m pytest -m vllm --junitxml=build/junit-vllm.xml tests/vllm_cpu $(PYTEST_ARGS)

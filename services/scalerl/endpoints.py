@@ -61,7 +61,9 @@ def store_problem(option: str, url: str) -> str | None:
 
 def target_problem(option: str, text: str | None) -> str | None:
     """`text` as a service address HOST:PORT."""
-    why = "missing" if not text else host_port_problem(text)
+    if not text:
+        return f"{option}: missing; allowed: HOST:PORT (port 1-65535)"
+    why = host_port_problem(text)
     return f"{option} {text!r}: {why}; allowed: HOST:PORT (port 1-65535)" if why else None
 
 

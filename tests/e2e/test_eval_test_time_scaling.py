@@ -153,7 +153,8 @@ def test_bad_input_exits_2_before_any_work(run_dir, tmp_path, capsys):
         (["--n", "1,two"], "--n: expected a comma-separated list of integers >= 1"),
         (["--n", "0,4"], "--n: expected a comma-separated list of integers >= 1"),
         (["--strategy", "tree"], "--strategy: tree needs a task with step structure (countdown)"),
-        (["--engine", "grpc"], "--target: --engine grpc needs the generator service as HOST:PORT"),
+        (["--engine", "grpc"], "--target: missing; allowed: HOST:PORT (port 1-65535); --engine grpc needs the "
+                                "generator service as HOST:PORT"),
         (["--checkpoints", "some"], "--checkpoints: 'some'; allowed: latest, all"),
         (["--scorer", str(tmp_path)], "--scorer:"),
     ]

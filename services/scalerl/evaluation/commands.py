@@ -141,7 +141,7 @@ def _check_engine(args: argparse.Namespace, strategies: tuple[str, ...]) -> None
     if args.engine == "grpc":
         problem = target_problem("--target", args.grpc_target)
         if problem:
-            raise BadArgument(f"{problem} (--engine grpc samples through that generator service)")
+            raise BadArgument(f"{problem}; --engine grpc needs the generator service as HOST:PORT")
         local = [s for s in strategies if s in EMBEDDED_ONLY]
         if local or args.checkpoints == "all":
             what = f"--strategy {','.join(local)}" if local else "--checkpoints all"

@@ -33,11 +33,13 @@ from scalerl.tasks import Problem, Task, read_jsonl
 class GrpcBackend:
     """A generator service (`scalerl.rpc.client.GeneratorClient`); it serves the policy it has loaded."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, seed: int) -> None:
         from scalerl.rpc.client import GeneratorClient
 
         self.client = GeneratorClient(target)
         self.client.wait_ready()
+        self.seed = seed
+        self._restart: int | None = None  # the stream seed the next request starts from
 
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams,
                  length: LengthControl) -> list[Completion]:
@@ -45,11 +47,19 @@ class GrpcBackend:
                                     thinking_budget_tokens=length.thinking_budget,
                                     answer_budget_tokens=length.answer_budget,
                                     interruption=length.interruption_ids is not None,
-                                    budget_forcing=budget_forcing_of(length))
+                                    budget_forcing=budget_forcing_of(length), seed=self._take_restart())
 
     def use_stream(self, name: str) -> None:
-        """The service draws from its own generator's stream (seeded when it started, shared with its other
-        clients), which a client cannot select: over gRPC, draws are not reproducible per phase."""
+        """The next request restarts the service's stream from the eval seed's stream `name` (the request's
+        `seed` field); later ones continue it, as the embedded engine does. Reproducible while no other
+        client samples from the same service in between."""
+        from scalerl.evaluation.runner import stream_seed
+
+        self._restart = stream_seed(self.seed, name)
+
+    def _take_restart(self) -> int | None:
+        seed, self._restart = self._restart, None
+        return seed
 
 
 def _problems(plan: Any, task: Task) -> tuple[list[Problem], str]:
@@ -130,7 +140,7 @@ def run_plan(plan: Any) -> tuple[dict[str, Any], str]:
     progress = Progress(plan.opts.show_progress)
     task = make_task(plan.spec)
     problems, what = _problems(plan, task)
-    backend = GrpcBackend(plan.grpc_target) if plan.engine == "grpc" else None
+    backend = GrpcBackend(plan.grpc_target, plan.opts.seed) if plan.engine == "grpc" else None
     result: dict[str, Any] = {"target": str(plan.run or plan.refs[0].folder), "task": what, "engine": plan.engine,
                               "strategies": list(plan.opts.strategies), "ks": list(plan.opts.ks),
                               "samples_per_problem": plan.opts.samples, "temperature": plan.opts.temperature,

@@ -167,6 +167,10 @@ class GenerationEngine(ABC):
         """Swap in new weights (between decode steps when called from `policy_source`)."""
 
     @abstractmethod
+    def reseed(self, seed: int) -> None:
+        """Restart the engine's sampling stream from `seed` (what the constructor's seed does)."""
+
+    @abstractmethod
     def decode(self, token_ids: list[int]) -> str:
         """Token ids -> text (special tokens kept, so `</think>` stays visible to the verifier)."""
 

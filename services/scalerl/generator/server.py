@@ -170,6 +170,8 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
         t0 = time.perf_counter()
         with self.engine_lock:
             try:
+                if request.HasField("seed"):
+                    self.engine.reseed(request.seed)
                 comps = self.engine.generate(flat, sampling, length)
             except ValueError as exc:  # e.g. a prompt that leaves no room under the model's positions
                 abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))

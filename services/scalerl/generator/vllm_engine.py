@@ -111,6 +111,10 @@ class VLLMEngine(GenerationEngine):
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=False))
 
     # -- RNG state (exact resume): cut points and every request's seed come from it ------------------
+    def reseed(self, seed: int) -> None:
+        """Restart the stream of cut points and per-request seeds from `seed` (as the constructor's)."""
+        self.rng.manual_seed(seed)
+
     def rng_state(self) -> torch.Tensor:
         return self.rng.get_state()
 
