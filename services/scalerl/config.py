@@ -83,7 +83,7 @@ class TaskConfig(_Strict):
     eval_path: str | None = Field(None, description="JSONL held-out set (kind=jsonl); default holds out.")
     train_size: int = Field(20000, ge=1, le=10_000_000, description="Generated training prompts.")
     eval_size: int = Field(200, ge=1, le=100_000, description="Held-out eval prompts.")
-    data_seed: int = Field(0, ge=0, le=2**63 - 1, description=(
+    data_seed: int = Field(0, ge=0, le=2**31 - 1, description=(
         "Seed of the data alone: which prompts are generated and which are held out (an integer ≥ 0; default "
         "0, the split every run had before this field, when `seed` was 0). Apart from `seed` so that runs "
         "with different seeds are evaluated on the same held-out set."))
