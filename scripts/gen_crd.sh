@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=helm/scalerl/files/rljob-crd.yaml
-py=${PY:-python3}
+# the project's environment when there is one (make install-dev), else whatever python3 is
+if [ -z "${PY:-}" ] && [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=${PY:-python3}; fi
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 "$py" -m scalerl_operator.crd > "$tmp"

@@ -61,25 +61,33 @@ class Assembled:
     dropped_lost_lineage: int = 0
 
 
+def stale_reason(group: ScoredGroup, version: int, k: int, lineage: Lineage | None = None) -> str | None:
+    """Why `group` can never be trained at learner version `version` or later: "lost" (a token sampled by a
+    version of a lost lineage), "stale" (a token more than k versions old), or None (fresh)."""
+    if lineage is not None and lineage.any_lost(v for c in group.rollout.completions for v in c.versions):
+        return "lost"
+    oldest = min((c.min_version for c in group.rollout.completions), default=version)
+    return "stale" if version - oldest > k else None
+
+
 def split_stale(groups: list[ScoredGroup], version: int, k: int,
-                lineage: Lineage | None = None) -> tuple[list[ScoredGroup], list[ScoredGroup]]:
-    """(fresh, stale): a group is stale when any of its tokens is more than k versions old or was sampled
-    by a version of a lost lineage."""
+                lineage: Lineage | None = None) -> tuple[list[ScoredGroup], list[ScoredGroup], int]:
+    """(fresh, stale, lost): a group is stale when any of its tokens is more than k versions old or was
+    sampled by a version of a lost lineage; `lost` counts the stale groups of the second kind."""
     fresh: list[ScoredGroup] = []
     stale: list[ScoredGroup] = []
+    lost = 0
     for g in groups:
-        oldest = min((c.min_version for c in g.rollout.completions), default=version)
-        lost = lineage is not None and lineage.any_lost(v for c in g.rollout.completions for v in c.versions)
-        (stale if version - oldest > k or lost else fresh).append(g)
-    return fresh, stale
+        reason = stale_reason(g, version, k, lineage)
+        (stale if reason else fresh).append(g)
+        lost += reason == "lost"
+    return fresh, stale, lost
 
 
 def assemble(groups: list[ScoredGroup], *, version: int, k: int, pad_id: int, zero_variance_filter: bool,
              normalization: str, lineage: Lineage | None = None) -> Assembled:
     """`version`: the learner's current policy version; `lineage`: its lost versions (None: none)."""
-    fresh, stale = split_stale(groups, version, k, lineage)
-    n_lost = sum(1 for g in stale if lineage is not None
-                 and lineage.any_lost(v for c in g.rollout.completions for v in c.versions))
+    fresh, stale, n_lost = split_stale(groups, version, k, lineage)
     rewards = torch.tensor([r for g in fresh for r in g.rewards], dtype=torch.float32)
     gid = torch.tensor([i for i, g in enumerate(fresh) for _ in g.rewards], dtype=torch.long)
     if zero_variance_filter and len(fresh):

@@ -9,8 +9,20 @@ seeks to those positions and re-reads from there: every group before them is in 
 the resumed timeline (its train.jsonl is restored from the checkpoint too), every group after them is
 read again. Each step record lists its group ids, so the accounting can be checked.
 
-PipelineRL-k: a group older than k versions is dropped (and counted); the learner waits while the
-newest policy version seen on incoming groups is more than k versions behind.
+PipelineRL-k: a group older than k versions, or with a token of a lost lineage (`scalerl.learner.lineage`),
+can never be trained: it is dropped as it arrives, before it takes a place in a batch (counted, and listed
+in the next step's record under `dropped_group_ids`), and a group that ages past k while it waits in the
+buffer is dropped by the step. The learner waits while the newest policy version seen on incoming groups
+is more than k versions behind.
+
+Flow control: every announcement on `policy` carries `learner_consumed`, the groups this learner has
+decided (trained or dropped, in its current timeline); the curriculum keeps at most `max_inflight` prompts
+issued and not yet consumed. While the learner waits for groups and drops what arrives (a resumed learner
+reads the rollouts of its lost lineage again), it announces its current version again with the new count
+(generators skip an announcement of the weights they hold), so the curriculum issues the prompts it needs.
+A dropped group that lies after the safe position of its partition (an older group of that partition still
+waits in the buffer) is kept in the checkpoint (`decided_ahead`): read again after a restart, it is
+skipped, neither dropped twice nor taken for a duplicate.
 
 The learner owns the dead letters of `scored`. A record that does not decode, is not a ScoredGroup or
 breaks a rule of `scalerl.bus.validate` (with the bound: token versions in [0, the learner's current
@@ -36,6 +48,7 @@ from scalerl.bus import TopicNames, open_bus
 from scalerl.bus.base import Bus, Record
 from scalerl.bus.dlq import DeadLetters
 from scalerl.bus.validate import reason_for
+from scalerl.learner.batch import stale_reason
 from scalerl.learner.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from scalerl.learner.lineage import lineage_of, resume_lineage
 from scalerl.messages import MetricRecord, ScoredGroup
@@ -63,6 +76,11 @@ class LearnerService(TrainerHost):
         self.buffer: list[Record] = []
         self.duplicate_positions: list[tuple[str, int]] = []  # (topic:partition, offset) of skipped duplicates
         self.newest_version_seen = 0
+        self.pending_drops: list[tuple[str, str]] = []  # (group id, "stale"|"lost") dropped since the last step
+        self.dropped_positions: list[tuple[str, int]] = []  # their (topic:partition, offset)
+        self.decided_ahead: set[tuple[str, int]] = set()  # dropped before the checkpoint, after its positions
+        self.announced_consumed = -1
+        self.announced_at = 0.0
         self.finished = False
         self.last_step: dict[str, Any] = {}
         self.last_eval: dict[str, Any] = {}
@@ -102,6 +120,8 @@ class LearnerService(TrainerHost):
         self._restore_compute(state)
         self.consumed_ids = set(state["consumed_ids"])
         self.duplicate_positions = [tuple(p) for p in state["duplicate_positions"]]  # type: ignore[misc]
+        self.decided_ahead = {(str(k), int(o)) for k, o in state.get("decided_ahead", [])}
+        self.pending_drops = [(str(g), str(r)) for g, r in state.get("pending_drops", [])]
         self.scored.seek(state["bus_positions"])
         set_rng_state(state["rng"])
         for name in RUN_FILES:  # the run files as of the checkpoint: later records are redone
@@ -124,27 +144,62 @@ class LearnerService(TrainerHost):
         self.counters["dead_lettered"] += 1
 
     def _admit(self, rec: Record) -> None:
-        """Buffer a polled record: dead-letter what is invalid, count and skip duplicates."""
+        """Buffer a polled record: dead-letter what is invalid, count and skip duplicates, drop what can
+        never be trained."""
+        position = (rec.position_key, rec.offset)
+        if position in self.decided_ahead:  # dropped before the restart (see the module docstring)
+            self.decided_ahead.discard(position)
+            return
         g = rec.value
         reason = reason_for(g, ScoredGroup, self.limits, self.learner.policy_version)
         if reason is not None:
             self._dead_letter(rec, reason)
             return
-        if g.group_id in self.consumed_ids or any(r.value.group_id == g.group_id for r in self.buffer):
-            self.duplicate_positions.append((rec.position_key, rec.offset))
+        if self._seen(g.group_id):
+            self.duplicate_positions.append(position)
             return
         newest = max((c.max_version for c in g.rollout.completions), default=0)
         self.newest_version_seen = max(self.newest_version_seen, newest)
+        why = stale_reason(g, self.learner.policy_version, self.spec.off_policy.k, self.learner.lineage)
+        if why is not None:
+            self.pending_drops.append((g.group_id, why))
+            self.dropped_positions.append(position)
+            return
         with hop("learner.consume", rec.headers):
             self.buffer.append(rec)
+
+    def _seen(self, group_id: str) -> bool:
+        return (group_id in self.consumed_ids or any(r.value.group_id == group_id for r in self.buffer)
+                or any(gid == group_id for gid, _ in self.pending_drops))
+
+    def _consumed(self) -> int:
+        """Groups decided in this timeline (trained, or dropped): the curriculum's flow control."""
+        return len(self.consumed_ids) + len(self.pending_drops)
+
+    def _policy_headers(self) -> dict[str, str]:
+        return {**super()._policy_headers(), "learner_consumed": str(self._consumed())}
+
+    def _publish(self) -> None:
+        super()._publish()
+        self.announced_consumed, self.announced_at = self._consumed(), time.monotonic()
+
+    def _poll_scored(self, stop: threading.Event) -> None:
+        """Admit what `scored` holds; when groups were dropped and no step announces it, say so on `policy`
+        (the current version again, at most twice a second) so that the curriculum issues more prompts."""
+        for rec in retry_io(lambda: self.scored.poll(timeout_s=0.1), stop, what="poll scored"):
+            self._admit(rec)
+        consumed = self._consumed()
+        if consumed != self.announced_consumed and time.monotonic() - self.announced_at > 0.5:
+            self.bus.publish(self.topics.policy, self.announced, key="policy", headers=self._policy_headers())
+            retry_io(self.bus.flush, stop, what="announce progress")
+            self.announced_consumed, self.announced_at = consumed, time.monotonic()
 
     def _take_groups(self, n: int, stop: threading.Event) -> list[Record] | None:
         """The next n unique groups, or None when stopped first."""
         while len(self.buffer) < n:
             if stop.is_set():
                 return None
-            for rec in retry_io(lambda: self.scored.poll(timeout_s=0.1), stop, what="poll scored"):
-                self._admit(rec)
+            self._poll_scored(stop)
         taken, self.buffer = self.buffer[:n], self.buffer[n:]
         return taken
 
@@ -176,8 +231,7 @@ class LearnerService(TrainerHost):
         """PipelineRL-k: do not run more than k versions ahead of the newest rollouts."""
         k = self.spec.off_policy.k
         while self.learner.policy_version + 1 - self.newest_version_seen > k and not stop.is_set():
-            for rec in retry_io(lambda: self.scored.poll(timeout_s=0.1), stop, what="poll scored"):
-                self._admit(rec)
+            self._poll_scored(stop)
 
     def _count_duplicates(self, positions: dict[str, int]) -> int:
         """Duplicates below `positions`: those a restart from these positions will not read again."""
@@ -186,12 +240,16 @@ class LearnerService(TrainerHost):
     def _checkpoint(self) -> None:
         safe = self.safe_positions()
         self.counters["duplicates"] = self._count_duplicates(safe)
+        self.dropped_positions = [p for p in self.dropped_positions if p[1] >= safe.get(p[0], 0)]
+        self.decided_ahead = {p for p in self.decided_ahead if p[1] >= safe.get(p[0], 0)}
         weights = self.ranks.full_state_dict() if self.learner.sharded else None  # (collectives, every rank)
         state = {"learner": self.ranks.state_dict(), "eval_rng": self.eval_engine.rng_state(),
                  "train_s": self.clock.now_s(), "counters": dict(self.counters),
                  "devices": self.ledger.state(self.clock.now_s()), "consumed_ids": sorted(self.consumed_ids),
                  "bus_positions": safe,
-                 "duplicate_positions": [p for p in self.duplicate_positions if p[1] < safe.get(p[0], 0)]}
+                 "duplicate_positions": [p for p in self.duplicate_positions if p[1] < safe.get(p[0], 0)],
+                 "decided_ahead": sorted(self.decided_ahead | set(self.dropped_positions)),  # (≥ safe: pruned above)
+                 "pending_drops": list(self.pending_drops)}
         model = self.learner.model
         if weights is not None and self.eval_copy is not None:  # save the unsharded copy, not the FSDP module
             self.eval_copy.load_state_dict(weights)
@@ -274,13 +332,18 @@ class LearnerService(TrainerHost):
             if stats is None:  # groups were dead-lettered; the others wait in the buffer for the next batch
                 continue
             groups = [r.value for r in records]
-            self.consumed_ids.update(g.group_id for g in groups)
+            drops, self.pending_drops = self.pending_drops, []
+            self.consumed_ids.update([g.group_id for g in groups] + [gid for gid, _ in drops])
+            stats["batch/dropped_stale"] = stats.get("batch/dropped_stale", 0.0) + len(drops)
+            stats["batch/dropped_lost_lineage"] = (stats.get("batch/dropped_lost_lineage", 0.0)
+                                                   + sum(why == "lost" for _, why in drops))
             self._count(stats)
             safe = self.safe_positions()
             retry_io(partial(self.scored.commit, safe), what="commit scored offsets")  # (for lag metrics)
             retry_io(self._publish, what="publish policy")
             step_s = float(stats.get("time/step_s", 0.0))
             rec = self._log_step(stats, bar, {"group_ids": [g.group_id for g in groups],
+                                              "dropped_group_ids": [gid for gid, _ in drops],
                                               "duplicates": len(self.duplicate_positions),
                                               # generators' starvation signal for the autoscaler
                                               "batch_wait_s": waited_s,

@@ -233,7 +233,8 @@ CURRICULUM_STATE = "curriculum/state.json"
 class CurriculumService:
     """Issues prompts; learns pass rates from `scored` (No-Positive-Resampling); flow control from the
     learner's progress on `policy`: at most `max_inflight` prompts issued and not yet consumed, where the
-    learner has consumed B prompt groups per announced version. State is saved to the store after
+    learner's announcements say how many groups it has consumed (`learner_consumed`: trained or dropped;
+    B per step when a learner does not say). State is saved to the store after
     every issue, so a restarted curriculum neither repeats nor skips prompts (a crash between publishing
     and saving re-issues that batch; the learner drops the duplicates by group id)."""
 
@@ -248,6 +249,7 @@ class CurriculumService:
         self.issued = 0
         self.groups_scored = 0
         self.learner_version = 0
+        self.learner_consumed: int | None = None
         self.exhausted = False
         if self.store.exists(CURRICULUM_STATE):
             state = json.loads(self.store.get_bytes(CURRICULUM_STATE))
@@ -276,7 +278,10 @@ class CurriculumService:
                 "dead_lettered": dict(self.dead.counts), "scored_skipped": dict(self.skipped)}
 
     def outstanding(self) -> int:
-        return max(0, self.issued - self.ctx.spec.train.prompts_per_step * self.learner_version)
+        consumed = self.learner_consumed
+        if consumed is None:
+            consumed = self.ctx.spec.train.prompts_per_step * self.learner_version
+        return max(0, self.issued - consumed)
 
     def step(self, timeout_s: float = POLL_S) -> int:
         """One round: read progress, issue what flow control allows, save state. Returns prompts issued."""
@@ -284,6 +289,8 @@ class CurriculumService:
             if isinstance(rec.value, PolicyVersion):  # the last announcement carries the learner's step
                 step = rec.headers.get("learner_step", "")
                 self.learner_version = int(step) if step.isdigit() else rec.value.version
+                consumed = rec.headers.get("learner_consumed", "")
+                self.learner_consumed = int(consumed) if consumed.isdigit() else None
             else:
                 self.dead.send(rec, f"wrong_type: expected PolicyVersion, got {type(rec.value).__name__}")
         scored = []

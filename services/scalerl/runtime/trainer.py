@@ -239,10 +239,14 @@ class TrainerHost:
 
     def _publish(self) -> None:
         """Upload the current weights, then announce them on `policy`."""
-        pv = publish_weights(self.store, self.learner.policy_version, self.ranks.full_state_dict())
-        # the step travels with the version (they differ after a resume: `scalerl.learner.lineage`)
-        self.bus.publish(self.topics.policy, pv, key="policy", headers={"learner_step": str(self.learner.version)})
+        self.announced = publish_weights(self.store, self.learner.policy_version, self.ranks.full_state_dict())
+        self.bus.publish(self.topics.policy, self.announced, key="policy", headers=self._policy_headers())
         self.bus.flush()
+
+    def _policy_headers(self) -> dict[str, str]:
+        """What travels with an announcement: the learner's step (it differs from the version after a resume:
+        `scalerl.learner.lineage`)."""
+        return {"learner_step": str(self.learner.version)}
 
     def _eval_due(self) -> bool:
         v = self.learner.version

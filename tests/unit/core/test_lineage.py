@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from scalerl.learner.batch import assemble
+from scalerl.learner.batch import assemble, stale_reason
 from scalerl.learner.lineage import Lineage, lineage_of, lineage_state, resume_lineage
 from scalerl.messages import Completion, PromptTask, RolloutGroup, ScoredGroup
 from scalerl.store.local import LocalStore
@@ -56,6 +56,15 @@ def test_rollouts_of_a_lost_lineage_are_dropped_as_stale_and_the_rest_have_non_n
     assert [g.rollout.task.prompt_id for g in asm.kept_groups] == ["live"]
     assert asm.dropped_stale == 2 and asm.dropped_lost_lineage == 1  # "old": 114 - 99 > k
     assert asm.batch is not None and torch.equal(asm.batch.age, torch.tensor([1, 1]))
+
+
+def test_the_verdict_on_one_group_names_why_it_can_never_be_trained() -> None:
+    lineage = Lineage(offset=13, lost=((101, 112),))
+    assert stale_reason(_group("live", [113, 113, 114]), 114, 8, lineage) is None
+    assert stale_reason(_group("lost", [112, 113, 114]), 114, 8, lineage) == "lost"  # one lost token is enough
+    assert stale_reason(_group("old", [105, 113, 114]), 114, 8) == "stale"  # 114 - 105 > 8
+    assert stale_reason(_group("edge", [106, 113, 114]), 114, 8) is None  # exactly k old: still fresh
+    assert stale_reason(_group("lost", [112, 113, 114]), 114, 8) is None  # no lineage given: only the age
 
 
 def test_highest_version_reads_the_store_keys(tmp_path) -> None:

@@ -8,7 +8,9 @@ chart never ships a schema older than the operator that reads it.
 from __future__ import annotations
 
 import difflib
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -34,6 +36,7 @@ def test_chart_crd_file_is_the_generated_crd() -> None:
 def test_gen_crd_check_mode_agrees() -> None:
     # scripts/gen_crd.sh --check compares a fresh generation with the committed copy (exit 0 = current)
     proc = subprocess.run(["bash", str(REPO / "scripts" / "gen_crd.sh"), "--check"], cwd=REPO,
+                          env={**os.environ, "PY": sys.executable},
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "helm/scalerl/files/rljob-crd.yaml: current"
