@@ -17,9 +17,9 @@ import numpy as np
 from scalerl.evaluation.strategies import StrategyPoint
 from scalerl.report.tables import render_text
 from scalerl.scaling import MIN_POINTS, FitError, fit_sigmoid
+from scalerl.scaling.constants import A_AT_BOUND
 
 GOOD_FIT_R2 = 0.9
-A_BOUND = 0.999
 NOT_FITTED = ("greedy", "random", "oracle")  # one point, or flat by construction
 
 
@@ -33,7 +33,7 @@ def fit_curve(x: Sequence[float], accuracy: Sequence[float], *, x_name: str) -> 
     except FitError as exc:
         return {"fits": False, "reason": str(exc), "x": x_name}
     good = bool(np.isfinite(f.r2) and f.r2 >= GOOD_FIT_R2)
-    at_bound = f.A >= A_BOUND
+    at_bound = f.A >= A_AT_BOUND
     out: dict[str, Any] = {"fits": good and not at_bound, "x": x_name, "A": f.A, "B": f.B, "x_mid": f.C_mid,
                            "R0": f.R0, "r2": f.r2, "n_points": f.n_points}
     if not good:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from scalerl.scaling.bootstrap import LEVEL, N_RESAMPLES, Bootstrap, bootstrap_sigmoid
+from scalerl.scaling.constants import A_AT_BOUND
 from scalerl.scaling.curves import A_MARGIN, FitError, FloatArray, PowerLawFit, SigmoidFit
 from scalerl.scaling.data import Curve, FitWindow, fit_window
 from scalerl.scaling.fit import fit_power_law_window, fit_sigmoid_window
@@ -206,7 +207,7 @@ def _holdout(curve: Curve, fit: SigmoidFit, max_compute: float | None) -> Holdou
 def _warnings(win: FitWindow, fit: SigmoidFit, boot: Bootstrap | None) -> tuple[str, ...]:
     out = []
     c_max = float(win.compute.max())
-    if fit.A >= 0.999:
+    if fit.A >= A_AT_BOUND:
         out.append(
             "A sits at its bound 1.0: the points do not yet show the curve bending over, so the ceiling is "
             "not identified; train further before trusting A or long forecasts."
