@@ -18,7 +18,7 @@ import json
 from typing import Any
 
 from scalerl.config import RoleDevices
-from scalerl.runtime.devices import DevicePool, RolePool
+from scalerl.scaling.devices import DevicePool, RolePool
 from scalerl_operator.spec import PodPlacement, RLJobSpec
 
 ACCELERATORS = ("nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915", "habana.ai/gaudi", "google.com/tpu",

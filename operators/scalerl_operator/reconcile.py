@@ -26,7 +26,7 @@ from typing import Any
 import kopf
 
 from scalerl.config import SpecError
-from scalerl.runtime.devices import DevicePool
+from scalerl.scaling.devices import DevicePool
 from scalerl_operator import conditions as c
 from scalerl_operator.devices import accelerator_problem, device_pool, devices_status
 from scalerl_operator.kube import Kube, KubeError

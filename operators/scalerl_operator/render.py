@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from scalerl.config import RuntimeConfig, dump_spec
-from scalerl.runtime.devices import POOL_FILE
+from scalerl.scaling.devices import POOL_FILE
 from scalerl_operator.devices import device_pool, pool_json
 from scalerl_operator.spec import PodPlacement, RLJobSpec
 
