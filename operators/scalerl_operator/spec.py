@@ -121,7 +121,7 @@ class PodPlacement(K8sModel):
     node_selector: LabelMap = Field(default_factory=dict, description="Node labels the pods must match.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_TOLERATIONS)
     pod_template: PodTemplate = Field(default_factory=PodTemplate, description=(
-        "Pod-template override of this role, merged over spec.podTemplate (see the chart's README)."))
+        "Pod-template override of this role, merged over spec.podTemplate (README: Shaping pods)."))
 
 
 # ---- autoscaling (HPA v2 field names) ---------------------------------------------------------------
