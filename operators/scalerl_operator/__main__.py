@@ -52,6 +52,12 @@ def _problem(args: argparse.Namespace) -> str | None:
         return f"--kafka-timeout-seconds: must be > 0, got {args.kafka_timeout_seconds}"
     if not 0 <= args.metrics_port <= 65535:
         return f"--metrics-port: must be 0..65535, got {args.metrics_port}"
+    from scalerl_operator.render import image_defaults
+
+    try:
+        image_defaults(os.environ)  # the chart's image defaults for RLJobs (SCALERL_DEFAULT_IMAGE*)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 

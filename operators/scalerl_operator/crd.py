@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from scalerl.config import JobSpec
+from scalerl_operator import podtemplate as pt
 from scalerl_operator.spec import (
     GROUP,
     KIND,
@@ -102,6 +103,48 @@ CEL_RULES: tuple[CelRule, ...] = (
             "runs: set spec.suspend to true first, then change them (and resume)",
             ".roles.learner", "FieldValueForbidden"),
 )
+
+
+
+def _cel_list(names: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+
+
+def _pod_template_rules(at: tuple[str, ...]) -> tuple[CelRule, ...]:
+    """What the operator sets is refused in a podTemplate at `at` (each mirrors a podtemplate validator)."""
+    where = ".".join(at)
+    prefix = pt.RESERVED_PREFIX
+    sources = ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef")
+    one_source = ", ".join(f"has(e.valueFrom.{s})" for s in sources)
+    return (
+        CelRule((*at, "labels"), f"self.all(k, !(k in {_cel_list(pt.RESERVED_LABELS)}) && !k.startsWith('{prefix}'))",
+                f"{where}.labels: {', '.join(pt.RESERVED_LABELS)} and {prefix}* are set by the operator"),
+        CelRule((*at, "annotations"),
+                f"self.all(k, !(k in {_cel_list(pt.RESERVED_ANNOTATIONS)}) && !k.startsWith('{prefix}'))",
+                f"{where}.annotations: {', '.join(pt.RESERVED_ANNOTATIONS)} and {prefix}* are set by the operator"),
+        CelRule((*at, "env"), f"self.all(e, !(e.name in {_cel_list(pt.RESERVED_ENV)}))",
+                f"{where}.env: {', '.join(pt.RESERVED_ENV)} are set by the operator"),
+        CelRule((*at, "env"), "self.all(e, !(has(e.value) && has(e.valueFrom)))",
+                f"{where}.env: value and valueFrom are exclusive"),
+        CelRule((*at, "env"), f"self.all(e, !has(e.valueFrom) || [{one_source}].filter(x, x).size() == 1)",
+                f"{where}.env: valueFrom takes exactly one of {', '.join(sources)}"),
+        CelRule((*at, "volumes"), f"self.all(v, !(v.name in {_cel_list(pt.RESERVED_VOLUMES)}))",
+                f"{where}.volumes: {', '.join(pt.RESERVED_VOLUMES)} are the operator's volumes"),
+        CelRule((*at, "volumeMounts"), f"self.all(m, !(m.mountPath in {_cel_list(pt.RESERVED_MOUNT_PATHS)}) && "
+                f"!(m.name in {_cel_list(pt.RESERVED_VOLUMES)}))",
+                f"{where}.volumeMounts: mountPath {', '.join(pt.RESERVED_MOUNT_PATHS)} and volumes "
+                f"{', '.join(pt.RESERVED_VOLUMES)} are the operator's"),
+    )
+
+
+POD_TEMPLATES = (("spec", "podTemplate"),
+                 *(("spec", "roles", role, "podTemplate") for role in ("generator", "verifier", "curriculum",
+                                                                       "learner")))
+CEL_RULES += tuple(rule for at in POD_TEMPLATES for rule in _pod_template_rules(at))
+# Lists of a podTemplate are maps by their Kubernetes merge key: the API server refuses duplicates.
+POD_TEMPLATE_LIST_KEYS = {"env": ["name"], "volumes": ["name"], "imagePullSecrets": ["name"],
+                          "volumeMounts": ["mountPath"], "topologySpreadConstraints": ["topologyKey",
+                                                                                       "whenUnsatisfiable"]}
 
 # Printer columns read conditions by type, never by position.
 PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
@@ -270,6 +313,9 @@ def openapi_schema() -> dict[str, Any]:
             "status": _tidy(status, keep_defaults=False),
         },
     }
+    for at in POD_TEMPLATES:
+        for key, map_keys in POD_TEMPLATE_LIST_KEYS.items():
+            _at(root, (*at, key)).update({"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": map_keys})
     for cel in CEL_RULES:
         node = _at(root, cel.path)
         node.setdefault("x-kubernetes-validations", []).append(cel.entry())

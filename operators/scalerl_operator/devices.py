@@ -9,7 +9,7 @@ claimed its devices.
 
 The result goes three ways, computed once per reconcile pass: `pool.json` in the job's ConfigMap
 (mounted at /etc/scalerl/pool.json; the learner re-reads it every step and integrates the total over
-training time, `scalerl.runtime.devices`), `status.devices`, and nothing else recomputes it.
+training time, `scalerl.scaling.devices`), `status.devices`, and nothing else recomputes it.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ role is scaled to zero, the objects stay for inspection.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -35,7 +36,10 @@ from scalerl_operator.render import (
     bus_prefix,
     child_name,
     desired_replicas,
+    image_defaults,
+    image_problem,
     partitions,
+    pinned_image_defaults,
     render,
     selector,
     topics,
@@ -209,6 +213,9 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
     if spec is None or problem is not None:
         return _fail(kube, obj, c.REASON_INVALID_SPEC, problem or "invalid spec", now)
     live = observe(kube, ns, name)
+    images = pinned_image_defaults(live, image_defaults(os.environ))  # those the children were created with
+    if (problem := image_problem(spec, images)) is not None:
+        return _fail(kube, obj, c.REASON_INVALID_SPEC, problem, now)
     before = {r: _workload_replicas(o) for r, o in live.items()}
     if is_terminal(prev):
         replicas = dict.fromkeys(ROLES, 0)
@@ -217,7 +224,7 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
         replicas = desired_replicas(spec, live={r: b[1] if b else None for r, b in before.items()},
                                     remembered={r: (scaling.get(r) or {}).get("lastReplicas")
                                                 for r in ("generator", "verifier")})
-    children = render(name, ns, spec, replicas)
+    children = render(name, ns, spec, replicas, images)
     kopf.adopt(children, owner=obj)  # type: ignore[arg-type]
     out = Outcome(phase=prev.get("phase", c.PHASE_PENDING))
     try:

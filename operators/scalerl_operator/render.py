@@ -14,8 +14,19 @@ For an RLJob named J (labels `app.kubernetes.io/{name,instance,component,managed
   the pod ordinal (label `apps.kubernetes.io/pod-index`), master `J-learner-0.J-learner`; the
   headless Service publishes not-ready addresses, so rank 0's name resolves before it is ready;
 - Services `J-generator`, `J-verifier` (grpc 50051, metrics).
-A pod template carries `scalerl.dev/spec-hash` (sha256 of job.yaml): a change of spec.job rolls the
-pods, which read job.yaml only at start. Owner references are added by the reconciler (kopf.adopt).
+A pod template carries `scalerl.dev/spec-hash` (`spec_hash`): a change of spec.job rolls the pods,
+which read job.yaml only at start. The hash covers only the JobSpec fields whose value differs from
+the field's default (canonical JSON of `model_dump(exclude_defaults=True)`), so an operator upgrade
+that adds a defaulted JobSpec field (which the upgraded CRD then fills into every stored RLJob)
+renders the same hash and restarts nothing. Owner references are added by the reconciler (kopf.adopt).
+
+Images: a role's image is roles.<role>.image, else spec.image, else the operator's default
+(`ImageDefaults`, from the environment the chart sets: SCALERL_DEFAULT_IMAGE,
+SCALERL_DEFAULT_IMAGE_PULL_POLICY, SCALERL_DEFAULT_IMAGE_PULL_SECRETS). The defaults a job's children
+were first created with are recorded on them (annotation `scalerl.dev/image-defaults`) and kept
+(`pinned_image_defaults`): upgrading the operator to a new image does not roll running jobs.
+Pod-template overrides (spec.podTemplate, roles.<role>.podTemplate; scalerl_operator.podtemplate)
+are merged into every pod template: labels, annotations, scheduling fields, volumes, env, mounts.
 
 Replica counts are an input (`replicas`), computed by `desired_replicas` from the spec and what the
 cluster runs now: an autoscaled pool keeps the size the autoscaler gave it.
@@ -24,14 +35,18 @@ cluster runs now: an autoscaled pool keeps the size the autoscaler gave it.
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from scalerl.config import RuntimeConfig, dump_spec
+from scalerl.config import JobSpec, RuntimeConfig, dump_spec
 from scalerl.scaling.devices import POOL_FILE
 from scalerl_operator.devices import device_pool, pool_json
 from scalerl_operator.spec import PodPlacement, RLJobSpec
+from scalerl_operator.spec import RoleName as Role
 
 GRPC_PORT = 50051
 TORCH_PORT = 29500
@@ -44,6 +59,10 @@ PRESTOP_S = 5
 GRACE_S = {"generator": 120, "verifier": 60, "curriculum": 60, "learner": 300}
 ROLES = ("generator", "verifier", "curriculum", "learner")
 SPEC_HASH_ANNOTATION = "scalerl.dev/spec-hash"
+IMAGE_DEFAULTS_ANNOTATION = "scalerl.dev/image-defaults"
+IMAGE_ENV, PULL_POLICY_ENV, PULL_SECRETS_ENV = ("SCALERL_DEFAULT_IMAGE", "SCALERL_DEFAULT_IMAGE_PULL_POLICY",
+                                                "SCALERL_DEFAULT_IMAGE_PULL_SECRETS")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # the roles' topics `<job>.<kind>` (scalerl.bus.base.TOPIC_KINDS; a unit test keeps the two equal):
 DATA_TOPIC_KINDS = ("prompts", "rollouts", "scored")  # partitioned by prompt id
 SINGLE_TOPIC_KINDS = ("policy", "metrics", "dlq")  # one partition: the policy announcements stay in order
@@ -84,11 +103,76 @@ def bus_prefix(name: str, namespace: str) -> str:
     return f"{namespace}.{name}"
 
 
-def job_yaml(name: str, namespace: str, spec: RLJobSpec) -> str:
-    """The JobSpec the role processes read: spec.job + name + the runtime the cluster provides."""
+def full_job_spec(name: str, namespace: str, spec: RLJobSpec) -> JobSpec:
+    """The JobSpec the role processes run: spec.job + name + the runtime the cluster provides."""
     runtime = RuntimeConfig(bus=f"kafka://{spec.bus.bootstrap}", store=spec.store.uri, partitions=partitions(spec),
                             bus_prefix=bus_prefix(name, namespace), pool_file=POOL_PATH)
-    return dump_spec(spec.job_spec(name, runtime))
+    return spec.job_spec(name, runtime)
+
+
+def job_yaml(name: str, namespace: str, spec: RLJobSpec) -> str:
+    """job.yaml, the JobSpec the role processes read (every field, defaults included)."""
+    return dump_spec(full_job_spec(name, namespace, spec))
+
+
+def spec_hash(job: JobSpec) -> str:
+    """16 hex digits of sha256 over the fields of `job` that differ from their defaults (canonical JSON:
+    sorted keys). A new field at its default, or an explicitly written default, leaves it unchanged."""
+    tree = job.model_dump(mode="json", exclude_defaults=True)
+    return hashlib.sha256(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ImageDefaults:
+    """The operator's image defaults for roles whose RLJob names none (the chart's image values)."""
+
+    image: str = ""
+    pull_policy: str = "IfNotPresent"
+    pull_secrets: tuple[str, ...] = ()
+
+    def annotation(self) -> str:
+        return json.dumps({"image": self.image, "pullPolicy": self.pull_policy, "pullSecrets": list(self.pull_secrets)},
+                          sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_annotation(cls, text: str) -> ImageDefaults | None:
+        try:
+            d = json.loads(text)
+            out = cls(str(d["image"]), str(d["pullPolicy"]), tuple(str(s) for s in d["pullSecrets"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+        return out if out.pull_policy in PULL_POLICIES else None
+
+
+def image_defaults(environ: Mapping[str, str]) -> ImageDefaults:
+    """The operator's defaults from its environment; ValueError names the variable when one is bad."""
+    policy = environ.get(PULL_POLICY_ENV) or "IfNotPresent"
+    if policy not in PULL_POLICIES:
+        raise ValueError(f"{PULL_POLICY_ENV}: must be one of {', '.join(PULL_POLICIES)} (got {policy!r})")
+    image = environ.get(IMAGE_ENV, "").strip()
+    if any(c.isspace() for c in image) or len(image) > 512:
+        raise ValueError(f"{IMAGE_ENV}: must be an image reference such as registry/scalerl:1.2.3 (got {image!r})")
+    secrets = tuple(s.strip() for s in environ.get(PULL_SECRETS_ENV, "").split(",") if s.strip())
+    return ImageDefaults(image, policy, secrets)
+
+
+def pinned_image_defaults(live: Mapping[str, dict[str, Any] | None], current: ImageDefaults) -> ImageDefaults:
+    """The image defaults recorded on the job's existing workloads (the learner's first), else `current`."""
+    for role in ("learner", "generator", "verifier", "curriculum"):
+        text = (((live.get(role) or {}).get("metadata") or {}).get("annotations") or {}).get(IMAGE_DEFAULTS_ANNOTATION)
+        if text and (pinned := ImageDefaults.from_annotation(text)) is not None:
+            return pinned
+    return current
+
+
+def image_problem(spec: RLJobSpec, images: ImageDefaults) -> str | None:
+    """One line naming the field when a role has no image at all, else None."""
+    if spec.image or images.image:
+        return None
+    if missing := [r for r in ROLES if not getattr(spec.roles, r).image]:
+        return (f"spec.image: no image for {', '.join(missing)}: set spec.image (or roles.<role>.image), or the "
+                f"operator's default ({IMAGE_ENV}; the chart's image.repository and image.tag)")
+    return None
 
 
 def _clamp(n: int, lo: int, hi: int) -> int:
@@ -119,6 +203,11 @@ def desired_replicas(spec: RLJobSpec, *, live: dict[str, int | None],
 
 def _meta(job: str, namespace: str, name: str, component: str) -> dict[str, Any]:
     return {"name": name, "namespace": namespace, "labels": labels(job, component)}
+
+
+def _workload_meta(job: str, ns: str, role: str, images: ImageDefaults) -> dict[str, Any]:
+    meta = _meta(job, ns, child_name(job, role), role)
+    return {**meta, "annotations": {IMAGE_DEFAULTS_ANNOTATION: images.annotation()}}
 
 
 def _env(job: str, role: str, spec: RLJobSpec) -> list[dict[str, Any]]:
@@ -155,12 +244,14 @@ def _resources(r: PodPlacement) -> dict[str, Any]:
     return {k: v for k, v in r.resources.model_dump(by_alias=True).items() if v}
 
 
-def _container(job: str, role: str, spec: RLJobSpec, r: PodPlacement) -> dict[str, Any]:
+def _container(job: str, role: Role, spec: RLJobSpec, images: ImageDefaults) -> dict[str, Any]:
     metrics = spec.telemetry.metrics_port
     ports = [{"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
              {"name": "metrics", "containerPort": metrics, "protocol": "TCP"}]
+    r: PodPlacement = getattr(spec.roles, role)
     return {
-        "name": role, "image": r.image or spec.image, "imagePullPolicy": spec.image_pull_policy,
+        "name": role, "image": spec.image_of(role, images.image),
+        "imagePullPolicy": spec.image_pull_policy or images.pull_policy,
         "command": ["scalerl"], "args": serve_args(role, spec), "env": _env(job, role, spec), "ports": ports,
         "resources": _resources(r),
         # /healthz: the process is alive; /readyz: it serves (a generator: the current policy is loaded)
@@ -178,8 +269,10 @@ def _container(job: str, role: str, spec: RLJobSpec, r: PodPlacement) -> dict[st
     }
 
 
-def _pod_template(job: str, role: str, spec: RLJobSpec, r: PodPlacement, spec_hash: str,
+def _pod_template(job: str, role: Role, spec: RLJobSpec, images: ImageDefaults, hashed: str,
                   container: dict[str, Any]) -> dict[str, Any]:
+    r: PodPlacement = getattr(spec.roles, role)
+    over = spec.pod_template_of(role, images.pull_secrets)
     volumes: list[dict[str, Any]] = [
         {"name": "job-spec", "configMap": {"name": child_name(job, "spec"), "items": [
             {"key": "job.yaml", "path": "job.yaml"}, {"key": POOL_FILE, "path": POOL_FILE}]}},
@@ -187,6 +280,9 @@ def _pod_template(job: str, role: str, spec: RLJobSpec, r: PodPlacement, spec_ha
     if role == "learner":  # NCCL / torch.distributed use shared memory between the ranks of a pod
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+    container["env"] += over.get("env", [])
+    container["volumeMounts"] += over.get("volumeMounts", [])
+    volumes += over.get("volumes", [])
     pod: dict[str, Any] = {
         "terminationGracePeriodSeconds": GRACE_S[role], "enableServiceLinks": False,
         "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
@@ -196,24 +292,30 @@ def _pod_template(job: str, role: str, spec: RLJobSpec, r: PodPlacement, spec_ha
         pod["nodeSelector"] = dict(r.node_selector)
     if r.tolerations:
         pod["tolerations"] = _tolerations(r)
-    return {"metadata": {"labels": labels(job, role),
-                         "annotations": {SPEC_HASH_ANNOTATION: spec_hash,
+    for key in ("serviceAccountName", "imagePullSecrets", "affinity", "topologySpreadConstraints",
+                "priorityClassName", "runtimeClassName", "schedulerName"):
+        if key in over:
+            pod[key] = over[key]
+    # the override cannot name the operator's labels and annotations (podtemplate.RESERVED_*)
+    return {"metadata": {"labels": {**over.get("labels", {}), **labels(job, role)},
+                         "annotations": {**over.get("annotations", {}), SPEC_HASH_ANNOTATION: hashed,
                                          "prometheus.io/scrape": "true",
                                          "prometheus.io/port": str(spec.telemetry.metrics_port)}},
             "spec": pod}
 
 
-def _deployment(job: str, ns: str, role: str, spec: RLJobSpec, replicas: int, spec_hash: str) -> dict[str, Any]:
-    r = getattr(spec.roles, role)
+def _deployment(job: str, ns: str, role: Role, spec: RLJobSpec, replicas: int, hashed: str,
+                images: ImageDefaults) -> dict[str, Any]:
     # generators hold GPUs: replace in place (no surge pod that may not fit); the curriculum owns the
     # prompt pool, so never two at once; verifiers are CPU pods and may surge
     strategy: dict[str, Any] = {"type": "Recreate"} if role == "curriculum" else {
         "type": "RollingUpdate",
         "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1} if role == "generator"
         else {"maxSurge": 1, "maxUnavailable": 0}}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(job, ns, child_name(job, role), role),
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _workload_meta(job, ns, role, images),
             "spec": {"replicas": replicas, "selector": {"matchLabels": selector(job, role)}, "strategy": strategy,
-                     "template": _pod_template(job, role, spec, r, spec_hash, _container(job, role, spec, r))}}
+                     "template": _pod_template(job, role, spec, images, hashed,
+                                               _container(job, role, spec, images))}}
 
 
 def learner_command(job: str, spec: RLJobSpec) -> list[str]:
@@ -224,19 +326,18 @@ def learner_command(job: str, spec: RLJobSpec) -> list[str]:
             "--master_port", str(TORCH_PORT), "-m", "scalerl.cli", *serve_args("learner", spec)]
 
 
-def _learner(job: str, ns: str, spec: RLJobSpec, replicas: int, spec_hash: str) -> dict[str, Any]:
-    lr = spec.roles.learner
-    c = _container(job, "learner", spec, lr)
+def _learner(job: str, ns: str, spec: RLJobSpec, replicas: int, hashed: str, images: ImageDefaults) -> dict[str, Any]:
+    c = _container(job, "learner", spec, images)
     c["command"] = learner_command(job, spec)
     del c["args"]
     c["env"].insert(0, {"name": "NODE_RANK", "valueFrom": {
         "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}})
     c["ports"].append({"name": "torch", "containerPort": TORCH_PORT, "protocol": "TCP"})
     name = child_name(job, "learner")
-    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _meta(job, ns, name, "learner"),
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _workload_meta(job, ns, "learner", images),
             "spec": {"replicas": replicas, "serviceName": name, "podManagementPolicy": "Parallel",
                      "selector": {"matchLabels": selector(job, "learner")},
-                     "template": _pod_template(job, "learner", spec, lr, spec_hash, c)}}
+                     "template": _pod_template(job, "learner", spec, images, hashed, c)}}
 
 
 def _service(job: str, ns: str, role: str, spec: RLJobSpec, *, headless: bool = False) -> dict[str, Any]:
@@ -250,17 +351,20 @@ def _service(job: str, ns: str, role: str, spec: RLJobSpec, *, headless: bool = 
             "spec": svc}
 
 
-def render(name: str, namespace: str, spec: RLJobSpec, replicas: dict[str, int]) -> list[dict[str, Any]]:
-    """Every child of the RLJob, in apply order (the ConfigMap first: the pods mount it)."""
-    text = job_yaml(name, namespace, spec)
-    spec_hash = hashlib.sha256(text.encode()).hexdigest()[:16]
+def render(name: str, namespace: str, spec: RLJobSpec, replicas: dict[str, int],
+           images: ImageDefaults | None = None) -> list[dict[str, Any]]:
+    """Every child of the RLJob, in apply order (the ConfigMap first: the pods mount it). `images`: the
+    operator's image defaults for this job (`pinned_image_defaults`); None = ImageDefaults()."""
+    images = images or ImageDefaults()
+    job = full_job_spec(name, namespace, spec)
+    hashed = spec_hash(job)
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, namespace, child_name(name, "spec"), "spec"),
-          "data": {"job.yaml": text, POOL_FILE: pool_json(device_pool(spec, replicas))}}
+          "data": {"job.yaml": dump_spec(job), POOL_FILE: pool_json(device_pool(spec, replicas))}}
+    roles: tuple[Role, ...] = ("curriculum", "generator", "verifier")
     return [cm,
-            *(_deployment(name, namespace, role, spec, replicas[role], spec_hash)
-              for role in ("curriculum", "generator", "verifier")),
+            *(_deployment(name, namespace, role, spec, replicas[role], hashed, images) for role in roles),
             _service(name, namespace, "learner", spec, headless=True),
-            _learner(name, namespace, spec, replicas["learner"], spec_hash),
+            _learner(name, namespace, spec, replicas["learner"], hashed, images),
             _service(name, namespace, "generator", spec), _service(name, namespace, "verifier", spec)]
 
 

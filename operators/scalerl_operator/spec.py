@@ -38,6 +38,7 @@ from scalerl_operator.k8s_model import (
     MAX_URI_LENGTH,
     K8sModel,
 )
+from scalerl_operator.podtemplate import PodTemplate, merge, missing_volumes
 from scalerl_operator.status import (
     Checkpoint,
     Condition,
@@ -90,6 +91,10 @@ LabelMap = Annotated[dict[Annotated[str, StringConstraints(max_length=317)],
 Image = Annotated[str, StringConstraints(max_length=MAX_IMAGE_LENGTH)]
 
 
+RoleName = Literal["generator", "verifier", "curriculum", "learner"]
+ROLE_NAMES: tuple[RoleName, ...] = ("generator", "verifier", "curriculum", "learner")
+
+
 # ---- per-role pod settings --------------------------------------------------------------------------
 
 class ResourceRequirements(K8sModel):
@@ -115,6 +120,8 @@ class PodPlacement(K8sModel):
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     node_selector: LabelMap = Field(default_factory=dict, description="Node labels the pods must match.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_TOLERATIONS)
+    pod_template: PodTemplate = Field(default_factory=PodTemplate, description=(
+        "Pod-template override of this role, merged over spec.podTemplate (README: Shaping pods)."))
 
 
 # ---- autoscaling (HPA v2 field names) ---------------------------------------------------------------
@@ -272,8 +279,13 @@ class RLJobSpec(K8sModel):
     suspend: bool = Field(False, description="Scale every role to zero, keeping checkpoints.")
     active_deadline_seconds: int | None = Field(
         None, ge=1, description="Seconds after the start before the job is Failed; null = none.")
-    image: Image = Field("scalerl:0.1.0", min_length=1, description="Default image of every role.")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent")
+    image: Image = Field("", description=(
+        "Default image of every role; empty = the operator's default (the chart's image.repository:tag), "
+        "pinned into the job's children when they are first created."))
+    image_pull_policy: Literal["", "Always", "IfNotPresent", "Never"] = Field(
+        "", description="Empty = the operator's default (the chart's image.pullPolicy).")
+    pod_template: PodTemplate = Field(default_factory=PodTemplate, description=(
+        "Pod-template override of every role (job-wide default; each role's podTemplate is merged over it)."))
     bus: BusSpec
     store: StoreSpec
     telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec)
@@ -293,15 +305,28 @@ class RLJobSpec(K8sModel):
             raise ValueError(str(exc)) from None
         return job
 
+    @model_validator(mode="after")
+    def _mounts_name_volumes(self) -> RLJobSpec:
+        for role in ROLE_NAMES:
+            merged = merge(self.pod_template, getattr(self.roles, role).pod_template)
+            if missing := missing_volumes(merged):
+                raise ValueError(f"roles.{role}.podTemplate.volumeMounts: {', '.join(missing)}: no such volume in "
+                                 f"spec.podTemplate.volumes or spec.roles.{role}.podTemplate.volumes")
+        return self
+
+    def pod_template_of(self, role: RoleName, pull_secrets: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The effective pod-template override of `role` (podtemplate.merge)."""
+        return merge(self.pod_template, getattr(self.roles, role).pod_template, pull_secrets=pull_secrets)
+
     def topic_partitions(self) -> int:
         """spec.bus.partitions, where 0 means max(verifier maxReplicas, generator maxReplicas)."""
         return self.bus.partitions or max(self.roles.verifier.autoscaling.max_replicas,
                                           self.roles.generator.autoscaling.max_replicas)
 
-    def image_of(self, role: Literal["generator", "verifier", "curriculum", "learner"]) -> str:
-        """The role's image, or spec.image when the role names none."""
+    def image_of(self, role: RoleName, default: str = "") -> str:
+        """The role's image, else spec.image, else `default` (the operator's)."""
         image: str = getattr(self.roles, role).image
-        return image or self.image
+        return image or self.image or default
 
     def job_spec(self, name: str, runtime: RuntimeConfig | None = None) -> JobSpec:
         """The full JobSpec this RLJob runs: `spec.job` plus the name and the runtime section."""

@@ -10,6 +10,7 @@ shared with tests/integration/conftest.py.
 
 `namespace`: a fresh namespace per test, removed afterwards (no namespace controller runs here, so
 the fixture deletes the namespace's RLJobs and then finalizes the namespace itself).
+`operator_default_image` (autouse): SCALERL_DEFAULT_IMAGE set, as the chart sets it for the operator.
 `rljob_crd` (session): the RLJob CRD of scalerl_operator.crd applied server-side and Established.
 `k8s_call(method, path, body=None, ...)` (session): a raw request through that client (Table views,
 /status, merge and apply patches) returning (HTTP status, decoded JSON).
@@ -133,6 +134,16 @@ def rljob_crd(k8s: Any) -> dict[str, Any]:
         time.sleep(0.2)
     raise AssertionError(f"CRD {CRD_NAME} not Established and served after {CRD_ESTABLISHED_TIMEOUT_S:.0f}s: "
                          f"{body}")
+
+
+@pytest.fixture(autouse=True)
+def operator_default_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's default image for RLJobs naming none, as the chart always sets it (the operator
+    in-process and the operator subprocesses the tests start inherit it); tests of the unset case
+    delete it."""
+    from operator_helpers import OPERATOR_IMAGE
+
+    monkeypatch.setenv("SCALERL_DEFAULT_IMAGE", OPERATOR_IMAGE)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ warnings.filterwarnings("ignore", "open_text is deprecated", DeprecationWarning)
 
 RLJOB = f"{GROUP}/{VERSION}"
 INTERVAL_S = 0.5  # the operator's status + autoscaler period in these tests
+OPERATOR_IMAGE = "registry.example/scalerl:0.1.0"  # the operator's default image for RLJobs naming none
 QUIET_KAFKA = [pytest.mark.filterwarnings("ignore:read_text is deprecated:DeprecationWarning"),
                pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning")]
 

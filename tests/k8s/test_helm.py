@@ -206,6 +206,29 @@ def test_operator_deployment_is_hardened_and_watches_its_scope() -> None:
         assert parsed.liveness == "http://0.0.0.0:8080/healthz" and parsed.metrics_port == 9090
 
 
+def test_the_chart_image_is_the_rljobs_default() -> None:
+    """The operator Deployment passes image repository:tag, pullPolicy and the pull secrets' names to
+    the operator, which reads them as the default of every RLJob role that names no image."""
+    from scalerl_operator.render import ImageDefaults, image_defaults
+
+    def operator_env(values: list[str]) -> dict[str, str]:
+        objs = objects_of(render("rel", "ops", values))
+        dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "rel-scalerl-operator")
+        (container,) = dep["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+    env = operator_env(["image.repository=ghcr.io/acme/scalerl", "image.tag=0.2.0-cuda", "image.pullPolicy=Always",
+                        "imagePullSecrets[0].name=acme-pull", "imagePullSecrets[1].name=mirror-pull"])
+    assert image_defaults(env) == ImageDefaults("ghcr.io/acme/scalerl:0.2.0-cuda", "Always",
+                                                ("acme-pull", "mirror-pull"))
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    default = image_defaults(operator_env([]))  # the placeholder that says it must be set, at the appVersion
+    assert default == ImageDefaults(f"registry.invalid/set-image-repository/scalerl:{chart['appVersion']}",
+                                    "IfNotPresent", ())
+    proc = run_helm(["lint", str(CHART), "--strict", "--set", "image.repository=Not A Repo"])
+    assert proc.returncode != 0 and "/image/repository" in proc.stdout + proc.stderr
+
+
 def test_rbac_has_no_wildcards() -> None:
     for values in ([], ["operator.scope=namespace"]):
         for obj in objects_of(render("t", "ns1", values + ALL_ON)):

@@ -42,6 +42,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/* imagePullSecrets' names, comma-separated (the operator's SCALERL_DEFAULT_IMAGE_PULL_SECRETS). */}}
+{{- define "scalerl.pullSecretNames" -}}
+{{- $names := list -}}
+{{- range .Values.imagePullSecrets -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end -}}
+
 {{- define "scalerl.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "scalerl.fullname" .) .Values.serviceAccount.name -}}

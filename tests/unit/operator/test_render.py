@@ -18,6 +18,7 @@ from scalerl_operator.render import (
     JOB_FILE,
     PRESTOP_S,
     SPEC_HASH_ANNOTATION,
+    ImageDefaults,
     desired_replicas,
     parse_job_yaml,
     partitions,
@@ -27,6 +28,7 @@ from scalerl_operator.render import (
 from scalerl_operator.spec import RLJobSpec, parse_spec
 
 JOB = "j1"
+OPERATOR_IMAGES = ImageDefaults("registry.example/scalerl:1.2.3", "Always", ("regcred",))
 NS = "team-a"
 
 
@@ -57,7 +59,7 @@ def by_kind_name(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, 
 @pytest.fixture
 def children() -> dict[tuple[str, str], dict[str, Any]]:
     spec = make_spec()
-    return by_kind_name(render(JOB, NS, spec, desired_replicas(spec, live={}, remembered={})))
+    return by_kind_name(render(JOB, NS, spec, desired_replicas(spec, live={}, remembered={}), OPERATOR_IMAGES))
 
 
 def test_the_contract_children_and_labels(children: dict[tuple[str, str], dict[str, Any]]) -> None:
@@ -129,7 +131,9 @@ def test_role_containers(children: dict[tuple[str, str], dict[str, Any]]) -> Non
     assert env["S3_ENDPOINT"]["value"] == "http://minio:9000"
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://otel:4317"
     ver = children[("Deployment", "j1-verifier")]["spec"]["template"]["spec"]["containers"][0]
-    assert ver["image"] == "verifier:2" and c["image"] == "scalerl:0.1.0"  # role image, else spec.image
+    # the role's image, else spec.image (unset here), else the operator's default; its pull policy and secrets
+    assert ver["image"] == "verifier:2" and c["image"] == "registry.example/scalerl:1.2.3"
+    assert c["imagePullPolicy"] == "Always" and pod["imagePullSecrets"] == [{"name": "regcred"}]
     assert children[("Deployment", "j1-curriculum")]["spec"]["strategy"] == {"type": "Recreate"}
     assert children[("Deployment", "j1-curriculum")]["spec"]["replicas"] == 1
 

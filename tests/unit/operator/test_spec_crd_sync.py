@@ -263,7 +263,10 @@ def test_partitions_and_images_default_from_the_roles() -> None:
     spec = parse_spec({**MINIMAL, "bus": {"bootstrap": "k:9092", "partitions": 3},
                        "roles": {"learner": {"image": "scalerl:gpu"}}})
     assert spec.topic_partitions() == 3
-    assert (spec.image_of("learner"), spec.image_of("verifier")) == ("scalerl:gpu", "scalerl:0.1.0")
+    assert (spec.image_of("learner"), spec.image_of("verifier")) == ("scalerl:gpu", "")
+    assert spec.image_of("verifier", "reg/scalerl:1") == "reg/scalerl:1"  # the operator's default
+    spec = parse_spec({**MINIMAL, "image": "reg/scalerl:2", "roles": {"learner": {"image": "scalerl:gpu"}}})
+    assert (spec.image_of("learner", "x"), spec.image_of("verifier", "x")) == ("scalerl:gpu", "reg/scalerl:2")
 
 
 def test_job_spec_joins_name_and_runtime() -> None:
