@@ -61,18 +61,24 @@ class KafkaSecurity:
     def tls(self) -> bool:
         return self.protocol in ("SSL", "SASL_SSL")
 
-    def _name(self, attr: str) -> str:
+    def field_name(self, attr: str) -> str:
         env = {"protocol": "SECURITY_PROTOCOL", "mechanism": "SASL_MECHANISM", "username": "SASL_USERNAME",
                "password": "SASL_PASSWORD", "ca_file": "SSL_CAFILE", "cert_file": "SSL_CERTFILE",
                "key_file": "SSL_KEYFILE", "check_hostname": "SSL_CHECK_HOSTNAME", "ca_data": "SSL_CAFILE"}
         return ENV + env[attr] if self.source == "env" else f"kafka {attr}"
 
-    def validate(self) -> None:
-        def bad(attr: str, why: str) -> KafkaSecurityError:
-            return KafkaSecurityError(f"{self._name(attr)}: {why}")
+    def _bad(self, attr: str, why: str) -> KafkaSecurityError:
+        return KafkaSecurityError(f"{self.field_name(attr)}: {why}")
 
+    def validate(self) -> None:
+        """Raise KafkaSecurityError (one line naming the setting) unless the settings fit together."""
         if self.protocol not in PROTOCOLS:
-            raise bad("protocol", f"{self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+            raise self._bad("protocol", f"{self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        self._validate_sasl()
+        self._validate_tls()
+
+    def _validate_sasl(self) -> None:
+        bad = self._bad
         if self.sasl:
             if self.mechanism not in MECHANISMS:
                 raise bad("mechanism", f"{self.mechanism!r} is not one of {', '.join(MECHANISMS)} "
@@ -85,6 +91,9 @@ class KafkaSecurity:
                 if getattr(self, attr):
                     raise bad(attr, f"set, but {self.protocol} uses no SASL (allowed with SASL_PLAINTEXT "
                               "or SASL_SSL)")
+
+    def _validate_tls(self) -> None:
+        bad = self._bad
         if not self.tls:
             for attr in ("ca_file", "ca_data", "cert_file", "key_file"):
                 if getattr(self, attr):
@@ -178,7 +187,7 @@ def diagnose(bootstrap: list[str], security: KafkaSecurity, timeout_s: float = 5
                     ctx.wrap_socket(sock, server_hostname=host.strip("[]")).close()
                 except (ssl.SSLError, OSError) as exc:
                     reasons.append(f"{addr}: TLS handshake failed ({exc}); check the CA "
-                                   f"({security._name('ca_file')}) and the broker's certificate")
+                                   f"({security.field_name('ca_file')}) and the broker's certificate")
                     continue
             if security.sasl:
                 reasons.append(f"{addr}: SASL {security.mechanism} authentication as {security.username!r} "
