@@ -91,8 +91,9 @@ def test_wrong_password_is_a_clear_error_within_the_timeout(sasl, monkeypatch):
 def test_untrusted_ca_is_named_as_a_tls_failure(sasl, monkeypatch, tmp_path):
     other = tmp_path / "other-ca.crt"  # a CA that did not sign the broker's certificate
     import ssl
+    from pathlib import Path
 
-    other.write_text(open(ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt").read())
+    other.write_text(Path(ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt").read_text())
     _env(monkeypatch, sasl, "SCRAM-SHA-512")
     monkeypatch.setenv("SCALERL_KAFKA_SSL_CAFILE", str(other))
     bus = KafkaBus(sasl["KAFKA_SASL_BOOTSTRAP"], request_timeout_s=4)

@@ -64,5 +64,5 @@ def test_inconsistent_security_is_refused_naming_the_field(security: dict[str, A
 
 
 def test_store_region_is_validated() -> None:
-    with pytest.raises(SpecError, match="^spec.store.region"):
+    with pytest.raises(SpecError, match=r"^spec\.store\.region"):
         make_spec(store={"uri": "s3://bucket/runs", "region": "EU West"})
