@@ -18,6 +18,7 @@ operator posts one Event per scale and per phase change.
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import os
 import threading
@@ -31,8 +32,10 @@ from kafka import KafkaAdminClient
 from prometheus_client import Counter, Gauge
 
 from scalerl.bus.kafka import KafkaBus
+from scalerl.bus.security import KafkaSecurity
 from scalerl.config import SpecError
 from scalerl_operator import conditions as c
+from scalerl_operator.kafka_access import kafka_security
 from scalerl_operator.kube import Kube, KubeError, load_client
 from scalerl_operator.reconcile import WORKLOADS, is_terminal, reconcile, write_status
 from scalerl_operator.render import bus_prefix, child_name
@@ -78,7 +81,7 @@ class Runtime:
 
     kube: Kube
     config: OperatorConfig
-    buses: dict[str, KafkaBus] = field(default_factory=dict)
+    buses: dict[tuple[str, KafkaSecurity], KafkaBus] = field(default_factory=dict)
     tails: dict[str, MetricsTail] = field(default_factory=dict)
     learners: dict[str, LearnerStatus] = field(default_factory=dict)
     topics_ready: set[tuple[str, str, int]] = field(default_factory=set)
@@ -90,29 +93,36 @@ class Runtime:
         with self._guard:
             return self._locks.setdefault(uid, threading.Lock())
 
-    def bus(self, bootstrap: str) -> KafkaBus:
+    def bus(self, bootstrap: str, security: KafkaSecurity | None = None) -> KafkaBus:
+        """The shared client of these brokers with these settings (None: PLAINTEXT)."""
+        security = security or KafkaSecurity()
         with self._guard:
-            if bootstrap not in self.buses:
-                self.buses[bootstrap] = KafkaBus(bootstrap, client_id="scalerl-operator",
-                                                 request_timeout_s=self.config.kafka_timeout_s)
-            return self.buses[bootstrap]
+            if (bootstrap, security) not in self.buses:
+                self.buses[(bootstrap, security)] = KafkaBus(
+                    bootstrap, client_id="scalerl-operator", request_timeout_s=self.config.kafka_timeout_s,
+                    security=security)
+            return self.buses[(bootstrap, security)]
 
-    def ensure_topics(self, bootstrap: str, data: list[str], single: list[str], partitions: int) -> None:
+    def ensure_topics(self, bootstrap: str, data: list[str], single: list[str], partitions: int,
+                      security: KafkaSecurity | None = None) -> None:
         """Create the job's topics once per process (data topics with `partitions`)."""
         key = (bootstrap, data[0], partitions)
         if key not in self.topics_ready:
-            bus = self.bus(bootstrap)
+            bus = self.bus(bootstrap, security)
             bus.ensure_topics(data, partitions=partitions)
             bus.ensure_topics(single, partitions=1)
             self.topics_ready.add(key)
 
-    def learner(self, uid: str, name: str, namespace: str, spec: RLJobSpec) -> tuple[LearnerStatus, bool]:
+    def learner(self, uid: str, name: str, namespace: str, spec: RLJobSpec,
+                security: KafkaSecurity | None = None) -> tuple[LearnerStatus, bool]:
         """(what the learner reported so far, whether this read worked)."""
         prev = self.learners.get(uid, LearnerStatus())
         topic = f"{bus_prefix(name, namespace)}.metrics"
         try:
-            if uid not in self.tails:
-                self.tails[uid] = MetricsTail(spec.bus.bootstrap, topic, timeout_s=self.config.kafka_timeout_s)
+            if uid not in self.tails or self.tails[uid].security != (security or KafkaSecurity()):
+                self.forget(uid, keep_status=True)
+                self.tails[uid] = MetricsTail(spec.bus.bootstrap, topic, timeout_s=self.config.kafka_timeout_s,
+                                              security=security)
             self.learners[uid] = fold(prev, self.tails[uid].poll())
             return self.learners[uid], True
         except Exception as exc:  # the status keeps the last values; the autoscaler counts a failure
@@ -167,14 +177,19 @@ class Runtime:
                 spec = parse_spec(obj.get("spec") or {})
             except SpecError:
                 spec = None
-            learner, ok = self.learner(uid, name, namespace, spec) if spec is not None else (LearnerStatus(), False)
+            # the Kafka credentials of spec.bus.security (read from its Secret on every pass: rotation)
+            sec = kafka_security(self.kube, namespace, spec.bus) if spec is not None else None
+            learner, ok = (self.learner(uid, name, namespace, spec, sec) if spec is not None
+                           else (LearnerStatus(), False))
             if spec is not None and scale and not is_terminal(obj.get("status") or {}):
-                obj = self._autoscale(obj, spec, learner if ok else None)
-            out = reconcile(self.kube, obj, learner=learner, ensure_topics=self.ensure_topics)
+                obj = self._autoscale(obj, spec, learner if ok else None, sec)
+            out = reconcile(self.kube, obj, learner=learner,
+                            ensure_topics=functools.partial(self.ensure_topics, security=sec))
             return out.phase
 
-    def _autoscale(self, obj: dict[str, Any], spec: RLJobSpec, learner: LearnerStatus | None) -> dict[str, Any]:
-        bus = self.bus(spec.bus.bootstrap)
+    def _autoscale(self, obj: dict[str, Any], spec: RLJobSpec, learner: LearnerStatus | None,
+                   security: KafkaSecurity | None = None) -> dict[str, Any]:
+        bus = self.bus(spec.bus.bootstrap, security)
         decisions = autoscale(self.kube, obj, spec, bus=bus, learner=learner, now_s=time.time())
         ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
         for role, d in decisions.items():
@@ -203,9 +218,9 @@ class Runtime:
             scale = self.kube.get_scale(ns, child_name(name, role), kind)
             if scale is not None and scale["spec"].get("replicas"):
                 self.kube.set_scale(ns, child_name(name, role), 0, kind)
-        admin = KafkaAdminClient(bootstrap_servers=spec.bus.bootstrap.split(","), client_id="scalerl-operator-admin",
-                                 request_timeout_ms=int(self.config.kafka_timeout_s * 1000),
-                                 bootstrap_timeout_ms=int(self.config.kafka_timeout_s * 1000))
+        bus = self.bus(spec.bus.bootstrap, kafka_security(self.kube, ns, spec.bus))
+        admin = bus.connect(KafkaAdminClient, client_id="scalerl-operator-admin",
+                            request_timeout_ms=int(self.config.kafka_timeout_s * 1000))
         try:
             groups = [g for g in admin.list_groups() if g["group_id"].startswith(f"{prefix}.")]
             busy = [g["group_id"] for g in groups if g.get("group_state") not in ("Empty", "Dead", None)]
@@ -217,7 +232,6 @@ class Runtime:
                       if err is not None and getattr(err, "errno", 0) != 0]
         finally:
             admin.close()
-        bus = self.bus(spec.bus.bootstrap)
         doomed = bus.list_topics(prefix=f"{prefix}.")
         bus.delete_topics(doomed)
         self.topics_ready = {k for k in self.topics_ready if not k[1].startswith(f"{prefix}.")}

@@ -76,9 +76,6 @@ def unrealisable(spec: RLJobSpec) -> str | None:
                 f"resources.limits nvidia.com/gpu is {gpus}")
     if job.generation.engine == "vllm" and "nvidia.com/gpu" not in spec.roles.generator.resources.limits:
         return "spec.roles.generator.resources.limits: job.generation.engine=vllm needs nvidia.com/gpu"
-    if not spec.store.endpoint or spec.store.credentials_secret is None:
-        return ("spec.store: the S3 store needs endpoint and credentialsSecret (the roles read S3_ENDPOINT, "
-                "S3_ACCESS_KEY, S3_SECRET_KEY)")
     return None
 
 

@@ -45,6 +45,7 @@ import yaml
 from scalerl.config import JobSpec, RuntimeConfig, dump_spec
 from scalerl.scaling.devices import POOL_FILE
 from scalerl_operator.devices import device_pool, pool_json
+from scalerl_operator.secure import add_secure_volumes, secure_env
 from scalerl_operator.spec import PodPlacement, RLJobSpec
 from scalerl_operator.spec import RoleName as Role
 
@@ -222,6 +223,7 @@ def _env(job: str, role: str, spec: RLJobSpec) -> list[dict[str, Any]]:
     if (sec := spec.store.credentials_secret) is not None:
         env += [{"name": "S3_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": sec.name, "key": sec.access_key_key}}},
                 {"name": "S3_SECRET_KEY", "valueFrom": {"secretKeyRef": {"name": sec.name, "key": sec.secret_key_key}}}]
+    env += secure_env(spec)
     if spec.telemetry.otlp_endpoint:
         env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": spec.telemetry.otlp_endpoint})
     env += [{"name": "OTEL_SERVICE_NAME", "value": f"scalerl-{role}"},
@@ -277,6 +279,7 @@ def _pod_template(job: str, role: Role, spec: RLJobSpec, images: ImageDefaults, 
         {"name": "job-spec", "configMap": {"name": child_name(job, "spec"), "items": [
             {"key": "job.yaml", "path": "job.yaml"}, {"key": POOL_FILE, "path": POOL_FILE}]}},
         {"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    add_secure_volumes(spec, volumes, container)
     if role == "learner":  # NCCL / torch.distributed use shared memory between the ranks of a pod
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})

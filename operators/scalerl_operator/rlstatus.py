@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from scalerl.bus.security import KafkaSecurity
 from scalerl.messages import MetricRecord
 from scalerl.rpc.convert import decode_envelope
 
@@ -90,13 +91,16 @@ class MetricsTail:
     The first `poll` starts `TAIL_RECORDS` before the end of each partition; later polls continue
     where the previous one stopped. Records that do not decode to a MetricRecord are skipped."""
 
-    def __init__(self, bootstrap: str, topic: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, bootstrap: str, topic: str, *, timeout_s: float = 10.0,
+                 security: KafkaSecurity | None = None) -> None:
         from kafka import KafkaConsumer
 
         self.topic = topic
         self.timeout_s = timeout_s
+        self.security = security or KafkaSecurity()
         self._c = KafkaConsumer(bootstrap_servers=[b.strip() for b in bootstrap.split(",") if b.strip()],
-                                group_id=None, enable_auto_commit=False, client_id="scalerl-operator-metrics",
+                                **self.security.client_kwargs(), group_id=None, enable_auto_commit=False,
+                                client_id="scalerl-operator-metrics",
                                 request_timeout_ms=int(timeout_s * 1000) + 1000,
                                 bootstrap_timeout_ms=int(timeout_s * 1000),
                                 consumer_timeout_ms=int(timeout_s * 1000))

@@ -222,11 +222,54 @@ class Roles(K8sModel):
 
 # ---- infrastructure endpoints ----------------------------------------------------------------------
 
+class KafkaSecretRef(K8sModel):
+    name: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+        description="Secret in the RLJob's namespace.")
+    username_key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+        "username", description="Key of the SASL username (SASL protocols).")
+    password_key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+        "password", description="Key of the SASL password (SASL protocols).")
+    ca_key: Annotated[str, StringConstraints(max_length=253)] = Field(
+        "", description="Key of the PEM CA bundle that signs the brokers' certificates (TLS protocols); "
+        "empty = the image's system trust store.")
+
+
+class KafkaSecuritySpec(K8sModel):
+    """How the roles and the operator authenticate to Kafka and encrypt: the roles get the settings as
+    SCALERL_KAFKA_* env (credentials from the Secret, the CA mounted as a file); the operator reads the
+    same Secret for its own lag reads, topic creation and clean-up."""
+
+    protocol: Literal["SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "SASL_SSL", description="SSL (TLS only), SASL_PLAINTEXT or SASL_SSL (SASL over TLS).")
+    sasl_mechanism: Literal["", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "", description="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; required with SASL_*, empty with SSL.")
+    secret_ref: KafkaSecretRef | None = Field(
+        None, description="Secret with the SASL username/password and optionally the CA; required with SASL_*.")
+    check_hostname: bool = Field(True, description="Match the brokers' certificates to their host names.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSecuritySpec:
+        sasl, tls = self.protocol.startswith("SASL_"), self.protocol != "SASL_PLAINTEXT"
+        if sasl and not self.sasl_mechanism:
+            raise ValueError(f"saslMechanism: required with {self.protocol} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+        if not sasl and self.sasl_mechanism:
+            raise ValueError(f"saslMechanism: {self.protocol} uses no SASL (leave it empty)")
+        if sasl and self.secret_ref is None:
+            raise ValueError(f"secretRef: required with {self.protocol} (the Secret with username and password)")
+        if not tls and self.secret_ref is not None and self.secret_ref.ca_key:
+            raise ValueError(f"secretRef.caKey: {self.protocol} uses no TLS (leave it empty)")
+        if not tls and not self.check_hostname:
+            raise ValueError(f"checkHostname: {self.protocol} uses no TLS (leave it true)")
+        return self
+
+
 class BusSpec(K8sModel):
     bootstrap: Annotated[str, StringConstraints(min_length=1, max_length=MAX_URI_LENGTH)] = Field(
         description="Kafka bootstrap servers, HOST:PORT[,HOST:PORT...].")
     partitions: int = Field(0, ge=0, le=MAX_REPLICAS, description="Partitions of the job's topics; 0 = "
                             "max(verifier maxReplicas, generator maxReplicas).")
+    security: KafkaSecuritySpec | None = Field(
+        None, description="SASL/TLS of the brokers; null = PLAINTEXT.")
 
 
 class SecretKeys(K8sModel):
@@ -243,10 +286,16 @@ class StoreSpec(K8sModel):
         description="s3://bucket/prefix of checkpoints, policies and reports.")
     endpoint: Annotated[str, StringConstraints(max_length=MAX_URI_LENGTH)] = Field(
         "", description="S3 endpoint URL, e.g. http://minio:9000; empty = the client's default.")
-    credentials_secret: SecretKeys | None = Field(None, description="Secret holding the S3 key pair.")
+    credentials_secret: SecretKeys | None = Field(
+        None, description="Secret holding the S3 key pair; null = no static keys: the pods' service account "
+        "(IRSA: AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN; EKS Pod Identity) or the node's instance role.")
     retention: Literal["keep", "delete"] = Field(
         "keep", description="When the RLJob is deleted: keep every object under uri (checkpoints, policies "
         "and reports outlive the job), or delete them (the finalizer does, after the roles stopped).")
+    region: Annotated[str, StringConstraints(max_length=63, pattern=r"^([a-z0-9][a-z0-9-]*)?$")] = Field(
+        "", description="S3 signing region, e.g. eu-west-3; empty = asked from the server (S3_REGION).")
+    addressing_style: Literal["auto", "path", "virtual"] = Field(
+        "auto", description="auto (virtual-host style for AWS, path style elsewhere), path or virtual.")
 
     @field_validator("uri")
     @classmethod

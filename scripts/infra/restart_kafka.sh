@@ -28,7 +28,9 @@ sleep "$down_for"
 port="$(cat "$STATE/kafka/port")"
 cport="$(cat "$STATE/kafka/cport")"
 port_free "$port" || die "kafka: port $port is taken by another process; cannot restart on the same port"
-write_kafka_config "$port" "$cport" # same ports and data dir; picks up config changes of lib.sh
+sport="$(cat "$STATE/kafka/sport" 2>/dev/null || free_port)"
+port_free "$sport" || die "kafka: SASL_SSL port $sport is taken by another process; cannot restart"
+write_kafka_config "$port" "$cport" "$sport" # same ports and data dir; picks up config changes of lib.sh
 log "kafka: starting again on 127.0.0.1:$port (same data dir)"
 t0="$(now)"
 start_kafka

@@ -3,7 +3,8 @@
 #   - a single-node KRaft Kafka broker (jars fetched by Maven, run with Java 17)
 #   - a MinIO S3 server (built with `go install`)
 #   - k8s: etcd + kube-apiserver (built from source, see k8s.sh) and the helm client
-# then write build/infra.env (KAFKA_BOOTSTRAP, S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION,
+# then write build/infra.env (KAFKA_BOOTSTRAP; the SASL_SSL listener's KAFKA_SASL_BOOTSTRAP,
+# KAFKA_SASL_{MECHANISM,USERNAME,PASSWORD} and KAFKA_SSL_CAFILE (a self-signed test CA); S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION,
 # KUBECONFIG, K8S_API, HELM_BIN, PIDs and log paths). Idempotent: a server that is already running and
 # healthy is reused.
 #
@@ -44,16 +45,18 @@ fi
 kafka_t0="" minio_t0=""
 if want kafka; then
     pid="$(read_pid "$STATE/kafka/pid")"
-    if pid_alive "$pid" "$(kafka_pattern)" && kafka_ready 2>/dev/null; then
+    if pid_alive "$pid" "$(kafka_pattern)" && kafka_ready 2>/dev/null && kafka_has_sasl; then
         log "kafka: already running and healthy on 127.0.0.1:$(cat "$STATE/kafka/port") (pid $pid)"
     else
-        stop_pid "$pid" "$(kafka_pattern)" kafka # running but unhealthy: restart it
+        stop_pid "$pid" "$(kafka_pattern)" kafka # unhealthy, or started without SASL_SSL: restart it
         port="$(reuse_or_pick_port "$STATE/kafka/port")"
         cport="$(reuse_or_pick_port "$STATE/kafka/cport")"
         [[ "$port" != "$cport" ]] || cport="$(free_port)"
-        write_kafka_config "$port" "$cport"
+        sport="$(reuse_or_pick_port "$STATE/kafka/sport")"
+        while [[ "$sport" == "$port" || "$sport" == "$cport" ]]; do sport="$(free_port)"; done
+        write_kafka_config "$port" "$cport" "$sport"
         kafka_t0="$(now)"
-        log "kafka: starting on 127.0.0.1:$port (controller $cport), log $STATE/kafka/kafka.log"
+        log "kafka: starting on 127.0.0.1:$port (SASL_SSL $sport, controller $cport), log $STATE/kafka/kafka.log"
         start_kafka
     fi
 fi

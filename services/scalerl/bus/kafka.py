@@ -48,6 +48,7 @@ from kafka.structs import OffsetAndMetadata
 
 from scalerl.bus.base import Bus, Consumer, Record
 from scalerl.bus.dlq import DLQ_HEADERS, dlq_headers
+from scalerl.bus.security import KafkaConnectError, KafkaSecurity, diagnose
 from scalerl.messages import SCHEMA_VERSION
 from scalerl.rpc.convert import decode_envelope as decode
 from scalerl.rpc.convert import encode_envelope as encode
@@ -95,15 +96,21 @@ class RawRecord:
 
 
 class KafkaBus(Bus):
-    """Bus over a Kafka cluster. `bootstrap` is "host:port[,host:port...]"."""
+    """Bus over a Kafka cluster. `bootstrap` is "host:port[,host:port...]"; `security` (SASL/TLS,
+    scalerl.bus.security) defaults to the SCALERL_KAFKA_* environment (PLAINTEXT when unset)."""
 
     def __init__(self, bootstrap: str, *, client_id: str = "scalerl",
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  replication_factor: int | None = None, compression: str | None = None,
-                 request_timeout_s: float = 30.0, session_timeout_s: float = 10.0) -> None:
+                 request_timeout_s: float = 30.0, session_timeout_s: float = 10.0,
+                 security: KafkaSecurity | None = None) -> None:
         self.bootstrap = [b.strip() for b in bootstrap.split(",") if b.strip()]
         if not self.bootstrap:
             raise ValueError("KafkaBus: empty bootstrap address")
+        self.security = security if security is not None else KafkaSecurity.from_env()
+        # every client of this bus: security settings, and a bounded wait for the first broker (a wrong
+        # password or certificate fails the bootstrap within request_timeout_s instead of hanging)
+        self._conn = {**self.security.client_kwargs(), "bootstrap_timeout_ms": int(request_timeout_s * 1000)}
         self.client_id = client_id
         self.max_message_bytes = max_message_bytes
         self.replication_factor = replication_factor
@@ -120,22 +127,31 @@ class KafkaBus(Bus):
 
     # ---- clients (created lazily, shared) ---------------------------------------------------------
 
+    def connect(self, factory: Any, **kwargs: Any) -> Any:
+        """`factory(bootstrap_servers=..., <security>, **kwargs)`; a failed bootstrap raises
+        KafkaConnectError saying which step failed (TCP, TLS, SASL) instead of kafka-python's
+        "Unable to bootstrap"."""
+        try:
+            return factory(bootstrap_servers=self.bootstrap, **self._conn, **kwargs)
+        except kafka_errors.KafkaTimeoutError as exc:
+            why = diagnose(self.bootstrap, self.security, timeout_s=min(5.0, self.request_timeout_ms / 1000))
+            raise KafkaConnectError(f"Kafka {','.join(self.bootstrap)} ({self.security.describe()}): no broker "
+                                    f"answered within {self.request_timeout_ms / 1000:g}s: {why}") from exc
+
     def _get_producer(self) -> Any:
         with self._lock:
             if self._producer is None:
-                self._producer = KafkaProducer(
-                    bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}-producer",
-                    enable_idempotence=True, acks="all", compression_type=self.compression,
-                    max_request_size=self.max_message_bytes, linger_ms=2,
+                self._producer = self.connect(
+                    KafkaProducer, client_id=f"{self.client_id}-producer", enable_idempotence=True, acks="all",
+                    compression_type=self.compression, max_request_size=self.max_message_bytes, linger_ms=2,
                     request_timeout_ms=self.request_timeout_ms)
             return self._producer
 
     def _get_admin(self) -> Any:
         with self._lock:
             if self._admin is None:
-                self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap,
-                                               client_id=f"{self.client_id}-admin",
-                                               request_timeout_ms=self.request_timeout_ms)
+                self._admin = self.connect(KafkaAdminClient, client_id=f"{self.client_id}-admin",
+                                           request_timeout_ms=self.request_timeout_ms)
             return self._admin
 
     # ---- topics -----------------------------------------------------------------------------------
@@ -237,7 +253,7 @@ class KafkaBus(Bus):
         return KafkaBusConsumer(self, list(topics), None, dead_letters=dead_letters, role=role)
 
     def _raw_consumer(self, **extra: Any) -> Any:
-        return KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+        return self.connect(KafkaConsumer, enable_auto_commit=False,
                              auto_offset_reset="earliest",
                              max_partition_fetch_bytes=self.max_message_bytes,
                              fetch_max_bytes=max(52428800, self.max_message_bytes),

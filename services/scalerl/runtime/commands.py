@@ -33,6 +33,14 @@ def check_urls(args: argparse.Namespace, spec_bus: str, spec_store: str | None,
     bus, store = args.bus or spec_bus, args.store or spec_store or default_store
     problem = (bus_problem("--bus" if args.bus else "runtime.bus", bus, allow_memory=False)
                or store_problem("--store" if args.store else "runtime.store", store))
+    if problem is None and bus.startswith("kafka://"):
+        from scalerl.bus.security import kafka_security_problem
+
+        problem = kafka_security_problem()
+    if problem is None and store.startswith("s3://"):
+        from scalerl.store.s3_settings import s3_settings_problem
+
+        problem = s3_settings_problem()
     return bus, store, problem
 
 

@@ -9,6 +9,7 @@ parked it, when (UTC) and the reason; `--json` prints the same as one JSON objec
 the chosen dead letters, bytes unchanged, back to their source topic, without the dead-letter headers and
 with `replayed_from_dlq_offset`; their consumers validate them again (a record still bad is dead-lettered
 again, with a new dead-letter offset). The dead letters themselves stay (the topic is a log).
+SASL/TLS settings come from SCALERL_KAFKA_* (scalerl.bus.security), as for the roles.
 """
 
 from __future__ import annotations
@@ -51,8 +52,15 @@ def _open(args: argparse.Namespace) -> Any:
         raise ValueError(f"--bus {args.bus!r}: expected kafka://HOST:PORT (dead letters live on the broker)")
     if not args.job or any(c.isspace() for c in args.job):
         raise ValueError(f"--job {args.job!r}: expected the job's topic prefix (non-empty, no spaces)")
-    bus = KafkaBus(str(args.bus).removeprefix("kafka://"))
-    if f"{args.job}.dlq" not in bus.list_topics(f"{args.job}."):
+    from scalerl.bus.security import KafkaSecurity
+
+    bus = KafkaBus(str(args.bus).removeprefix("kafka://"), security=KafkaSecurity.from_env())
+    try:
+        topics = bus.list_topics(f"{args.job}.")
+    except ConnectionError as exc:  # unreachable, or refused our TLS/SASL settings: one line, exit 2
+        bus.close()
+        raise ValueError(f"--bus {args.bus!r}: {exc}") from None
+    if f"{args.job}.dlq" not in topics:
         bus.close()
         raise ValueError(f"--job {args.job!r}: the broker has no topic {args.job}.dlq")
     return bus

@@ -6,16 +6,16 @@ completes, so a reader never sees half an object. Each object carries the sha256
 user metadata (`x-amz-meta-sha256`); `get_bytes` verifies it when present and raises StoreError on a
 mismatch, as it does for a missing object.
 
-`S3Store.from_url("s3://bucket/prefix")` takes the endpoint and keys from the environment:
-S3_ENDPOINT (e.g. http://127.0.0.1:9000; https:// means TLS), S3_ACCESS_KEY, S3_SECRET_KEY and
-optionally S3_REGION (default us-east-1). The bucket is created if it does not exist.
+`S3Store.from_url("s3://bucket/prefix")` takes the endpoint, region, addressing style and credentials
+from the environment (scalerl.store.s3_settings: S3_ENDPOINT, S3_REGION, S3_ADDRESSING_STYLE, then static
+keys S3_ACCESS_KEY/S3_SECRET_KEY, AWS_* keys, IRSA web identity, container or instance role). The bucket
+is created if it does not exist.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import os
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,6 +23,7 @@ from minio import Minio
 from minio.error import S3Error
 
 from scalerl.store.base import Store, StoreError
+from scalerl.store.s3_settings import S3Settings, S3SettingsError, credentials_provider, s3_settings
 
 SHA256_META = "sha256"
 _SINGLE_PUT_MAX = 5 * 1024**3  # S3's limit for one PUT
@@ -44,35 +45,53 @@ def _split_endpoint(endpoint: str, secure: bool | None) -> tuple[str, bool]:
 
 
 class S3Store(Store):
+    """`access_key`/`secret_key`: a static key pair; or "" and a minio `credentials` provider (IRSA,
+    instance role...). `region` None: asked from the server. `addressing`: auto, path or virtual."""
+
     def __init__(self, endpoint: str, access_key: str, secret_key: str, bucket: str, prefix: str = "",
-                 secure: bool | None = None, region: str = "us-east-1", *,
-                 create_bucket: bool = True, client: Any = None) -> None:
+                 secure: bool | None = None, region: str | None = "us-east-1", *,
+                 create_bucket: bool = True, client: Any = None, credentials: Any = None,
+                 addressing: str = "auto") -> None:
         host, tls = _split_endpoint(endpoint, secure)
         if not bucket:
             raise ValueError("S3Store: bucket name is empty")
+        if addressing not in ("auto", "path", "virtual"):
+            raise ValueError(f"S3Store: addressing {addressing!r} is not auto, path or virtual")
+        if credentials is None and not (access_key and secret_key):
+            raise ValueError("S3Store: give an access key and a secret key, or a credentials provider")
         self.endpoint = host
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.region = region
-        self.client: Any = client or Minio(host, access_key=access_key, secret_key=secret_key,
-                                           secure=tls, region=region)
+        if client is None:
+            client = Minio(host, access_key=None if credentials else access_key,
+                           secret_key=None if credentials else secret_key, secure=tls, region=region,
+                           credentials=credentials)
+            if addressing == "path":
+                client.disable_virtual_style_endpoint()
+            elif addressing == "virtual":
+                client.enable_virtual_style_endpoint()
+        self.client: Any = client
         if create_bucket:
             self._ensure_bucket()
+
+    @classmethod
+    def from_settings(cls, settings: S3Settings, bucket: str, prefix: str = "", *,
+                      create_bucket: bool = True) -> S3Store:
+        return cls(settings.endpoint, "", "", bucket, prefix, region=settings.region,
+                   credentials=credentials_provider(settings), addressing=settings.addressing,
+                   create_bucket=create_bucket)
 
     @classmethod
     def from_url(cls, url: str) -> S3Store:
         parts = urlsplit(url)
         if parts.scheme != "s3" or not parts.netloc:
             raise ValueError(f"store URL {url!r}: expected s3://bucket[/prefix]")
-        env: dict[str, str] = {}
-        for name in ("S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY"):
-            value = os.environ.get(name, "")
-            if not value:
-                raise StoreError(f"{url}: environment variable {name} is not set (the S3 store reads "
-                                 "S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY and optionally S3_REGION)")
-            env[name] = value
-        return cls(env["S3_ENDPOINT"], env["S3_ACCESS_KEY"], env["S3_SECRET_KEY"], bucket=parts.netloc,
-                   prefix=parts.path, region=os.environ.get("S3_REGION") or "us-east-1")
+        try:
+            settings = s3_settings()
+        except S3SettingsError as exc:
+            raise StoreError(f"{url}: {exc}") from None
+        return cls.from_settings(settings, parts.netloc, parts.path)
 
     def _ensure_bucket(self) -> None:
         if self.client.bucket_exists(self.bucket):

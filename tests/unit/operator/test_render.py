@@ -209,7 +209,6 @@ def test_owner_references_from_kopf_adopt() -> None:
     ({"roles": {"learner": {"devicesPerNode": 4, "resources": {"limits": {"nvidia.com/gpu": 2}}}}},
      "spec.roles.learner.devicesPerNode"),
     ({"job": {"generation": {"engine": "vllm"}}, "roles": {}}, "spec.roles.generator.resources.limits"),
-    ({"store": {"uri": "s3://bucket/x"}}, "spec.store"),
 ])
 def test_unrealisable_specs_name_the_field(over: dict[str, Any], field: str) -> None:
     assert unrealisable(make_spec()) is None
