@@ -348,10 +348,13 @@ kafka_scram_users() {
     [[ -f "$d/data/.scram" ]] && return 0
     kafka_sasl_credentials
     p="$KAFKA_SASL_PASSWORD"
-    java -cp "$(kafka_home)/libs/*" -Dlog4j2.configurationFile="$d/log4j2.properties" kafka.admin.ConfigCommand \
-        --bootstrap-server "127.0.0.1:$(cat "$d/port")" --alter --entity-type users \
-        --entity-name "$KAFKA_SASL_USERNAME" --add-config "SCRAM-SHA-512=[password=$p],SCRAM-SHA-256=[password=$p]" \
-        >>"$d/kafka.log" 2>&1 || die "kafka: adding the SCRAM user to the existing data dir failed; see $d/kafka.log"
+    # one mechanism per request: Kafka 4.x refuses to alter one user's credentials twice in one request
+    for m in SCRAM-SHA-512 SCRAM-SHA-256; do
+        java -cp "$(kafka_home)/libs/*" -Dlog4j2.configurationFile="$d/log4j2.properties" kafka.admin.ConfigCommand \
+            --bootstrap-server "127.0.0.1:$(cat "$d/port")" --alter --entity-type users \
+            --entity-name "$KAFKA_SASL_USERNAME" --add-config "$m=[password=$p]" \
+            >>"$d/kafka.log" 2>&1 || die "kafka: adding the $m user to the existing data dir failed; see $d/kafka.log"
+    done
     touch "$d/data/.scram"
     log "kafka: added SCRAM user $KAFKA_SASL_USERNAME to the existing data dir"
 }
