@@ -1,4 +1,5 @@
-"""Fixtures for tests against the real kube-apiserver + etcd of scripts/infra/up.sh (service `k8s`).
+"""Fixtures for tests against the real kube-apiserver + etcd of scripts/infra/up.sh (service `k8s`) and
+the Pod-running cluster beside it (service `cluster`).
 
 `k8s` (session): a kubernetes `ApiClient` for the test API server, from the kubeconfig that
 build/infra.env names (KUBECONFIG). If the file is missing or the server does not answer /readyz, the
@@ -14,7 +15,19 @@ the fixture deletes the namespace's RLJobs and then finalizes the namespace itse
 `k8s_call(method, path, body=None, ...)` (session): a raw request through that client (Table views,
 /status, merge and apply patches) returning (HTTP status, decoded JSON).
 
-No kubelet, scheduler or controllers run: Deployments get no pods and nothing is garbage-collected.
+On that API server no kubelet, scheduler or controllers run: Deployments get no pods and nothing is
+garbage-collected (tests patch status to fake readiness).
+
+The Pod-running cluster (scripts/infra/cluster.sh; build/infra.env's CLUSTER_KUBECONFIG): a second
+kube-apiserver on the same etcd with kube-scheduler, kube-controller-manager (deployment, replicaset,
+statefulset, job, garbage-collector, namespace, node-lifecycle, taint-eviction, ... controllers) and
+kwok faking the kubelets of three Nodes: gpu-node-0 and gpu-node-1 (8 `nvidia.com/gpu` each, the GPU
+feature-discovery labels, taint `nvidia.com/gpu=present:NoSchedule`) and cpu-node-0. Pods get scheduled,
+become Running and Ready (kwok's stages), owners' deletions cascade; no container ever runs.
+`cluster_env` / `cluster` (session): its build/infra.env values and an admin ApiClient (started with
+`scripts/infra/up.sh k8s cluster` when absent, like `k8s`). `cluster_call` / `cluster_crd` (session):
+as `k8s_call` / `rljob_crd`, there. `cluster_namespace`: a fresh namespace there with its `default`
+ServiceAccount (the ServiceAccount admission plugin is on), removed afterwards.
 """
 
 from __future__ import annotations
@@ -110,24 +123,23 @@ def k8s_call(k8s: Any) -> Callable[..., tuple[int, Any]]:
     return call
 
 
-@pytest.fixture(scope="session")
-def rljob_crd(k8s: Any) -> dict[str, Any]:
+def apply_rljob_crd(api: Any) -> dict[str, Any]:
     """The RLJob CRD applied (server-side apply, so a changed schema replaces the old), Established and
     served by discovery."""
     from scalerl_operator.crd import CRD_NAME, crd
     from scalerl_operator.spec import GROUP, PLURAL, VERSION
 
     path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
-    status, body = k8s_request(k8s, "PATCH", path, crd(), content_type="application/apply-patch+yaml",
+    status, body = k8s_request(api, "PATCH", path, crd(), content_type="application/apply-patch+yaml",
                                query={"fieldManager": FIELD_MANAGER, "force": "true"})
     assert status in (200, 201), f"applying the RLJob CRD failed (HTTP {status}): {body}"
     deadline = time.monotonic() + CRD_ESTABLISHED_TIMEOUT_S
     while time.monotonic() < deadline:
-        status, body = k8s_request(k8s, "GET", path)
+        status, body = k8s_request(api, "GET", path)
         conds = {c["type"]: c["status"] for c in (body.get("status") or {}).get("conditions") or []}
         if conds.get("Established") == "True" and conds.get("NamesAccepted") == "True":
             # discovery lags Established by a moment on a fresh server; clients (kopf) need it
-            served, discovery = k8s_request(k8s, "GET", f"/apis/{GROUP}/{VERSION}")
+            served, discovery = k8s_request(api, "GET", f"/apis/{GROUP}/{VERSION}")
             if served == 200 and any(r["name"] == PLURAL for r in discovery.get("resources", [])):
                 return dict(body)
         time.sleep(0.2)
@@ -135,17 +147,88 @@ def rljob_crd(k8s: Any) -> dict[str, Any]:
                          f"{body}")
 
 
+@pytest.fixture(scope="session")
+def rljob_crd(k8s: Any) -> dict[str, Any]:
+    """The RLJob CRD on the test API server."""
+    return apply_rljob_crd(k8s)
+
+
 @pytest.fixture
 def namespace(k8s: Any) -> Iterator[str]:
     """A fresh namespace for one test; its RLJobs and the namespace are removed afterwards."""
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    status, body = k8s_request(k8s, "POST", "/api/v1/namespaces",
-                               {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    assert status == 201, f"creating namespace {name} failed (HTTP {status}): {body}"
+    name = _create_namespace(k8s)
     try:
         yield name
     finally:
         _remove_namespace(k8s, name)
+
+
+def _create_namespace(api: Any) -> str:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    status, body = k8s_request(api, "POST", "/api/v1/namespaces",
+                               {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    assert status == 201, f"creating namespace {name} failed (HTTP {status}): {body}"
+    return name
+
+
+# ---- the Pod-running cluster ----------------------------------------------------------------------------
+
+def _cluster_problem(values: dict[str, str]) -> str | None:
+    kubeconfig = values.get("CLUSTER_KUBECONFIG")
+    if not kubeconfig:
+        return f"{ENV_FILE} lacks CLUSTER_KUBECONFIG"
+    return _problem({"KUBECONFIG": kubeconfig, "K8S_API": values.get("CLUSTER_API", "")})
+
+
+@pytest.fixture(scope="session")
+def cluster_env() -> Iterator[dict[str, str]]:
+    """build/infra.env of a running Pod-running cluster (CLUSTER_KUBECONFIG, CLUSTER_API, ...)."""
+    with running_servers("Pod-running test cluster", ("k8s", "cluster"), _cluster_problem, UP_TIMEOUT_S) as values:
+        yield values
+
+
+@pytest.fixture(scope="session")
+def cluster(cluster_env: dict[str, str]) -> Iterator[Any]:
+    """An admin ApiClient for the Pod-running cluster."""
+    from kubernetes.config import new_client_from_config
+
+    api = new_client_from_config(config_file=cluster_env["CLUSTER_KUBECONFIG"])
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="session")
+def cluster_call(cluster: Any) -> Callable[..., tuple[int, Any]]:
+    """As `k8s_call`, on the Pod-running cluster."""
+
+    def call(method: str, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
+        return k8s_request(cluster, method, path, body, **kwargs)
+
+    return call
+
+
+@pytest.fixture(scope="session")
+def cluster_crd(cluster: Any) -> dict[str, Any]:
+    """The RLJob CRD on the Pod-running cluster."""
+    return apply_rljob_crd(cluster)
+
+
+@pytest.fixture
+def cluster_namespace(cluster: Any) -> Iterator[str]:
+    """A fresh namespace on the Pod-running cluster, once its `default` ServiceAccount exists (pods are
+    refused before); its RLJobs and the namespace are removed afterwards."""
+    name = _create_namespace(cluster)
+    try:
+        deadline = time.monotonic() + CRD_ESTABLISHED_TIMEOUT_S
+        while k8s_request(cluster, "GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")[0] != 200:
+            assert time.monotonic() < deadline, f"no default ServiceAccount in {name} after " \
+                                                f"{CRD_ESTABLISHED_TIMEOUT_S:.0f}s: is the controller-manager up?"
+            time.sleep(0.2)
+        yield name
+    finally:
+        _remove_namespace(cluster, name)
 
 
 NAMESPACED_COLLECTIONS = (
