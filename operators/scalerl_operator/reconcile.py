@@ -35,9 +35,9 @@ from scalerl_operator.render import (
     bus_prefix,
     child_name,
     desired_replicas,
-    labels,
     partitions,
     render,
+    selector,
     topics,
 )
 from scalerl_operator.rlstatus import LearnerStatus, to_status
@@ -92,10 +92,12 @@ def observe(kube: Kube, namespace: str, name: str) -> dict[str, dict[str, Any] |
 
 
 def job_pods(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
-    """Every pod of the job's workloads now (one list per pass: restarts and scheduling read it)."""
-    lab = labels(name, "")
-    sel = {k: lab[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/managed-by")}
-    return kube.list_objects("v1", "Pod", namespace, ",".join(f"{k}={v}" for k, v in sel.items()))
+    """Every pod of the job's workloads now (one list per pass: restarts and scheduling read it), by the
+    label every workload's selector has (`selector`); pods of other components are left out."""
+    key = "app.kubernetes.io/instance"
+    pods = kube.list_objects("v1", "Pod", namespace, f"{key}={selector(name, '')[key]}")
+    return [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(
+        "app.kubernetes.io/component") in WORKLOADS]
 
 
 def learner_restarts(pods: list[dict[str, Any]]) -> int:
