@@ -1,15 +1,18 @@
 # shellcheck shell=bash
 # Kubernetes test control plane: etcd + kube-apiserver (envtest-style: no scheduler, no kubelet, no
-# controllers) and the helm client. Sourced by lib.sh, never run.
+# controllers) and the helm client. Sourced by lib.sh, never run. The Pod-running cluster beside it
+# (scheduler, controller-manager, kwok) is cluster.sh; its two commands build here (_build_kube).
 #
 # Layout
 #   cache:  bin/kube-apiserver-<k8s version>  bin/etcd-<etcd version>  bin/helm-<helm version>
-#           src/<name>-<version>/              the generated wrapper modules the two servers build from
+#           bin/kube-scheduler-<k8s version>  bin/kube-controller-manager-<k8s version>
+#           src/kubernetes-<k8s version>/      the wrapper module of the three Kubernetes commands
+#           src/etcd-<etcd version>/           etcd's
 #   state:  build/infra/k8s/{certs/,etcd-data/,tokens.csv,kubeconfig,apiserver.log,etcd.log,
 #                            apiserver.pid,etcd.pid,port,etcd-port,etcd-peer-port}
 #
-# kube-apiserver cannot be `go install`ed (k8s.io/kubernetes replaces its staging modules with local
-# paths), so a wrapper module requires k8s.io/kubernetes and gets one `replace k8s.io/<m> =>
+# kube-apiserver (like kube-scheduler and kube-controller-manager) cannot be `go install`ed
+# (k8s.io/kubernetes replaces its staging modules with local paths), so a wrapper module requires k8s.io/kubernetes and gets one `replace k8s.io/<m> =>
 # k8s.io/<m> v0.<minor>.<patch>` per staging module, generated from the `=> ./staging/` lines of that
 # version's own go.mod. etcd likewise: a three-line main over go.etcd.io/etcd/server/v3/etcdmain.
 

@@ -27,7 +27,7 @@ become Running and Ready (kwok's stages), owners' deletions cascade; no containe
 `cluster_env` / `cluster` (session): its build/infra.env values and an admin ApiClient (started with
 `scripts/infra/up.sh k8s cluster` when absent, like `k8s`). `cluster_call` / `cluster_crd` (session):
 as `k8s_call` / `rljob_crd`, there. `cluster_namespace`: a fresh namespace there with its `default`
-ServiceAccount (the ServiceAccount admission plugin is on), removed afterwards.
+ServiceAccount (the ServiceAccount admission plugin is on), removed afterwards once its pods are gone.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from infra_session import ENV_FILE, running_servers, time_first_setup
 UP_TIMEOUT_S = float(os.environ.get("SCALERL_INFRA_UP_TIMEOUT", "3000"))  # a cold kube-apiserver build
 FIELD_MANAGER = "scalerl-tests"
 CRD_ESTABLISHED_TIMEOUT_S = 30.0
+NAMESPACE_DRAIN_TIMEOUT_S = 60.0
 
 
 @pytest.hookimpl(trylast=True)
@@ -229,6 +230,16 @@ def cluster_namespace(cluster: Any) -> Iterator[str]:
         yield name
     finally:
         _remove_namespace(cluster, name)
+        # the namespace controller deletes its pods (kwok removes them at once): wait, so the next test
+        # finds every GPU free
+        deadline = time.monotonic() + NAMESPACE_DRAIN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            status, body = k8s_request(cluster, "GET", f"/api/v1/namespaces/{name}/pods")
+            if status == 404 or (status == 200 and not body["items"]):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"pods of namespace {name} still there after {NAMESPACE_DRAIN_TIMEOUT_S:.0f}s")
 
 
 NAMESPACED_COLLECTIONS = (
