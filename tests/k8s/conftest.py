@@ -42,7 +42,7 @@ from typing import Any
 
 import pytest
 
-from infra_session import ENV_FILE, running_servers, time_first_setup
+from infra_session import ENV_FILE, read_env_file, running_servers, time_first_setup
 
 UP_TIMEOUT_S = float(os.environ.get("SCALERL_INFRA_UP_TIMEOUT", "3000"))  # a cold kube-apiserver build
 FIELD_MANAGER = "scalerl-tests"
@@ -52,7 +52,9 @@ NAMESPACE_DRAIN_TIMEOUT_S = 60.0
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    time_first_setup(items, Path(__file__).resolve().parent, "k8s", UP_TIMEOUT_S + 300)
+    here = Path(__file__).resolve().parent
+    time_first_setup(items, here, "k8s", UP_TIMEOUT_S + 300)
+    time_first_setup(items, here, "cluster_env", UP_TIMEOUT_S + 300)  # scheduler, controller-manager, kwok
 
 
 def k8s_request(api: Any, method: str, path: str, body: Any = None, *, query: dict[str, str] | None = None,
@@ -184,7 +186,10 @@ def _cluster_problem(values: dict[str, str]) -> str | None:
 @pytest.fixture(scope="session")
 def cluster_env() -> Iterator[dict[str, str]]:
     """build/infra.env of a running Pod-running cluster (CLUSTER_KUBECONFIG, CLUSTER_API, ...)."""
-    with running_servers("Pod-running test cluster", ("k8s", "cluster"), _cluster_problem, UP_TIMEOUT_S) as values:
+    # up.sh starts k8s with the cluster (its etcd); what this session starts, it stops: the bare API
+    # server only when it was not running before
+    services = ("cluster",) if _problem(read_env_file()) is None else ("k8s", "cluster")
+    with running_servers("Pod-running test cluster", services, _cluster_problem, UP_TIMEOUT_S) as values:
         yield values
 
 
