@@ -42,6 +42,7 @@ PHASES: Final = (PHASE_PENDING, PHASE_RUNNING, PHASE_SUSPENDED, PHASE_SUCCEEDED,
 REASON_ALL_ROLES_READY: Final = "AllRolesReady"
 REASON_ROLES_NOT_READY: Final = "RolesNotReady"
 REASON_WAITING_FOR_POLICY: Final = "WaitingForPolicy"      # generator pods up, current policy not loaded
+REASON_UNSCHEDULABLE: Final = "Unschedulable"              # pods the scheduler cannot place (which resource)
 REASON_RECONCILING: Final = "Reconciling"
 REASON_RECONCILED: Final = "Reconciled"
 REASON_SCALING_UP: Final = "ScalingUp"

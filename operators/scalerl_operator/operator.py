@@ -274,6 +274,23 @@ def delete_store_objects(kube: Kube, namespace: str, store: StoreSpec) -> int:
 
 # ---- kopf wiring --------------------------------------------------------------------------------------
 
+def may_scan_cluster(kube: Kube) -> bool:
+    """Whether this identity may list and watch namespaces and CRDs (what kopf's cluster scanning
+    needs), by SelfSubjectAccessReview; on an error, assume it may (kopf then finds out itself)."""
+    checks = [("", "namespaces"), ("apiextensions.k8s.io", "customresourcedefinitions")]
+    try:
+        for group, resource in checks:
+            for verb in ("list", "watch"):
+                review = kube.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body={
+                    "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                    "spec": {"resourceAttributes": {"verb": verb, "group": group, "resource": resource}}})
+                if not (review.get("status") or {}).get("allowed"):
+                    return False
+    except KubeError as exc:
+        log.warning("could not review the operator's own permissions: %s", exc)
+    return True
+
+
 def _runtime(memo: Any) -> Runtime:
     return memo.runtime  # type: ignore[no-any-return]
 
@@ -289,6 +306,11 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.watching.server_timeout = 300  # seconds; the API server wants an integer
     config = getattr(memo, "config", None) or OperatorConfig.from_env()
     memo.runtime = Runtime(Kube(load_client(config.kubeconfig)), config)
+    if not may_scan_cluster(memo.runtime.kube):
+        # namespaced RBAC (the chart's operator.scope=namespace): kopf would retry listing namespaces
+        # and CRDs for about a minute before it falls back to the namespaces it was given
+        settings.scanning.disabled = True
+        log.info("no RBAC to list namespaces and CRDs: serving the given namespaces only")
 
 
 @kopf.on.cleanup()

@@ -45,10 +45,12 @@ from scalerl_operator.render import (
     topics,
 )
 from scalerl_operator.rlstatus import LearnerStatus, to_status
+from scalerl_operator.scheduling import Unschedulable, summary, unschedulable
 from scalerl_operator.spec import RLJobSpec, parse_spec
 
 log = logging.getLogger(__name__)
 
+MAX_MESSAGE = 4000  # characters of a condition message (the scheduler's messages can be long)
 WORKLOADS = {"generator": "Deployment", "verifier": "Deployment", "curriculum": "Deployment",
              "learner": "StatefulSet"}
 
@@ -90,11 +92,20 @@ def observe(kube: Kube, namespace: str, name: str) -> dict[str, dict[str, Any] |
     return {role: kube.get("apps/v1", kind, namespace, child_name(name, role)) for role, kind in WORKLOADS.items()}
 
 
-def learner_restarts(kube: Kube, namespace: str, name: str) -> int:
+def job_pods(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
+    """Every pod of the job's workloads now (one list per pass: restarts and scheduling read it), by the
+    label every workload's selector has (`selector`); pods of other components are left out."""
+    key = "app.kubernetes.io/instance"
+    pods = kube.list_objects("v1", "Pod", namespace, f"{key}={selector(name, '')[key]}")
+    return [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(
+        "app.kubernetes.io/component") in WORKLOADS]
+
+
+def learner_restarts(pods: list[dict[str, Any]]) -> int:
     """Container restarts of the learner pods now (each one resumed from the last checkpoint)."""
-    pods = kube.list_objects("v1", "Pod", namespace, ",".join(f"{k}={v}" for k, v in selector(name, "learner").items()))
-    return sum(int(cs.get("restartCount") or 0) for p in pods for cs in (p.get("status") or {}).get(
-        "containerStatuses") or [])
+    return sum(int(cs.get("restartCount") or 0) for p in pods
+               if ((p.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/component") == "learner"
+               for cs in (p.get("status") or {}).get("containerStatuses") or [])
 
 
 def is_terminal(status: dict[str, Any]) -> bool:
@@ -120,11 +131,14 @@ def _summary(roles: dict[str, tuple[int, int]]) -> str:
 
 def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple[int, int]],
                  learner: LearnerStatus, now: datetime, restarts: int = 0,
-                 devices: DevicePool | None = None) -> dict[str, Any]:
+                 devices: DevicePool | None = None,
+                 pending: dict[str, Unschedulable] | None = None) -> dict[str, Any]:
     """The status of a realisable RLJob (pure): phase, conditions, ready/desired per role, RL fields.
     `restarts`: learner container restarts observed now; the status keeps the highest count seen
     (a replaced pod starts again from 0), and more than failurePolicy.maxRestarts fails the job.
-    `devices`: the pool rendered into pool.json this pass (status.devices)."""
+    `devices`: the pool rendered into pool.json this pass (status.devices).
+    `pending`: per role, the pods the scheduler cannot place (scalerl_operator.scheduling): while
+    some are, Ready=False says `Unschedulable` and names the missing resources."""
     gen = obj["metadata"].get("generation")
     prev = obj.get("status") or {}
     conds = prev.get("conditions")
@@ -156,18 +170,20 @@ def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple
         was_running = prev.get("phase") == c.PHASE_RUNNING
         phase = c.PHASE_RUNNING if learner_up or was_running else c.PHASE_PENDING
         why = (c.REASON_ALL_ROLES_READY if ready_all else c.REASON_ROLES_NOT_READY, _summary(roles))
+        if not ready_all and pending:
+            why = (c.REASON_UNSCHEDULABLE, f"{_summary(roles)}; {summary(pending)}"[:MAX_MESSAGE])
         start = start or c.rfc3339(now)
     out["startTime"] = start
     ready = phase in (c.PHASE_RUNNING, c.PHASE_PENDING) and why[0] == c.REASON_ALL_ROLES_READY
     progressing = phase in (c.PHASE_RUNNING, c.PHASE_PENDING) and not ready
+    degraded = phase == c.PHASE_RUNNING and not ready
     susp_reason = c.REASON_SUSPENDED if spec.suspend else (
         c.REASON_RESUMED if c.is_true(conds, c.SUSPENDED) else c.REASON_NOT_SUSPENDED)
     updates: list[tuple[str, bool, str, str]] = [
         (c.READY, ready, why[0], why[1]),
         (c.PROGRESSING, progressing, c.REASON_RECONCILING if progressing else c.REASON_RECONCILED, _summary(roles)),
-        (c.DEGRADED, phase == c.PHASE_RUNNING and not ready,
-         c.REASON_REPLICAS_UNAVAILABLE if phase == c.PHASE_RUNNING and not ready else c.REASON_ALL_ROLES_READY,
-         _summary(roles)),
+        (c.DEGRADED, degraded, (why[0] if why[0] == c.REASON_UNSCHEDULABLE else c.REASON_REPLICAS_UNAVAILABLE)
+         if degraded else c.REASON_ALL_ROLES_READY, why[1] if degraded else _summary(roles)),
         (c.SUSPENDED, spec.suspend, susp_reason, why[1] if spec.suspend else "spec.suspend is false"),
         (c.COMPLETE, phase == c.PHASE_SUCCEEDED, c.REASON_STEPS_COMPLETED if learner.done else c.REASON_RUNNING,
          why[1] if learner.done else "training"),
@@ -243,8 +259,9 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
             out.scaled[role] = (b[1], after)
             kube.event(obj, "Normal", "Scaled", f"{role}: {b[1]} -> {after} replicas ({why})", "Scale")
     roles = {r: _workload_replicas(o) or (0, replicas[r]) for r, o in live.items()}
-    patch = status_patch(obj, spec, roles=roles, learner=learner, now=now,
-                         restarts=learner_restarts(kube, ns, name), devices=device_pool(spec, replicas))
+    pods = job_pods(kube, ns, name)
+    patch = status_patch(obj, spec, roles=roles, learner=learner, now=now, restarts=learner_restarts(pods),
+                         devices=device_pool(spec, replicas), pending=unschedulable(pods))
     write_status(kube, obj, patch)
     out.phase = patch["phase"]
     return out

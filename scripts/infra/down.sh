@@ -3,7 +3,8 @@
 # (SCALERL_STOP_GRACE, default 20 s). Logs and data under build/infra/ are kept, so a later up.sh
 # continues with the same topics and buckets; build/infra.env is removed (it names running servers).
 #
-# Usage: scripts/infra/down.sh [--purge] [kafka|minio|k8s ...]
+# Usage: scripts/infra/down.sh [--purge] [kafka|minio|k8s|cluster ...]
+#   k8s stops the Pod-running cluster too (its API server uses k8s's etcd).
 #   --purge: also delete the data directories (build/infra/*/data, build/infra/k8s/etcd-data); logs
 #   are still kept.
 # shellcheck source=scripts/infra/lib.sh
@@ -14,15 +15,20 @@ services=()
 for arg in "$@"; do
     case "$arg" in
         --purge) purge=1 ;;
-        kafka | minio | k8s) services+=("$arg") ;;
-        -h | --help) sed -n '2,9p' "$0"; exit 0 ;;
-        *) die "unknown argument $arg (expected --purge, kafka, minio, k8s)" ;;
+        kafka | minio | k8s | cluster) services+=("$arg") ;;
+        -h | --help) sed -n '2,10p' "$0"; exit 0 ;;
+        *) die "unknown argument $arg (expected --purge, kafka, minio, k8s, cluster)" ;;
     esac
 done
 ((${#services[@]})) || services=(kafka minio k8s)
 
 for svc in "${services[@]}"; do
+    if [[ "$svc" == cluster ]]; then
+        down_cluster
+        continue
+    fi
     if [[ "$svc" == k8s ]]; then
+        down_cluster
         down_k8s
         if ((purge)); then
             log "k8s: purging $K8S_STATE/etcd-data"
@@ -47,6 +53,6 @@ done
 if [[ " ${services[*]} " == *" kafka "* || " ${services[*]} " == *" minio "* ]]; then
     rm -f "$ENV_FILE"
 elif [[ -f "$ENV_FILE" ]]; then
-    write_env # only k8s stopped: Kafka and MinIO still run, drop the k8s lines
+    write_env # only k8s/cluster stopped: Kafka and MinIO still run, drop their lines
 fi
 log "down"

@@ -1,15 +1,18 @@
 # shellcheck shell=bash
 # Kubernetes test control plane: etcd + kube-apiserver (envtest-style: no scheduler, no kubelet, no
-# controllers) and the helm client. Sourced by lib.sh, never run.
+# controllers) and the helm client. Sourced by lib.sh, never run. The Pod-running cluster beside it
+# (scheduler, controller-manager, kwok) is cluster.sh; its two commands build here (_build_kube).
 #
 # Layout
 #   cache:  bin/kube-apiserver-<k8s version>  bin/etcd-<etcd version>  bin/helm-<helm version>
-#           src/<name>-<version>/              the generated wrapper modules the two servers build from
+#           bin/kube-scheduler-<k8s version>  bin/kube-controller-manager-<k8s version>
+#           src/kubernetes-<k8s version>/      the wrapper module of the three Kubernetes commands
+#           src/etcd-<etcd version>/           etcd's
 #   state:  build/infra/k8s/{certs/,etcd-data/,tokens.csv,kubeconfig,apiserver.log,etcd.log,
 #                            apiserver.pid,etcd.pid,port,etcd-port,etcd-peer-port}
 #
-# kube-apiserver cannot be `go install`ed (k8s.io/kubernetes replaces its staging modules with local
-# paths), so a wrapper module requires k8s.io/kubernetes and gets one `replace k8s.io/<m> =>
+# kube-apiserver (like kube-scheduler and kube-controller-manager) cannot be `go install`ed
+# (k8s.io/kubernetes replaces its staging modules with local paths), so a wrapper module requires k8s.io/kubernetes and gets one `replace k8s.io/<m> =>
 # k8s.io/<m> v0.<minor>.<patch>` per staging module, generated from the `=> ./staging/` lines of that
 # version's own go.mod. etcd likewise: a three-line main over go.etcd.io/etcd/server/v3/etcdmain.
 
@@ -34,18 +37,20 @@ _go_build_in() {
     mv "$out.tmp.$$" "$out"
 }
 
-_build_kube_apiserver() {
-    local bin dir t0 staging modfile
-    bin="$(kube_apiserver_bin)"
-    [[ -x "$bin" ]] && return 0
-    command -v go >/dev/null || die "go is required to build kube-apiserver"
-    t0="$(now)"
+# The Kubernetes commands built from one wrapper module (one download of k8s.io/kubernetes, one
+# `go mod tidy`): the API server here, the scheduler and controller-manager for cluster.sh.
+KUBE_CMDS=(kube-apiserver kube-scheduler kube-controller-manager)
+
+# _kube_wrapper: prepare $CACHE/src/kubernetes-$K8S_VERSION (go.mod with the staging replaces and a
+# tools.go importing every command of KUBE_CMDS) unless an earlier build left it complete; echoes it.
+_kube_wrapper() {
+    local dir staging modfile c
+    dir="$CACHE/src/kubernetes-$K8S_VERSION"
+    [[ -f "$dir/.complete" ]] && { echo "$dir"; return 0; }
     staging="v0.${K8S_VERSION#v1.}" # v1.34.4 -> v0.34.4: the staging modules' tag of that release
-    dir="$CACHE/src/kube-apiserver-$K8S_VERSION"
-    log "kube-apiserver: building k8s.io/kubernetes@$K8S_VERSION in $dir (cold build: many minutes on 2 cores)"
     rm -rf "$dir"
     mkdir -p "$dir" "$CACHE/bin"
-    (cd "$dir" && GOTOOLCHAIN=local go mod init scalerl.local/kube-apiserver-build >build.log 2>&1 \
+    (cd "$dir" && GOTOOLCHAIN=local go mod init scalerl.local/kubernetes-build >build.log 2>&1 \
         && GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
             >download.json 2>>build.log) \
         || { tail -n 20 "$dir/build.log" >&2; die "could not download k8s.io/kubernetes@$K8S_VERSION"; }
@@ -57,22 +62,41 @@ _build_kube_apiserver() {
             | sort -u
     } >>"$dir/go.mod"
     grep -q '^replace ' "$dir/go.mod" || die "no staging replace lines found in $modfile"
-    cat >"$dir/tools.go" <<'EOF'
-//go:build tools
-
-// Package tools pins the kube-apiserver command into this wrapper module.
-package tools
-
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
-EOF
+    {
+        printf '//go:build tools\n\n// Package tools pins the Kubernetes commands into this wrapper module.\npackage tools\n\nimport (\n'
+        for c in "${KUBE_CMDS[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done
+        printf ')\n'
+    } >"$dir/tools.go"
     (cd "$dir" && GOTOOLCHAIN=local GOFLAGS=-mod=mod nice -n 10 go mod tidy >>build.log 2>&1) \
-        || { tail -n 40 "$dir/build.log" >&2; die "go mod tidy of the kube-apiserver wrapper failed"; }
-    local v="k8s.io/component-base/version"
-    _go_build_in "$dir" "$bin" k8s.io/kubernetes/cmd/kube-apiserver \
-        "-s -w -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$(k8s_minor) -X $v.gitTreeState=clean \
--X $v.buildDate=1970-01-01T00:00:00Z"
-    log "kube-apiserver: built in $(elapsed "$t0") ($(du -sh "$bin" | cut -f1))"
+        || { tail -n 40 "$dir/build.log" >&2; die "go mod tidy of the Kubernetes wrapper module failed"; }
+    touch "$dir/.complete"
+    echo "$dir"
 }
+
+# _build_kube CMD...: build the named commands of KUBE_CMDS that are not cached yet, in one `go build`
+# (the packages they share compile once), into $CACHE/bin/CMD-$K8S_VERSION.
+_build_kube() {
+    local dir t0 c missing=() pkgs=() out v="k8s.io/component-base/version"
+    for c in "$@"; do [[ -x "$CACHE/bin/$c-$K8S_VERSION" ]] || missing+=("$c"); done
+    ((${#missing[@]})) || return 0
+    command -v go >/dev/null || die "go is required to build ${missing[*]}"
+    t0="$(now)"
+    log "${missing[*]}: building from k8s.io/kubernetes@$K8S_VERSION (cold build: many minutes on 2 cores)"
+    dir="$(_kube_wrapper)"
+    for c in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+    out="$dir/out.$$"
+    rm -rf "$out"
+    mkdir -p "$out"
+    (cd "$dir" && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false" \
+        nice -n 10 go build -trimpath -o "$out/" -ldflags "-s -w -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 \
+-X $v.gitMinor=$(k8s_minor) -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z" "${pkgs[@]}") \
+        >>"$dir/build.log" 2>&1 \
+        || { tail -n 40 "$dir/build.log" >&2; die "go build of ${missing[*]} failed (log above, $dir/build.log)"; }
+    for c in "${missing[@]}"; do mv "$out/$c" "$CACHE/bin/$c-$K8S_VERSION"; done
+    rm -rf "$out"
+    log "${missing[*]}: built in $(elapsed "$t0") ($(cd "$CACHE/bin" && du -shc "${missing[@]/%/-$K8S_VERSION}" | tail -1 | cut -f1))"
+}
+_build_kube_apiserver() { _build_kube kube-apiserver; }
 
 _build_etcd() {
     local bin dir t0

@@ -442,6 +442,9 @@ wait_minio() { wait_ready minio "$1" "$MINIO_READY_TIMEOUT" 0.3; }
 
 # shellcheck source=scripts/infra/k8s.sh
 source "$INFRA_DIR/k8s.sh"
+# The Pod-running cluster beside it: scheduler, controller-manager, kwok (scripts/infra/cluster.sh)
+# shellcheck source=scripts/infra/cluster.sh
+source "$INFRA_DIR/cluster.sh"
 
 # ---- env file -------------------------------------------------------------------------------------
 
@@ -484,6 +487,7 @@ MINIO_DATA=$STATE/minio/data
 EOF
         fi
         k8s_env_lines
+        cluster_env_lines
     } >"$tmp"
     chmod 600 "$tmp"
     mv "$tmp" "$ENV_FILE"

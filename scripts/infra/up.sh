@@ -3,17 +3,22 @@
 #   - a single-node KRaft Kafka broker (jars fetched by Maven, run with Java 17)
 #   - a MinIO S3 server (built with `go install`)
 #   - k8s: etcd + kube-apiserver (built from source, see k8s.sh) and the helm client
+#   - cluster: a Pod-running cluster beside it (cluster.sh): a second kube-apiserver on the same etcd,
+#     kube-scheduler, kube-controller-manager and kwok with fake GPU and CPU Nodes (needs k8s)
 # then write build/infra.env (KAFKA_BOOTSTRAP; the SASL_SSL listener's KAFKA_SASL_BOOTSTRAP,
-# KAFKA_SASL_{MECHANISM,USERNAME,PASSWORD} and KAFKA_SSL_CAFILE (a self-signed test CA); S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION,
-# KUBECONFIG, K8S_API, HELM_BIN, PIDs and log paths). Idempotent: a server that is already running and
+# KAFKA_SASL_{MECHANISM,USERNAME,PASSWORD} and KAFKA_SSL_CAFILE (a self-signed test CA); S3_ENDPOINT,
+# S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION, KUBECONFIG, K8S_API, HELM_BIN, CLUSTER_KUBECONFIG, CLUSTER_API,
+# PIDs and log paths). Idempotent: a server that is already running and
 # healthy is reused.
 #
-# Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s ...]
-#   no service named: all three.  --build-only: fetch/build into the cache, start nothing.
+# Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s|cluster ...]
+#   no service named: all four (cluster starts k8s too).  --build-only: fetch/build into the cache, start nothing.
 # Env: SCALERL_CACHE (default ~/.cache/scalerl), SCALERL_KAFKA_READY_TIMEOUT (120),
 #      SCALERL_MINIO_READY_TIMEOUT (60), SCALERL_KAFKA_HEAP (-Xmx512m), SCALERL_KAFKA_JVM_OPTS,
 #      SCALERL_MAVEN_REPO (a Maven local repository other than ~/.m2/repository),
-#      SCALERL_K8S_READY_TIMEOUT (120), SCALERL_{K8S,ETCD,HELM}_VERSION (pins in k8s.sh).
+#      SCALERL_K8S_READY_TIMEOUT (120), SCALERL_{K8S,ETCD,HELM}_VERSION (pins in k8s.sh),
+#      SCALERL_CLUSTER_READY_TIMEOUT (120), SCALERL_KWOK_VERSION (v0.8.0; v0.7.0 with go < 1.26),
+#      SCALERL_CLUSTER_TOLERATION_S (2), SCALERL_CLUSTER_NODE_GRACE_S (20) (cluster.sh).
 # shellcheck source=scripts/infra/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -22,12 +27,13 @@ services=()
 for arg in "$@"; do
     case "$arg" in
         --build-only) build_only=1 ;;
-        kafka | minio | k8s) services+=("$arg") ;;
-        -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
-        *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s)" ;;
+        kafka | minio | k8s | cluster) services+=("$arg") ;;
+        -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+        *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s, cluster)" ;;
     esac
 done
-((${#services[@]})) || services=(kafka minio k8s)
+((${#services[@]})) || services=(kafka minio k8s cluster)
+[[ " ${services[*]} " != *" cluster "* || " ${services[*]} " == *" k8s "* ]] || services+=(k8s)
 want() { [[ " ${services[*]} " == *" $1 "* ]]; }
 
 T0="$(now)"
@@ -36,6 +42,7 @@ mkdir -p "$STATE/kafka" "$STATE/minio"
 want kafka && build_kafka
 want minio && build_minio
 want k8s && build_k8s
+want cluster && build_cluster
 if ((build_only)); then
     log "build done in $(elapsed "$T0")"
     exit 0
@@ -74,6 +81,7 @@ if want minio; then
 fi
 [[ -z "$minio_t0" ]] || wait_minio "$minio_t0" # MinIO is up in about a second, the JVM takes longer
 want k8s && up_k8s # etcd + kube-apiserver start while the JVM warms up
+want cluster && up_cluster
 [[ -z "$kafka_t0" ]] || wait_kafka "$kafka_t0"
 
 # Every service started so far (this run or an earlier one) is written; tests check the keys they need.

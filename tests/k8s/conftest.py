@@ -1,4 +1,5 @@
-"""Fixtures for tests against the real kube-apiserver + etcd of scripts/infra/up.sh (service `k8s`).
+"""Fixtures for tests against the real kube-apiserver + etcd of scripts/infra/up.sh (service `k8s`) and
+the Pod-running cluster beside it (service `cluster`).
 
 `k8s` (session): a kubernetes `ApiClient` for the test API server, from the kubeconfig that
 build/infra.env names (KUBECONFIG). If the file is missing or the server does not answer /readyz, the
@@ -15,7 +16,19 @@ the fixture deletes the namespace's RLJobs and then finalizes the namespace itse
 `k8s_call(method, path, body=None, ...)` (session): a raw request through that client (Table views,
 /status, merge and apply patches) returning (HTTP status, decoded JSON).
 
-No kubelet, scheduler or controllers run: Deployments get no pods and nothing is garbage-collected.
+On that API server no kubelet, scheduler or controllers run: Deployments get no pods and nothing is
+garbage-collected (tests patch status to fake readiness).
+
+The Pod-running cluster (scripts/infra/cluster.sh; build/infra.env's CLUSTER_KUBECONFIG): a second
+kube-apiserver on the same etcd with kube-scheduler, kube-controller-manager (deployment, replicaset,
+statefulset, job, garbage-collector, namespace, node-lifecycle, taint-eviction, ... controllers) and
+kwok faking the kubelets of three Nodes: gpu-node-0 and gpu-node-1 (8 `nvidia.com/gpu` each, the GPU
+feature-discovery labels, taint `nvidia.com/gpu=present:NoSchedule`) and cpu-node-0. Pods get scheduled,
+become Running and Ready (kwok's stages), owners' deletions cascade; no container ever runs.
+`cluster_env` / `cluster` (session): its build/infra.env values and an admin ApiClient (started with
+`scripts/infra/up.sh k8s cluster` when absent, like `k8s`). `cluster_call` / `cluster_crd` (session):
+as `k8s_call` / `rljob_crd`, there. `cluster_namespace`: a fresh namespace there with its `default`
+ServiceAccount (the ServiceAccount admission plugin is on), removed afterwards once its pods are gone.
 """
 
 from __future__ import annotations
@@ -30,16 +43,19 @@ from typing import Any
 
 import pytest
 
-from infra_session import ENV_FILE, running_servers, time_first_setup
+from infra_session import ENV_FILE, read_env_file, running_servers, time_first_setup
 
 UP_TIMEOUT_S = float(os.environ.get("SCALERL_INFRA_UP_TIMEOUT", "3000"))  # a cold kube-apiserver build
 FIELD_MANAGER = "scalerl-tests"
 CRD_ESTABLISHED_TIMEOUT_S = 30.0
+NAMESPACE_DRAIN_TIMEOUT_S = 60.0
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    time_first_setup(items, Path(__file__).resolve().parent, "k8s", UP_TIMEOUT_S + 300)
+    here = Path(__file__).resolve().parent
+    time_first_setup(items, here, "k8s", UP_TIMEOUT_S + 300)
+    time_first_setup(items, here, "cluster_env", UP_TIMEOUT_S + 300)  # scheduler, controller-manager, kwok
 
 
 def k8s_request(api: Any, method: str, path: str, body: Any = None, *, query: dict[str, str] | None = None,
@@ -111,29 +127,34 @@ def k8s_call(k8s: Any) -> Callable[..., tuple[int, Any]]:
     return call
 
 
-@pytest.fixture(scope="session")
-def rljob_crd(k8s: Any) -> dict[str, Any]:
+def apply_rljob_crd(api: Any) -> dict[str, Any]:
     """The RLJob CRD applied (server-side apply, so a changed schema replaces the old), Established and
     served by discovery."""
     from scalerl_operator.crd import CRD_NAME, crd
     from scalerl_operator.spec import GROUP, PLURAL, VERSION
 
     path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
-    status, body = k8s_request(k8s, "PATCH", path, crd(), content_type="application/apply-patch+yaml",
+    status, body = k8s_request(api, "PATCH", path, crd(), content_type="application/apply-patch+yaml",
                                query={"fieldManager": FIELD_MANAGER, "force": "true"})
     assert status in (200, 201), f"applying the RLJob CRD failed (HTTP {status}): {body}"
     deadline = time.monotonic() + CRD_ESTABLISHED_TIMEOUT_S
     while time.monotonic() < deadline:
-        status, body = k8s_request(k8s, "GET", path)
+        status, body = k8s_request(api, "GET", path)
         conds = {c["type"]: c["status"] for c in (body.get("status") or {}).get("conditions") or []}
         if conds.get("Established") == "True" and conds.get("NamesAccepted") == "True":
             # discovery lags Established by a moment on a fresh server; clients (kopf) need it
-            served, discovery = k8s_request(k8s, "GET", f"/apis/{GROUP}/{VERSION}")
+            served, discovery = k8s_request(api, "GET", f"/apis/{GROUP}/{VERSION}")
             if served == 200 and any(r["name"] == PLURAL for r in discovery.get("resources", [])):
                 return dict(body)
         time.sleep(0.2)
     raise AssertionError(f"CRD {CRD_NAME} not Established and served after {CRD_ESTABLISHED_TIMEOUT_S:.0f}s: "
                          f"{body}")
+
+
+@pytest.fixture(scope="session")
+def rljob_crd(k8s: Any) -> dict[str, Any]:
+    """The RLJob CRD on the test API server."""
+    return apply_rljob_crd(k8s)
 
 
 @pytest.fixture(autouse=True)
@@ -149,14 +170,92 @@ def operator_default_image(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def namespace(k8s: Any) -> Iterator[str]:
     """A fresh namespace for one test; its RLJobs and the namespace are removed afterwards."""
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    status, body = k8s_request(k8s, "POST", "/api/v1/namespaces",
-                               {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    assert status == 201, f"creating namespace {name} failed (HTTP {status}): {body}"
+    name = _create_namespace(k8s)
     try:
         yield name
     finally:
         _remove_namespace(k8s, name)
+
+
+def _create_namespace(api: Any) -> str:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    status, body = k8s_request(api, "POST", "/api/v1/namespaces",
+                               {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    assert status == 201, f"creating namespace {name} failed (HTTP {status}): {body}"
+    return name
+
+
+# ---- the Pod-running cluster ----------------------------------------------------------------------------
+
+def _cluster_problem(values: dict[str, str]) -> str | None:
+    kubeconfig = values.get("CLUSTER_KUBECONFIG")
+    if not kubeconfig:
+        return f"{ENV_FILE} lacks CLUSTER_KUBECONFIG"
+    return _problem({"KUBECONFIG": kubeconfig, "K8S_API": values.get("CLUSTER_API", "")})
+
+
+@pytest.fixture(scope="session")
+def cluster_env() -> Iterator[dict[str, str]]:
+    """build/infra.env of a running Pod-running cluster (CLUSTER_KUBECONFIG, CLUSTER_API, ...)."""
+    # up.sh starts k8s with the cluster (its etcd); what this session starts, it stops: the bare API
+    # server only when it was not running before
+    services = ("cluster",) if _problem(read_env_file()) is None else ("k8s", "cluster")
+    with running_servers("Pod-running test cluster", services, _cluster_problem, UP_TIMEOUT_S) as values:
+        yield values
+
+
+@pytest.fixture(scope="session")
+def cluster(cluster_env: dict[str, str]) -> Iterator[Any]:
+    """An admin ApiClient for the Pod-running cluster."""
+    from kubernetes.config import new_client_from_config
+
+    api = new_client_from_config(config_file=cluster_env["CLUSTER_KUBECONFIG"])
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="session")
+def cluster_call(cluster: Any) -> Callable[..., tuple[int, Any]]:
+    """As `k8s_call`, on the Pod-running cluster."""
+
+    def call(method: str, path: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
+        return k8s_request(cluster, method, path, body, **kwargs)
+
+    return call
+
+
+@pytest.fixture(scope="session")
+def cluster_crd(cluster: Any) -> dict[str, Any]:
+    """The RLJob CRD on the Pod-running cluster."""
+    return apply_rljob_crd(cluster)
+
+
+@pytest.fixture
+def cluster_namespace(cluster: Any) -> Iterator[str]:
+    """A fresh namespace on the Pod-running cluster, once its `default` ServiceAccount exists (pods are
+    refused before); its RLJobs and the namespace are removed afterwards."""
+    name = _create_namespace(cluster)
+    try:
+        deadline = time.monotonic() + CRD_ESTABLISHED_TIMEOUT_S
+        while k8s_request(cluster, "GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")[0] != 200:
+            assert time.monotonic() < deadline, f"no default ServiceAccount in {name} after " \
+                                                f"{CRD_ESTABLISHED_TIMEOUT_S:.0f}s: is the controller-manager up?"
+            time.sleep(0.2)
+        yield name
+    finally:
+        _remove_namespace(cluster, name)
+        # the namespace controller deletes its pods (kwok removes them at once): wait, so the next test
+        # finds every GPU free
+        deadline = time.monotonic() + NAMESPACE_DRAIN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            status, body = k8s_request(cluster, "GET", f"/api/v1/namespaces/{name}/pods")
+            if status == 404 or (status == 200 and not body["items"]):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"pods of namespace {name} still there after {NAMESPACE_DRAIN_TIMEOUT_S:.0f}s")
 
 
 NAMESPACED_COLLECTIONS = (

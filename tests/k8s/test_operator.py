@@ -89,7 +89,9 @@ def test_creates_children_status_and_reacts_to_spec_changes(kube: Kube, namespac
                            condition(j, c.READY) == ("True", c.REASON_ALL_ROLES_READY) and j)
         assert running["status"]["phase"] == c.PHASE_RUNNING
         assert running["status"]["roles"]["verifier"] == {"ready": 2, "desired": 2, "summary": "2/2"}
-        assert {"PhasePending", "PhaseRunning"} <= set(event_reasons(kube, namespace, name))
+        # the operator posts the phase Event just after the status patch the wait above saw
+        wait_for("PhasePending and PhaseRunning Events",
+                 lambda: {"PhasePending", "PhaseRunning"} <= set(event_reasons(kube, namespace, name)))
 
         patch_spec(kube, namespace, name, {"roles": {"generator": {"replicas": 1}, "verifier": {"replicas": 4}}})
         wait_for("verifier Deployment at 4", lambda: replicas(kube, namespace, name)["verifier"] == 4)
