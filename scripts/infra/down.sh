@@ -3,7 +3,7 @@
 # (SCALERL_STOP_GRACE, default 20 s). Logs and data under build/infra/ are kept, so a later up.sh
 # continues with the same topics and buckets; build/infra.env is removed (it names running servers).
 #
-# Usage: scripts/infra/down.sh [--purge] [kafka|minio|k8s ...]
+# Usage: scripts/infra/down.sh [--purge] [kafka|minio|k8s|prometheus|jaeger ...]
 #   --purge: also delete the data directories (build/infra/*/data, build/infra/k8s/etcd-data); logs
 #   are still kept.
 # shellcheck source=scripts/infra/lib.sh
@@ -14,12 +14,12 @@ services=()
 for arg in "$@"; do
     case "$arg" in
         --purge) purge=1 ;;
-        kafka | minio | k8s) services+=("$arg") ;;
+        kafka | minio | k8s | prometheus | jaeger) services+=("$arg") ;;
         -h | --help) sed -n '2,9p' "$0"; exit 0 ;;
-        *) die "unknown argument $arg (expected --purge, kafka, minio, k8s)" ;;
+        *) die "unknown argument $arg (expected --purge, kafka, minio, k8s, prometheus, jaeger)" ;;
     esac
 done
-((${#services[@]})) || services=(kafka minio k8s)
+((${#services[@]})) || services=(kafka minio k8s prometheus jaeger)
 
 for svc in "${services[@]}"; do
     if [[ "$svc" == k8s ]]; then
@@ -47,6 +47,6 @@ done
 if [[ " ${services[*]} " == *" kafka "* || " ${services[*]} " == *" minio "* ]]; then
     rm -f "$ENV_FILE"
 elif [[ -f "$ENV_FILE" ]]; then
-    write_env # only k8s stopped: Kafka and MinIO still run, drop the k8s lines
+    write_env # only k8s/prometheus/jaeger stopped: Kafka and MinIO still run, drop their lines
 fi
 log "down"

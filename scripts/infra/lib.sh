@@ -356,6 +356,11 @@ wait_minio() { wait_ready minio "$1" "$MINIO_READY_TIMEOUT" 0.3; }
 # shellcheck source=scripts/infra/k8s.sh
 source "$INFRA_DIR/k8s.sh"
 
+# ---- Prometheus + Jaeger v2 (scripts/infra/observability.sh) --------------------------------------
+
+# shellcheck source=scripts/infra/observability.sh
+source "$INFRA_DIR/observability.sh"
+
 # ---- env file -------------------------------------------------------------------------------------
 
 write_env() {
@@ -387,6 +392,7 @@ MINIO_DATA=$STATE/minio/data
 EOF
         fi
         k8s_env_lines
+        observability_env_lines
     } >"$tmp"
     chmod 600 "$tmp"
     mv "$tmp" "$ENV_FILE"

@@ -3,16 +3,19 @@
 #   - a single-node KRaft Kafka broker (jars fetched by Maven, run with Java 17)
 #   - a MinIO S3 server (built with `go install`)
 #   - k8s: etcd + kube-apiserver (built from source, see k8s.sh) and the helm client
+#   - prometheus (the Debian package unpacked into the cache) and jaeger (Jaeger v2 built from source),
+#     see observability.sh
 # then write build/infra.env (KAFKA_BOOTSTRAP, S3_ENDPOINT, S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION,
-# KUBECONFIG, K8S_API, HELM_BIN, PIDs and log paths). Idempotent: a server that is already running and
-# healthy is reused.
+# KUBECONFIG, K8S_API, HELM_BIN, PROMETHEUS_URL, PROMETHEUS_FILE_SD, JAEGER_QUERY_URL, JAEGER_OTLP_GRPC,
+# PIDs and log paths). Idempotent: a server that is already running and healthy is reused.
 #
-# Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s ...]
-#   no service named: all three.  --build-only: fetch/build into the cache, start nothing.
+# Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s|prometheus|jaeger ...]
+#   no service named: all five.  --build-only: fetch/build into the cache, start nothing.
 # Env: SCALERL_CACHE (default ~/.cache/scalerl), SCALERL_KAFKA_READY_TIMEOUT (120),
 #      SCALERL_MINIO_READY_TIMEOUT (60), SCALERL_KAFKA_HEAP (-Xmx512m), SCALERL_KAFKA_JVM_OPTS,
 #      SCALERL_MAVEN_REPO (a Maven local repository other than ~/.m2/repository),
-#      SCALERL_K8S_READY_TIMEOUT (120), SCALERL_{K8S,ETCD,HELM}_VERSION (pins in k8s.sh).
+#      SCALERL_K8S_READY_TIMEOUT (120), SCALERL_{K8S,ETCD,HELM}_VERSION (pins in k8s.sh),
+#      SCALERL_{PROMETHEUS,JAEGER}_READY_TIMEOUT (60), SCALERL_JAEGER_VERSION (observability.sh).
 # shellcheck source=scripts/infra/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -21,12 +24,12 @@ services=()
 for arg in "$@"; do
     case "$arg" in
         --build-only) build_only=1 ;;
-        kafka | minio | k8s) services+=("$arg") ;;
-        -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
-        *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s)" ;;
+        kafka | minio | k8s | prometheus | jaeger) services+=("$arg") ;;
+        -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+        *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s, prometheus, jaeger)" ;;
     esac
 done
-((${#services[@]})) || services=(kafka minio k8s)
+((${#services[@]})) || services=(kafka minio k8s prometheus jaeger)
 want() { [[ " ${services[*]} " == *" $1 "* ]]; }
 
 T0="$(now)"
@@ -35,6 +38,8 @@ mkdir -p "$STATE/kafka" "$STATE/minio"
 want kafka && build_kafka
 want minio && build_minio
 want k8s && build_k8s
+want prometheus && build_prometheus
+want jaeger && build_jaeger
 if ((build_only)); then
     log "build done in $(elapsed "$T0")"
     exit 0
@@ -69,7 +74,12 @@ if want minio; then
         start_minio "$port"
     fi
 fi
+prometheus_t0="" jaeger_t0=""
+want prometheus && up_observability prometheus
+want jaeger && up_observability jaeger
 [[ -z "$minio_t0" ]] || wait_minio "$minio_t0" # MinIO is up in about a second, the JVM takes longer
+[[ -z "$prometheus_t0" ]] || wait_prometheus "$prometheus_t0"
+[[ -z "$jaeger_t0" ]] || wait_jaeger "$jaeger_t0"
 want k8s && up_k8s # etcd + kube-apiserver start while the JVM warms up
 [[ -z "$kafka_t0" ]] || wait_kafka "$kafka_t0"
 
