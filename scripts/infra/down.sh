@@ -3,7 +3,7 @@
 # (SCALERL_STOP_GRACE, default 20 s). Logs and data under build/infra/ are kept, so a later up.sh
 # continues with the same topics and buckets; build/infra.env is removed (it names running servers).
 #
-# Usage: scripts/infra/down.sh [--purge] [kafka|minio|k8s|cluster ...]
+# Usage: scripts/infra/down.sh [--purge] [kafka|minio|k8s|cluster|prometheus|jaeger ...]
 #   k8s stops the Pod-running cluster too (its API server uses k8s's etcd).
 #   --purge: also delete the data directories (build/infra/*/data, build/infra/k8s/etcd-data); logs
 #   are still kept.
@@ -15,12 +15,12 @@ services=()
 for arg in "$@"; do
     case "$arg" in
         --purge) purge=1 ;;
-        kafka | minio | k8s | cluster) services+=("$arg") ;;
+        kafka | minio | k8s | cluster | prometheus | jaeger) services+=("$arg") ;;
         -h | --help) sed -n '2,10p' "$0"; exit 0 ;;
-        *) die "unknown argument $arg (expected --purge, kafka, minio, k8s, cluster)" ;;
+        *) die "unknown argument $arg (expected --purge, kafka, minio, k8s, cluster, prometheus, jaeger)" ;;
     esac
 done
-((${#services[@]})) || services=(kafka minio k8s)
+((${#services[@]})) || services=(kafka minio k8s prometheus jaeger)
 
 for svc in "${services[@]}"; do
     if [[ "$svc" == cluster ]]; then
@@ -53,6 +53,6 @@ done
 if [[ " ${services[*]} " == *" kafka "* || " ${services[*]} " == *" minio "* ]]; then
     rm -f "$ENV_FILE"
 elif [[ -f "$ENV_FILE" ]]; then
-    write_env # only k8s/cluster stopped: Kafka and MinIO still run, drop their lines
+    write_env # only k8s/cluster/prometheus/jaeger stopped: Kafka and MinIO still run, drop their lines
 fi
 log "down"

@@ -446,6 +446,11 @@ source "$INFRA_DIR/k8s.sh"
 # shellcheck source=scripts/infra/cluster.sh
 source "$INFRA_DIR/cluster.sh"
 
+# ---- Prometheus + Jaeger v2 (scripts/infra/observability.sh) --------------------------------------
+
+# shellcheck source=scripts/infra/observability.sh
+source "$INFRA_DIR/observability.sh"
+
 # ---- env file -------------------------------------------------------------------------------------
 
 write_env() {
@@ -488,6 +493,7 @@ EOF
         fi
         k8s_env_lines
         cluster_env_lines
+        observability_env_lines
     } >"$tmp"
     chmod 600 "$tmp"
     mv "$tmp" "$ENV_FILE"

@@ -6,6 +6,8 @@
         when the port accepts connections and the broker logged that it started.
     probe.py minio http://127.0.0.1:9000
         ready when GET /minio/health/ready answers 200.
+    probe.py http http://127.0.0.1:9090/-/ready
+        ready when GET of that URL answers 200 (Prometheus, Jaeger's query API).
 """
 
 from __future__ import annotations
@@ -56,13 +58,24 @@ def minio_ready(endpoint: str) -> bool:
         return False
 
 
+def http_ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("service", choices=["kafka", "minio"])
+    ap.add_argument("service", choices=["kafka", "minio", "http"])
     ap.add_argument("address")
     ap.add_argument("--log")
     a = ap.parse_args()
-    ok = kafka_ready(a.address, a.log) if a.service == "kafka" else minio_ready(a.address)
+    if a.service == "kafka":
+        ok = kafka_ready(a.address, a.log)
+    else:
+        ok = minio_ready(a.address) if a.service == "minio" else http_ready(a.address)
     return 0 if ok else 1
 
 

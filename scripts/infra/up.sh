@@ -5,20 +5,23 @@
 #   - k8s: etcd + kube-apiserver (built from source, see k8s.sh) and the helm client
 #   - cluster: a Pod-running cluster beside it (cluster.sh): a second kube-apiserver on the same etcd,
 #     kube-scheduler, kube-controller-manager and kwok with fake GPU and CPU Nodes (needs k8s)
+#   - prometheus (the Debian package unpacked into the cache) and jaeger (Jaeger v2 built from source),
+#     see observability.sh
 # then write build/infra.env (KAFKA_BOOTSTRAP; the SASL_SSL listener's KAFKA_SASL_BOOTSTRAP,
 # KAFKA_SASL_{MECHANISM,USERNAME,PASSWORD} and KAFKA_SSL_CAFILE (a self-signed test CA); S3_ENDPOINT,
 # S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION, KUBECONFIG, K8S_API, HELM_BIN, CLUSTER_KUBECONFIG, CLUSTER_API,
-# PIDs and log paths). Idempotent: a server that is already running and
-# healthy is reused.
+# PROMETHEUS_URL, PROMETHEUS_FILE_SD, JAEGER_QUERY_URL, JAEGER_OTLP_GRPC, PIDs and log paths).
+# Idempotent: a server that is already running and healthy is reused.
 #
-# Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s|cluster ...]
-#   no service named: all four (cluster starts k8s too).  --build-only: fetch/build into the cache, start nothing.
+# Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s|cluster|prometheus|jaeger ...]
+#   no service named: all six (cluster starts k8s too).  --build-only: fetch/build into the cache, start nothing.
 # Env: SCALERL_CACHE (default ~/.cache/scalerl), SCALERL_KAFKA_READY_TIMEOUT (120),
 #      SCALERL_MINIO_READY_TIMEOUT (60), SCALERL_KAFKA_HEAP (-Xmx512m), SCALERL_KAFKA_JVM_OPTS,
 #      SCALERL_MAVEN_REPO (a Maven local repository other than ~/.m2/repository),
 #      SCALERL_K8S_READY_TIMEOUT (120), SCALERL_{K8S,ETCD,HELM}_VERSION (pins in k8s.sh),
 #      SCALERL_CLUSTER_READY_TIMEOUT (120), SCALERL_KWOK_VERSION (v0.8.0; v0.7.0 with go < 1.26),
 #      SCALERL_CLUSTER_TOLERATION_S (2), SCALERL_CLUSTER_NODE_GRACE_S (20) (cluster.sh).
+#      SCALERL_{PROMETHEUS,JAEGER}_READY_TIMEOUT (60), SCALERL_JAEGER_VERSION (observability.sh).
 # shellcheck source=scripts/infra/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -27,12 +30,12 @@ services=()
 for arg in "$@"; do
     case "$arg" in
         --build-only) build_only=1 ;;
-        kafka | minio | k8s | cluster) services+=("$arg") ;;
-        -h | --help) sed -n '2,22p' "$0"; exit 0 ;;
-        *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s, cluster)" ;;
+        kafka | minio | k8s | cluster | prometheus | jaeger) services+=("$arg") ;;
+        -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
+        *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s, cluster, prometheus, jaeger)" ;;
     esac
 done
-((${#services[@]})) || services=(kafka minio k8s cluster)
+((${#services[@]})) || services=(kafka minio k8s cluster prometheus jaeger)
 [[ " ${services[*]} " != *" cluster "* || " ${services[*]} " == *" k8s "* ]] || services+=(k8s)
 want() { [[ " ${services[*]} " == *" $1 "* ]]; }
 
@@ -43,6 +46,8 @@ want kafka && build_kafka
 want minio && build_minio
 want k8s && build_k8s
 want cluster && build_cluster
+want prometheus && build_prometheus
+want jaeger && build_jaeger
 if ((build_only)); then
     log "build done in $(elapsed "$T0")"
     exit 0
@@ -79,7 +84,12 @@ if want minio; then
         start_minio "$port"
     fi
 fi
+prometheus_t0="" jaeger_t0=""
+want prometheus && up_observability prometheus
+want jaeger && up_observability jaeger
 [[ -z "$minio_t0" ]] || wait_minio "$minio_t0" # MinIO is up in about a second, the JVM takes longer
+[[ -z "$prometheus_t0" ]] || wait_prometheus "$prometheus_t0"
+[[ -z "$jaeger_t0" ]] || wait_jaeger "$jaeger_t0"
 want k8s && up_k8s # etcd + kube-apiserver start while the JVM warms up
 want cluster && up_cluster
 [[ -z "$kafka_t0" ]] || wait_kafka "$kafka_t0"

@@ -41,6 +41,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             for mark in _QUIET:
                 item.add_marker(mark)
     time_first_setup(items, here, "infra", UP_TIMEOUT_S + 300)
+    time_first_setup(items, here, "observability", UP_TIMEOUT_S + 300)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,40 @@ def _problem(values: dict[str, str]) -> str | None:
 def infra() -> Iterator[Infra]:
     with running_servers("real infrastructure", (), _problem, UP_TIMEOUT_S) as values:
         yield _infra_from(values)
+
+
+@dataclass(frozen=True)
+class Observability:
+    prometheus_url: str
+    file_sd: Path  # Prometheus reads scrape targets from <file_sd>/*.json (one file per test)
+    jaeger_query_url: str
+    jaeger_otlp_grpc: str
+
+
+def _http_problem(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return None if r.status == 200 else f"{url} answered HTTP {r.status}"
+    except OSError as exc:
+        return f"{url} unreachable: {exc!r}"
+
+
+def _observability_problem(values: dict[str, str]) -> str | None:
+    missing = [k for k in ("PROMETHEUS_URL", "PROMETHEUS_FILE_SD", "JAEGER_QUERY_URL", "JAEGER_OTLP_GRPC")
+               if not values.get(k)]
+    if missing:
+        return f"{ENV_FILE} lacks {', '.join(missing)}"
+    return (_http_problem(values["PROMETHEUS_URL"] + "/-/ready")
+            or _http_problem(values["JAEGER_QUERY_URL"] + "/api/services"))
+
+
+@pytest.fixture(scope="session")
+def observability() -> Iterator[Observability]:
+    """The Prometheus and Jaeger v2 of scripts/infra/up.sh (started like `infra` when not running)."""
+    with running_servers("Prometheus and Jaeger", ("prometheus", "jaeger"), _observability_problem,
+                         UP_TIMEOUT_S) as values:
+        yield Observability(values["PROMETHEUS_URL"], Path(values["PROMETHEUS_FILE_SD"]),
+                            values["JAEGER_QUERY_URL"], values["JAEGER_OTLP_GRPC"])
 
 
 @pytest.fixture

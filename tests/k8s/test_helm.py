@@ -248,12 +248,18 @@ def test_dashboards_configmaps_carry_the_files_and_the_sidecar_label() -> None:
         ((key, text),) = cm["data"].items()
         assert json.loads(text) == json.loads((CHART / "files" / "dashboards" / key).read_text())
     monitors = [o for o in objects_of(render("t", "ns1", ALL_ON)) if o["kind"] in ("ServiceMonitor", "PodMonitor")]
-    # operator, RLJob role Services and the OTel collector; a PodMonitor for every RLJob pod
-    assert sorted(o["metadata"]["name"] for o in monitors) == ["t-scalerl-operator", "t-scalerl-otel-collector",
-                                                               "t-scalerl-rljobs", "t-scalerl-rljobs"]
-    relabels = [r["targetLabel"] for o in monitors for e in o["spec"].get("endpoints", o["spec"].get(
-        "podMetricsEndpoints", [])) for r in e.get("relabelings", [])]
-    assert relabels.count("rljob") == 2  # the label every dashboard query filters on
+    # ServiceMonitors for the operator and the OTel collector; the RLJob roles by ONE monitor: the PodMonitor
+    # (with the role ServiceMonitor too, every generator and verifier would be scraped, and summed, twice)
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in monitors) == [
+        ("PodMonitor", "t-scalerl-rljobs"), ("ServiceMonitor", "t-scalerl-operator"),
+        ("ServiceMonitor", "t-scalerl-otel-collector")]
+    services_only = [o for o in objects_of(render("t", "ns1", ["metrics.serviceMonitor.enabled=true"]))
+                     if o["kind"] in ("ServiceMonitor", "PodMonitor")]
+    assert sorted(o["metadata"]["name"] for o in services_only) == ["t-scalerl-operator", "t-scalerl-rljobs"]
+    for objs in (monitors, services_only):
+        relabels = [r["targetLabel"] for o in objs for e in o["spec"].get("endpoints", o["spec"].get(
+            "podMetricsEndpoints", [])) for r in e.get("relabelings", [])]
+        assert relabels.count("rljob") == 1  # the label every dashboard query filters on, from one monitor
 
 
 def test_example_rljob_is_the_quickstart_wired_to_the_bundled_services() -> None:

@@ -74,6 +74,7 @@ class GeneratorRole:
         self.gen_tokens = 0
         self.groups_out = 0
         self.loaded: PolicyVersion | None = None  # the announcement whose weights the engine holds
+        self.newest_announced = 0  # the highest version announced so far (the staleness metric)
 
     def rewind(self) -> None:
         """After a failed batch: rejoin the group from its committed offsets, so the prompts of that
@@ -87,6 +88,7 @@ class GeneratorRole:
         for rec in self.policy.poll(timeout_s=timeout_s):
             if isinstance(rec.value, PolicyVersion):
                 latest = rec.value
+                self.newest_announced = max(self.newest_announced, latest.version)
             else:
                 self.policy_skipped += 1
         if latest is None or latest == self.loaded:

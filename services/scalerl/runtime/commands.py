@@ -81,11 +81,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from scalerl.runtime.progress import quiet_third_party_bars
 
     quiet_third_party_bars()
-    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if endpoint:  # the standard OpenTelemetry variables, as the operator sets them in the pods
+    # the standard OpenTelemetry variables, as the operator sets them in the pods; without an endpoint the
+    # spans are not exported but the records still carry their trace context (scalerl.telemetry.tracing)
+    try:
         from scalerl.telemetry.tracing import setup_tracing
-
-        setup_tracing(os.environ.get("OTEL_SERVICE_NAME") or f"scalerl-{args.role}", otlp_endpoint=endpoint)
+    except ImportError:  # no OpenTelemetry SDK (a plain install): records pass their headers on unchanged
+        pass
+    else:
+        setup_tracing(os.environ.get("OTEL_SERVICE_NAME") or f"scalerl-{args.role}",
+                      otlp_endpoint=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None)
     try:
         result = serve(args.role, ctx, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
                        http_port=None if args.http_port < 0 else args.http_port, stop=stop,

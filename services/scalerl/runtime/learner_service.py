@@ -58,6 +58,7 @@ from scalerl.store import open_store
 from scalerl.store.checkpoints import download_latest_checkpoint, upload_checkpoint
 from scalerl.store.weights import highest_version
 from scalerl.telemetry.hops import hop
+from scalerl.telemetry.steps import StepTimes
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class LearnerService(TrainerHost):
         self.last_step: dict[str, Any] = {}
         self.last_eval: dict[str, Any] = {}
         self.summary: dict[str, Any] | None = None
+        self.steps = StepTimes()  # optimizer steps (the step-time histogram)
+        self.versions_published = 0
 
     # -- assembly ----------------------------------------------------------------------------------
     def build(self) -> None:
@@ -181,6 +184,7 @@ class LearnerService(TrainerHost):
 
     def _publish(self) -> None:
         super()._publish()
+        self.versions_published += 1
         self.announced_consumed, self.announced_at = self._consumed(), time.monotonic()
 
     def _poll_scored(self, stop: threading.Event) -> None:
@@ -276,8 +280,9 @@ class LearnerService(TrainerHost):
                 "groups_consumed": len(self.consumed_ids),
                 "groups_dropped_stale": self.counters["dropped_stale"],
                 "dead_lettered": self._dead_lettered_counts(),
-                "tokens_trained": self.counters["train_tokens"],
-                "staleness_versions": float(last.get("staleness_mean") or 0.0),
+                "tokens_trained": self.counters["train_tokens"], "versions_published": self.versions_published,
+                # the oldest data of the last step, as the operator's PolicyLagExceeded condition reads it
+                "staleness_versions": float(last.get("staleness_max") or 0.0),
                 "step_seconds": float(last.get("step_time_s") or 0.0),
                 "newest_version_seen": self.newest_version_seen, "buffered_groups": len(self.buffer),
                 "compute_device_hours": self.compute_device_hours(), "compute_flops": self.compute_flops(),
@@ -342,6 +347,7 @@ class LearnerService(TrainerHost):
             retry_io(partial(self.scored.commit, safe), what="commit scored offsets")  # (for lag metrics)
             retry_io(self._publish, what="publish policy")
             step_s = float(stats.get("time/step_s", 0.0))
+            self.steps.observe(step_s)
             rec = self._log_step(stats, bar, {"group_ids": [g.group_id for g in groups],
                                               "dropped_group_ids": [gid for gid, _ in drops],
                                               "duplicates": len(self.duplicate_positions),

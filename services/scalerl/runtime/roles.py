@@ -3,7 +3,8 @@
 Each service is built from the job spec plus the bus and store URLs, runs `run(stop)` until the
 `stop` event is set (SIGTERM), and then hands back what it holds: a generator finishes the batch it is
 generating, publishes it and commits; uncommitted prompts are re-delivered to another generator of
-the group. `status()` feeds the gRPC Status call and Prometheus; `ready()` the /readyz probe.
+the group. `status()` feeds the gRPC Status call and Prometheus; `ready()` the /readyz probe; `steps`
+(StepTimes) takes the duration of every unit of work that did something, for the step-time histogram.
 
 Delivery is at least once everywhere (offsets are committed after the output is produced); every
 consumer downstream recognises a duplicate by its group id (prompt id @ epoch).
@@ -41,6 +42,7 @@ from scalerl.runtime.setup import (
 )
 from scalerl.store import Store, open_store
 from scalerl.telemetry.hops import hop
+from scalerl.telemetry.steps import StepTimes
 from scalerl.verifier.role import VerifierRole
 
 log = logging.getLogger(__name__)
@@ -168,6 +170,8 @@ class GeneratorService:
                                   generator_id=ctx.role_id, group=self.topics.group("generators"))
         # Announcements are read in the background: the check between decode steps costs no I/O.
         self.role.policy = BackgroundConsumer(self.role.policy, name="policy-reader")
+        self.steps = StepTimes()
+        self.prompts_consumed = 0
 
     def ready(self) -> bool:
         """Ready once it holds an announced policy (it never samples with untrained weights)."""
@@ -176,7 +180,9 @@ class GeneratorService:
     def status(self) -> dict[str, Any]:
         return {"role": "generator", "id": self.ctx.role_id, "policy_version": self.engine.version,
                 "ready": self.ready(), "tokens_generated": self.role.gen_tokens,
-                "groups_generated": self.role.groups_out, "swaps_in_flight": self.engine.swaps_in_flight,
+                "groups_generated": self.role.groups_out, "prompts_consumed": self.prompts_consumed,
+                "staleness_versions": max(0, self.role.newest_announced - self.engine.version),
+                "swaps_in_flight": self.engine.swaps_in_flight,
                 "dead_lettered": dict(self.role.dead.counts),
                 "lag": input_lag(self.bus, self.role.group, self.topics.prompts)}
 
@@ -188,7 +194,12 @@ class GeneratorService:
 
         def once() -> int:
             with self.engine_lock:
-                return self.role.run_once(timeout_s=POLL_S)
+                t0 = time.perf_counter()
+                n = self.role.run_once(timeout_s=POLL_S)
+            if n:
+                self.steps.observe(time.perf_counter() - t0)
+                self.prompts_consumed += n
+            return n
 
         while not stop.is_set():
             retry_io(once, stop, what="generation batch", on_error=self.role.rewind)
@@ -210,19 +221,31 @@ class VerifierService:
         self.verifier = make_verifier(ctx.spec, task)
         self.role = VerifierRole(self.verifier, self.bus, self.topics, job_limits(ctx.spec, task),
                                  group=self.topics.group("verifiers"))
+        self.steps = StepTimes()
+        self.rollouts_consumed = 0
+        # groups scored by gRPC Score calls (set by the gRPC server when it runs): counted with the bus's
+        self.rpc_scored: Callable[[], int] = lambda: 0
 
     def ready(self) -> bool:
         return True
 
     def status(self) -> dict[str, Any]:
-        return {"role": "verifier", "id": self.ctx.role_id, "ready": True, "groups_scored": self.role.scored,
-                "dead_lettered": dict(self.role.dead.counts),
+        rpc = self.rpc_scored()
+        return {"role": "verifier", "id": self.ctx.role_id, "ready": True, "groups_scored": self.role.scored + rpc,
+                "rollouts_consumed": self.rollouts_consumed + rpc, "dead_lettered": dict(self.role.dead.counts),
                 "lag": input_lag(self.bus, self.role.group, self.topics.rollouts)}
+
+    def _once(self) -> int:
+        t0 = time.perf_counter()
+        n = self.role.run_once(timeout_s=POLL_S)
+        if n:
+            self.steps.observe(time.perf_counter() - t0)
+            self.rollouts_consumed += n
+        return n
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            retry_io(lambda: self.role.run_once(timeout_s=POLL_S), stop, what="scoring batch",
-                     on_error=self.role.rewind)
+            retry_io(self._once, stop, what="scoring batch", on_error=self.role.rewind)
         self.role.consumer.close()
         self.bus.close()
 
@@ -266,6 +289,8 @@ class CurriculumService:
                                                          role=self.topics.group("curriculum")), name="policy-reader")
         self.dead = DeadLetters(self.bus, self.topics.dlq, self.topics.group("curriculum"))
         self.skipped: dict[str, int] = {}  # scored records not used, by reason code (dead-lettered by the learner)
+        self.records_in = 0  # scored records read, used or skipped
+        self.steps = StepTimes()
 
     def ready(self) -> bool:
         return True
@@ -274,8 +299,9 @@ class CurriculumService:
         return {"role": "curriculum", "id": self.ctx.role_id, "ready": True, "prompts_issued": self.issued,
                 "policy_version": self.learner_version, "epoch": self.curriculum.epoch,
                 "prompts_inflight": self.outstanding(), "prompts_retired": self.curriculum.retired_count,
-                "groups_scored": self.groups_scored, "exhausted": self.exhausted,
-                "dead_lettered": dict(self.dead.counts), "scored_skipped": dict(self.skipped)}
+                "groups_scored": self.groups_scored, "scored_consumed": self.records_in, "exhausted": self.exhausted,
+                "dead_lettered": dict(self.dead.counts), "scored_skipped": dict(self.skipped),
+                "lag": input_lag(self.bus, self.topics.group("curriculum"), self.topics.scored)}
 
     def outstanding(self) -> int:
         consumed = self.learner_consumed
@@ -294,7 +320,10 @@ class CurriculumService:
             else:
                 self.dead.send(rec, f"wrong_type: expected PolicyVersion, got {type(rec.value).__name__}")
         scored = []
-        for rec in self.scored.poll(timeout_s=timeout_s):
+        records = self.scored.poll(timeout_s=timeout_s)
+        t0 = time.perf_counter()  # the round's work, after the wait for records
+        self.records_in += len(records)
+        for rec in records:
             reason = reason_for(rec.value, ScoredGroup, self.limits)
             if reason is None:
                 scored.append(rec.value)
@@ -319,6 +348,7 @@ class CurriculumService:
             self.store.put_bytes(CURRICULUM_STATE, json.dumps(
                 {"curriculum": self.curriculum.state_dict(), "issued": self.issued}).encode())
             self.scored.commit()
+            self.steps.observe(time.perf_counter() - t0)
         return len(tasks)
 
     def run(self, stop: threading.Event) -> None:

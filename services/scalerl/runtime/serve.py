@@ -136,14 +136,15 @@ def start_servers(role: str, service: RoleService, ctx: ServiceContext, *, grpc_
                   http_port: int | None) -> _Servers:
     """The role's gRPC server and side port (see `scalerl.rpc` and `scalerl.telemetry`)."""
     servers = _Servers()
-    if http_port is not None:
-        from scalerl.runtime.telemetry_glue import start_sideport
+    if http_port is None and grpc_port is None:
+        return servers
+    from scalerl.runtime.telemetry_glue import service_metrics, start_grpc, start_sideport
 
-        port, stop_fn = start_sideport(role, service, http_port)
+    metrics = service_metrics(role, service)  # one per process: the gRPC server times Score calls into it
+    if http_port is not None:
+        port, stop_fn = start_sideport(role, service, http_port, metrics)
         servers.add("http", port, stop_fn)
     if grpc_port is not None:
-        from scalerl.runtime.telemetry_glue import start_grpc
-
-        port, stop_fn = start_grpc(role, service, ctx, grpc_port)
+        port, stop_fn = start_grpc(role, service, ctx, grpc_port, metrics)
         servers.add("grpc", port, stop_fn)
     return servers

@@ -1,5 +1,7 @@
 """Wires a role service (runtime/roles.py, runtime/learner_service.py) to its servers: the gRPC
-servicer of its folder and the side port with Prometheus metrics read from the role's `status()`."""
+servicer of its folder and the side port with Prometheus metrics read from the role's `status()` and
+its `steps` (the durations of its units of work), one StatusMetrics per process shared by both (the
+verifier's gRPC Score calls are timed into the same histogram)."""
 
 from __future__ import annotations
 
@@ -10,27 +12,33 @@ from typing import Any
 from scalerl.runtime.roles import ServiceContext
 from scalerl.telemetry.metrics import RoleMetrics
 from scalerl.telemetry.sideport import SidePort
+from scalerl.telemetry.steps import StepTimes
 
 # status() counter -> RoleMetrics counter attribute, per role
 _COUNTERS = {
     "generator": {"tokens_generated": "tokens", "groups_generated": "groups_out", "prompts_consumed": "groups_in"},
-    "verifier": {"groups_scored": "groups_out"},
-    "learner": {"tokens_trained": "tokens", "groups_consumed": "groups_in"},
-    "curriculum": {"prompts_issued": "groups_out", "groups_scored": "groups_in"},
+    "verifier": {"groups_scored": "groups_out", "rollouts_consumed": "groups_in"},
+    "learner": {"tokens_trained": "tokens", "groups_consumed": "groups_in", "versions_published": "groups_out"},
+    "curriculum": {"prompts_issued": "groups_out", "scored_consumed": "groups_in"},
 }
 
 
 class StatusMetrics(RoleMetrics):
-    """RoleMetrics brought up to date from the role's status() at every scrape."""
+    """RoleMetrics brought up to date at every scrape from the role's status() and the durations in
+    `steps` (each observed once into the step-time histogram)."""
 
-    def __init__(self, role: str, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, role: str, status: Callable[[], dict[str, Any]], steps: StepTimes | None = None) -> None:
         super().__init__(role)
         self._status = status
+        self._steps = steps
         self._seen: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def sync(self) -> None:
         with self._lock:
+            if self._steps is not None:
+                for seconds in self._steps.drain():
+                    self.step_seconds.observe(seconds)
             s = self._status()
             for key, attr in _COUNTERS[self.role].items():
                 value = float(s.get(key, 0))
@@ -51,17 +59,23 @@ class StatusMetrics(RoleMetrics):
             for topic, lag in s.get("lag", {}).items():
                 self.queue_lag.labels(topic=topic).set(float(lag))
             self.ready.set(1.0 if s.get("ready") else 0.0)
-            for key, gauge in self.progress.items():
-                if isinstance(s.get(key), int | float):
-                    gauge.set(float(s[key]))
+            if self.progress is not None:  # a value the status does not have (yet) has no sample
+                self.progress.update({k: float(v) for k, v in s.items()
+                                      if isinstance(v, int | float) and not isinstance(v, bool)})
 
     def render(self) -> bytes:
         self.sync()
         return super().render()
 
 
-def start_sideport(role: str, service: Any, port: int) -> tuple[int, Callable[[], None]]:
-    side = SidePort(service.ready, StatusMetrics(role, service.status), port=port)
+def service_metrics(role: str, service: Any) -> StatusMetrics:
+    """The metrics of a role service (its status() and, where it has them, its step durations)."""
+    return StatusMetrics(role, service.status, getattr(service, "steps", None))
+
+
+def start_sideport(role: str, service: Any, port: int,
+                   metrics: StatusMetrics | None = None) -> tuple[int, Callable[[], None]]:
+    side = SidePort(service.ready, metrics or service_metrics(role, service), port=port)
     bound = side.start()
     return bound, side.stop
 
@@ -70,7 +84,8 @@ def _status_fields(service: Any, allowed: tuple[str, ...]) -> Callable[[], dict[
     return lambda: {k: v for k, v in service.status().items() if k in allowed}
 
 
-def start_grpc(role: str, service: Any, ctx: ServiceContext, port: int) -> tuple[int, Callable[[], None]]:
+def start_grpc(role: str, service: Any, ctx: ServiceContext, port: int,
+               metrics: StatusMetrics | None = None) -> tuple[int, Callable[[], None]]:
     from scalerl.rpc.server import serve_grpc
 
     servicer: Any
@@ -84,8 +99,9 @@ def start_grpc(role: str, service: Any, ctx: ServiceContext, port: int) -> tuple
     elif role == "verifier":
         from scalerl.verifier.server import VerifierServicer
 
-        servicer = VerifierServicer(service.verifier, verifier_id=ctx.role_id, ready=service.ready,
+        servicer = VerifierServicer(service.verifier, verifier_id=ctx.role_id, ready=service.ready, metrics=metrics,
                                     status_fn=_status_fields(service, ("groups_scored",)))
+        service.rpc_scored = lambda: servicer.groups_scored  # Status and metrics: bus + Score calls
     elif role == "learner":
         from scalerl.learner.server import LearnerServicer
 

@@ -17,11 +17,19 @@ attribute -> metric (type): meaning
 - step_seconds -> scalerl_<role>_step_seconds (histogram): one unit of work: a generation batch, a
   scoring batch, an optimizer step.
 - ready -> scalerl_<role>_ready (gauge): 1 while /readyz answers 200, else 0.
+- progress (learner only) -> scalerl_learner_<LEARNER_PROGRESS name> (gauges): the last evaluation, the
+  online fit, compute and the bound k. A value the learner does not have yet (no evaluation, no fit the
+  data can support) has no sample at all: the family is exposed (HELP/TYPE) without one, so a dashboard
+  shows no line rather than a 0 that reads like a measurement.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 ROLES = ("generator", "verifier", "learner", "curriculum")
 # From a 5 ms scoring batch to a 10 min optimizer step of a large model.
@@ -42,6 +50,33 @@ LEARNER_PROGRESS = (
     ("fit_R0", "fit_r0", "Pass rate at zero compute used by the fit, R0."),
     ("staleness_bound", "staleness_bound_versions", "The recipe's off-policy bound k (versions)."),
 )
+
+
+class ProgressGauges:
+    """The learner's progress gauges (LEARNER_PROGRESS): a sample only for the values set by `update`."""
+
+    def __init__(self, prefix: str, registry: CollectorRegistry) -> None:
+        self._families = [(key, f"{prefix}_{name}", doc) for key, name, doc in LEARNER_PROGRESS]
+        self._values: dict[str, float] = {}
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def update(self, values: Mapping[str, float]) -> None:
+        """Replace the values: a key missing from `values` has no sample from now on."""
+        with self._lock:
+            self._values = {key: float(values[key]) for key, _, _ in self._families if key in values}
+
+    def values(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._values)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        values = self.values()
+        for key, name, doc in self._families:
+            family = GaugeMetricFamily(name, doc)
+            if key in values:
+                family.add_metric([], values[key])
+            yield family
 
 
 class RoleMetrics:
@@ -73,10 +108,8 @@ class RoleMetrics:
                                      "(scalerl.bus.validate.REASON_CODES).", ["reason"], registry=r)
         self.ready = Gauge(f"{p}_ready", "1 while the role is ready (/readyz answers 200), else 0.",
                            registry=r)
-        self.progress: dict[str, Gauge] = {}
-        if role == "learner":  # the run's progress and its online sigmoid fit (dashboards, operator status)
-            for key, name, doc in LEARNER_PROGRESS:
-                self.progress[key] = Gauge(f"{p}_{name}", doc, registry=r)
+        # the learner's progress and its online sigmoid fit (dashboards, operator status)
+        self.progress = ProgressGauges(p, r) if role == "learner" else None
 
     def render(self) -> bytes:
         """The registry in the Prometheus text exposition format."""

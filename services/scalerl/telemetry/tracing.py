@@ -3,7 +3,10 @@ gRPC metadata, so one prompt's spans (curriculum -> generator -> verifier -> lea
 
 - `setup_tracing(service_name, otlp_endpoint, exporter)` installs the provider: spans go to an OTLP
   collector (gRPC exporter) only when an endpoint is configured, to `exporter` when one is given (tests
-  pass an InMemorySpanExporter), else nowhere (spans are still created, so ids propagate).
+  pass an InMemorySpanExporter), else nowhere. Spans are created in every case, with the SDK's ids, and
+  before any `setup_tracing` too (a provider without exporters): every record carries a valid
+  `traceparent` whether or not traces are exported, so a backend added later (or a log line quoting the
+  header) can still join a prompt's hops.
 - `inject_headers` / `extract_context` / `span_from_headers`: the Kafka side (headers dict[str, str]).
 - `ClientTracingInterceptor` / `ServerTracingInterceptor`: the gRPC side; the client starts a CLIENT
   span per call and sends its context in the call metadata, the server continues it in a SERVER span
@@ -37,6 +40,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 TRACEPARENT = "traceparent"
 _PROPAGATOR = TraceContextTextMapPropagator()
 _provider: TracerProvider | None = None
+_unexported: TracerProvider | None = None  # ids without export, until setup_tracing installs a provider
 
 
 def setup_tracing(service_name: str, otlp_endpoint: str | None = None,
@@ -73,8 +77,14 @@ def shutdown_tracing() -> None:
 
 
 def tracer(name: str = "scalerl") -> trace.Tracer:
-    """A tracer of the current provider (no-op spans with valid ids if tracing was never set up)."""
+    """A tracer of the provider of `setup_tracing`; before one, of the global provider when another
+    library installed one, else of an SDK provider without exporters (real span ids, nothing exported)."""
+    global _unexported
     provider = _provider if _provider is not None else trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        if _unexported is None:
+            _unexported = TracerProvider(resource=Resource.create({"service.name": "scalerl"}))
+        provider = _unexported
     return provider.get_tracer(name)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from scalerl.runtime.telemetry_glue import StatusMetrics
+from scalerl.telemetry.steps import StepTimes
 
 
 def _values(metrics: StatusMetrics) -> dict[str, float]:
@@ -27,3 +28,53 @@ def test_learner_status_becomes_metrics():
     assert v["scalerl_learner_eval_pass_rate"] == 0.41 and v["scalerl_learner_fit_a_high"] == 0.9
     assert v["scalerl_learner_fit_c_mid_device_hours"] == 0.01
     assert v["scalerl_learner_staleness_bound_versions"] == 8
+
+
+def test_fit_and_eval_gauges_have_no_sample_until_the_learner_has_them():
+    status: dict = {"ready": True, "staleness_bound": 2.0, "compute_device_hours": 0.0}
+    m = StatusMetrics("learner", lambda: status)
+    text = m.render().decode()
+    v = _values(m)
+    assert "scalerl_learner_eval_pass_rate" not in v and "scalerl_learner_fit_a" not in v  # not a 0
+    assert "# TYPE scalerl_learner_fit_a gauge" in text  # the family is declared, without a sample
+    assert v["scalerl_learner_staleness_bound_versions"] == 2
+    status.update(eval_pass_rate=0.25, fit_A=0.6)
+    v = _values(m)
+    assert v["scalerl_learner_eval_pass_rate"] == 0.25 and v["scalerl_learner_fit_a"] == 0.6
+    del status["fit_A"]  # the newest data cannot support a fit: no value, rather than the old one
+    assert "scalerl_learner_fit_a" not in _values(m)
+
+
+def test_step_durations_go_into_the_histogram_once():
+    steps = StepTimes()
+    m = StatusMetrics("generator", lambda: {"ready": True}, steps)
+    for s in (0.02, 0.3, 4.0):
+        steps.observe(s)
+    v = _values(m)
+    assert v["scalerl_generator_step_seconds_count"] == 3
+    assert abs(v["scalerl_generator_step_seconds_sum"] - 4.32) < 1e-9
+    steps.observe(1.0)
+    v = _values(m)  # drained at each scrape: the three earlier ones are not observed again
+    assert v["scalerl_generator_step_seconds_count"] == 4
+    assert abs(v["scalerl_generator_step_seconds_sum"] - 5.32) < 1e-9
+
+
+def test_every_role_feeds_groups_in_and_out():
+    statuses = {
+        "generator": {"prompts_consumed": 5, "groups_generated": 4, "staleness_versions": 1},
+        "verifier": {"rollouts_consumed": 6, "groups_scored": 6},
+        "learner": {"groups_consumed": 8, "versions_published": 3},
+        "curriculum": {"scored_consumed": 7, "prompts_issued": 9, "lag": {"job.scored": 2}},
+    }
+    for role, status in statuses.items():
+        v = _values(StatusMetrics(role, lambda s=status: s))
+        ins = next(val for key, val in status.items() if key in ("prompts_consumed", "rollouts_consumed",
+                                                                 "groups_consumed", "scored_consumed"))
+        outs = next(val for key, val in status.items() if key in ("groups_generated", "groups_scored",
+                                                                  "versions_published", "prompts_issued"))
+        assert v[f"scalerl_{role}_groups_in_total"] == ins, role
+        assert v[f"scalerl_{role}_groups_out_total"] == outs, role
+    v = _values(StatusMetrics("generator", lambda: statuses["generator"]))
+    assert v["scalerl_generator_policy_staleness_versions"] == 1
+    lag = StatusMetrics("curriculum", lambda: statuses["curriculum"]).render().decode()
+    assert 'scalerl_curriculum_queue_lag_messages{topic="job.scored"} 2.0' in lag

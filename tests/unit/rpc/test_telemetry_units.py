@@ -3,6 +3,12 @@ W3C trace-context headers (hand-written traceparent in, the same ids out)."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -82,3 +88,29 @@ def test_headers_carry_the_trace_context() -> None:
 def test_setup_tracing_rejects_an_empty_name() -> None:
     with pytest.raises(ValueError, match="service_name is empty"):
         setup_tracing("", None)
+
+
+def test_records_carry_a_traceparent_without_any_tracing_setup() -> None:
+    """No setup_tracing, no exporter (a role without OTEL_EXPORTER_OTLP_ENDPOINT): every hop still writes a
+    W3C traceparent with the SDK's random ids, and the next hop continues that trace. In a fresh process:
+    this one has a provider from the tests above."""
+    code = (
+        "import json\n"
+        "from scalerl.telemetry.hops import hop\n"
+        "with hop('curriculum.issue', {'policy_version': '3'}, root=True) as a:\n"
+        "    pass\n"
+        "with hop('generator.generate', a) as b:\n"
+        "    pass\n"
+        "print(json.dumps([a, b]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         check=True).stdout
+    first, second = json.loads(out.strip().splitlines()[-1])
+    assert first["policy_version"] == "3"
+    pattern = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-0[13]")  # sampled (+ random trace id, W3C level 2)
+    a, b = pattern.fullmatch(first["traceparent"]), pattern.fullmatch(second["traceparent"])
+    assert a and b, (first, second)
+    assert int(a[1], 16) != 0 and int(a[2], 16) != 0
+    assert b[1] == a[1] and b[2] != a[2]  # same trace, the generator's own span as the parent of the next hop

@@ -1,0 +1,272 @@
+# shellcheck shell=bash
+# Observability servers for the tests: Prometheus (scrapes the roles' side ports) and Jaeger v2 (receives
+# the roles' OTLP traces, in-memory storage, query API). Sourced by lib.sh, never run.
+#
+# Layout
+#   cache:  prometheus-<deb version>/usr/bin/prometheus   the Debian package, unpacked (`dpkg -x`, no install)
+#           bin/prometheus-<module version>                or built with `go install` where apt has no package
+#           bin/jaeger-<version>                            built through src/jaeger-<version>/ (a wrapper module)
+#   state:  build/infra/prometheus/{prometheus.yml,file_sd/,data/,prometheus.log,pid,port}
+#           build/infra/jaeger/{config.yaml,jaeger.log,pid,port,otlp-grpc-port,otlp-http-port,health-port}
+#
+# Prometheus scrapes whatever the tests put in build/infra/prometheus/file_sd/*.json (file-based service
+# discovery, re-read every 2 s): each test writes its own targets file and removes it afterwards.
+#
+# Jaeger v2 is `cmd/jaeger` of github.com/jaegertracing/jaeger, whose go.mod replaces
+# github.com/Shopify/sarama, so it cannot be `go install`ed: a wrapper module requires it and repeats
+# that one replace line (as for kube-apiserver in k8s.sh).
+
+PROMETHEUS_DEB_VERSION="${SCALERL_PROMETHEUS_DEB_VERSION:-2.42.0+ds-5+deb12u1}"
+PROMETHEUS_MODULE_VERSION="${SCALERL_PROMETHEUS_MODULE_VERSION:-v0.316.0}"
+JAEGER_VERSION="${SCALERL_JAEGER_VERSION:-v1.76.0}"
+JAEGER_REPLACE="github.com/Shopify/sarama => github.com/Shopify/sarama v1.33.0"
+PROMETHEUS_READY_TIMEOUT="${SCALERL_PROMETHEUS_READY_TIMEOUT:-60}"
+JAEGER_READY_TIMEOUT="${SCALERL_JAEGER_READY_TIMEOUT:-60}"
+
+_prometheus_deb_dir() { echo "$CACHE/prometheus-${PROMETHEUS_DEB_VERSION//[+~:]/_}"; }
+jaeger_bin() { echo "$CACHE/bin/jaeger-$JAEGER_VERSION"; }
+
+# The Prometheus binary in the cache: the unpacked Debian package, else the go-installed one; empty when
+# neither is there yet.
+prometheus_bin() {
+    local deb go
+    deb="$(_prometheus_deb_dir)/usr/bin/prometheus"
+    go="$CACHE/bin/prometheus-$PROMETHEUS_MODULE_VERSION"
+    if [[ -x "$deb" ]]; then echo "$deb"; elif [[ -x "$go" ]]; then echo "$go"; fi
+}
+
+_build_prometheus() {
+    local dir tmp t0 deb
+    [[ -n "$(prometheus_bin)" ]] && return 0
+    t0="$(now)"
+    dir="$(_prometheus_deb_dir)"
+    tmp="$dir.tmp.$$"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    if command -v apt-get >/dev/null && command -v dpkg >/dev/null \
+        && (cd "$tmp" && apt-get download "prometheus=$PROMETHEUS_DEB_VERSION" >download.log 2>&1); then
+        deb="$(ls "$tmp"/prometheus_*.deb)"
+        dpkg -x "$deb" "$tmp" || die "prometheus: dpkg -x $deb failed"
+        rm -f "$deb"
+        if "$tmp/usr/bin/prometheus" --version >/dev/null 2>&1; then
+            rm -rf "$dir"
+            mv "$tmp" "$dir"
+            log "prometheus: Debian package $PROMETHEUS_DEB_VERSION unpacked in $(elapsed "$t0") into $dir"
+            return 0
+        fi
+        log "prometheus: the unpacked Debian binary does not run here; building it instead"
+    else
+        log "prometheus: no Debian package $PROMETHEUS_DEB_VERSION (apt-get download failed); building it"
+    fi
+    rm -rf "$tmp"
+    command -v go >/dev/null || die "go is required to build Prometheus"
+    mkdir -p "$CACHE/bin"
+    go_install_to "$CACHE/bin/prometheus-$PROMETHEUS_MODULE_VERSION" \
+        "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_MODULE_VERSION" "-s -w"
+    log "prometheus: built in $(elapsed "$t0")"
+}
+
+_build_jaeger() {
+    local bin dir t0
+    bin="$(jaeger_bin)"
+    [[ -x "$bin" ]] && return 0
+    command -v go >/dev/null || die "go is required to build Jaeger"
+    t0="$(now)"
+    dir="$CACHE/src/jaeger-$JAEGER_VERSION"
+    log "jaeger: building github.com/jaegertracing/jaeger/cmd/jaeger@$JAEGER_VERSION in $dir (cold: minutes)"
+    rm -rf "$dir"
+    mkdir -p "$dir" "$CACHE/bin"
+    cat >"$dir/tools.go" <<'EOF'
+//go:build tools
+
+// Package tools pins the Jaeger v2 command into this wrapper module.
+package tools
+
+import _ "github.com/jaegertracing/jaeger/cmd/jaeger"
+EOF
+    (cd "$dir" && GOTOOLCHAIN=local go mod init scalerl.local/jaeger-build >build.log 2>&1 \
+        && printf 'require github.com/jaegertracing/jaeger %s\nreplace %s\n' "$JAEGER_VERSION" "$JAEGER_REPLACE" \
+            >>go.mod \
+        && GOTOOLCHAIN=local GOFLAGS=-mod=mod nice -n 10 go mod tidy >>build.log 2>&1) \
+        || { tail -n 40 "$dir/build.log" >&2; die "go mod tidy of the Jaeger wrapper failed"; }
+    _go_build_in "$dir" "$bin" github.com/jaegertracing/jaeger/cmd/jaeger "-s -w"
+    log "jaeger: built in $(elapsed "$t0") ($(du -sh "$bin" | cut -f1))"
+}
+
+build_prometheus() {
+    if [[ -n "$(prometheus_bin)" ]]; then
+        log "prometheus: using cached binary $(prometheus_bin)"
+    else
+        with_build_lock _build_prometheus
+    fi
+}
+
+build_jaeger() {
+    if [[ -x "$(jaeger_bin)" ]]; then
+        log "jaeger: using cached binary $(jaeger_bin)"
+    else
+        with_build_lock _build_jaeger
+    fi
+}
+
+# ---- Prometheus ------------------------------------------------------------------------------------
+
+prometheus_pattern() { echo "$STATE/prometheus/prometheus.yml"; }
+
+write_prometheus_config() {
+    local d="$STATE/prometheus"
+    mkdir -p "$d/data" "$d/file_sd"
+    cat >"$d/prometheus.yml" <<EOF
+# generated by scripts/infra/up.sh: the tests' targets come from file_sd/*.json (one file per test);
+# a scrape every 2 s (a role's /metrics asks Kafka for its lag: allow it 2 s on a loaded machine)
+global:
+  scrape_interval: 2s
+  scrape_timeout: 2s
+  evaluation_interval: 2s
+scrape_configs:
+  - job_name: scalerl
+    file_sd_configs:
+      - files: ["$d/file_sd/*.json"]
+        refresh_interval: 2s
+EOF
+}
+
+start_prometheus() {
+    local d="$STATE/prometheus" port="$1"
+    write_prometheus_config
+    echo "$port" >"$d/port"
+    spawn "$d/pid" "$d/prometheus.log" "$(prometheus_bin)" --config.file="$d/prometheus.yml" \
+        --storage.tsdb.path="$d/data" --storage.tsdb.retention.time=2h \
+        --web.listen-address="127.0.0.1:$port" --log.level=warn
+}
+
+prometheus_ready() {
+    python3 "$INFRA_DIR/probe.py" http "http://127.0.0.1:$(cat "$STATE/prometheus/port")/-/ready"
+}
+
+wait_prometheus() { wait_ready prometheus "$1" "$PROMETHEUS_READY_TIMEOUT" 0.3; }
+
+# ---- Jaeger v2 ------------------------------------------------------------------------------------
+
+jaeger_pattern() { echo "$STATE/jaeger/config.yaml"; }
+
+write_jaeger_config() {
+    local d="$STATE/jaeger"
+    mkdir -p "$d"
+    local port grpc http health
+    port="$(reuse_or_pick_port "$d/port")"
+    grpc="$(reuse_or_pick_port "$d/otlp-grpc-port")"
+    http="$(reuse_or_pick_port "$d/otlp-http-port")"
+    health="$(reuse_or_pick_port "$d/health-port")"
+    # (each picked on its own: two of them can come back equal when none was stored)
+    while [[ "$grpc" == "$port" ]]; do grpc="$(free_port)"; done
+    while [[ "$http" == "$port" || "$http" == "$grpc" ]]; do http="$(free_port)"; done
+    while [[ "$health" == "$port" || "$health" == "$grpc" || "$health" == "$http" ]]; do health="$(free_port)"; done
+    echo "$port" >"$d/port"
+    echo "$grpc" >"$d/otlp-grpc-port"
+    echo "$http" >"$d/otlp-http-port"
+    echo "$health" >"$d/health-port"
+    cat >"$d/config.yaml" <<EOF
+# generated by scripts/infra/up.sh: Jaeger v2, OTLP in, in-memory storage, query API (loopback only)
+service:
+  extensions: [jaeger_storage, jaeger_query, healthcheckv2]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [jaeger_storage_exporter]
+  telemetry:
+    metrics:
+      level: none
+extensions:
+  healthcheckv2:
+    use_v2: true
+    http:
+      endpoint: 127.0.0.1:$health
+  jaeger_query:
+    storage:
+      traces: memstore
+    http:
+      endpoint: 127.0.0.1:$port
+    grpc:
+      endpoint: 127.0.0.1:$(free_port)
+  jaeger_storage:
+    backends:
+      memstore:
+        memory:
+          max_traces: 100000
+receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: 127.0.0.1:$grpc
+      http:
+        endpoint: 127.0.0.1:$http
+processors:
+  batch:
+    timeout: 200ms
+exporters:
+  jaeger_storage_exporter:
+    trace_storage: memstore
+EOF
+}
+
+start_jaeger() {
+    local d="$STATE/jaeger"
+    write_jaeger_config
+    spawn "$d/pid" "$d/jaeger.log" "$(jaeger_bin)" --config "$d/config.yaml"
+}
+
+jaeger_ready() {
+    python3 "$INFRA_DIR/probe.py" http "http://127.0.0.1:$(cat "$STATE/jaeger/port")/api/services"
+}
+
+wait_jaeger() { wait_ready jaeger "$1" "$JAEGER_READY_TIMEOUT" 0.3; }
+
+# up_observability NAME: start prometheus or jaeger unless it already runs healthy; sets <name>_t0 to
+# wait on (empty when it was running).
+up_observability() {
+    local name="$1" pid port
+    pid="$(read_pid "$STATE/$name/pid")"
+    if pid_alive "$pid" "$("${name}_pattern")" && "${name}_ready" 2>/dev/null; then
+        log "$name: already running and healthy on 127.0.0.1:$(cat "$STATE/$name/port") (pid $pid)"
+        printf -v "${name}_t0" '%s' ""
+        return 0
+    fi
+    stop_pid "$pid" "$("${name}_pattern")" "$name"
+    mkdir -p "$STATE/$name"
+    printf -v "${name}_t0" '%s' "$(now)"
+    if [[ "$name" == prometheus ]]; then
+        port="$(reuse_or_pick_port "$STATE/prometheus/port")"
+        log "prometheus: starting on 127.0.0.1:$port, log $STATE/prometheus/prometheus.log"
+        start_prometheus "$port"
+    else
+        start_jaeger
+        log "jaeger: starting (query 127.0.0.1:$(cat "$STATE/jaeger/port"), OTLP gRPC" \
+            "127.0.0.1:$(cat "$STATE/jaeger/otlp-grpc-port")), log $STATE/jaeger/jaeger.log"
+    fi
+}
+
+observability_env_lines() {
+    local d="$STATE/prometheus"
+    if [[ -s "$d/port" ]] && pid_alive "$(read_pid "$d/pid")" "$(prometheus_pattern)"; then
+        cat <<EOF
+PROMETHEUS_URL=http://127.0.0.1:$(cat "$d/port")
+PROMETHEUS_FILE_SD=$d/file_sd
+PROMETHEUS_BIN=$(prometheus_bin)
+PROMETHEUS_PID=$(read_pid "$d/pid")
+PROMETHEUS_LOG=$d/prometheus.log
+EOF
+    fi
+    d="$STATE/jaeger"
+    if [[ -s "$d/port" ]] && pid_alive "$(read_pid "$d/pid")" "$(jaeger_pattern)"; then
+        cat <<EOF
+JAEGER_QUERY_URL=http://127.0.0.1:$(cat "$d/port")
+JAEGER_OTLP_GRPC=http://127.0.0.1:$(cat "$d/otlp-grpc-port")
+JAEGER_OTLP_HTTP=http://127.0.0.1:$(cat "$d/otlp-http-port")
+JAEGER_VERSION=$JAEGER_VERSION
+JAEGER_PID=$(read_pid "$d/pid")
+JAEGER_LOG=$d/jaeger.log
+EOF
+    fi
+}
