@@ -59,6 +59,7 @@ if want kafka; then
     pid="$(read_pid "$STATE/kafka/pid")"
     if pid_alive "$pid" "$(kafka_pattern)" && kafka_ready 2>/dev/null && kafka_has_sasl; then
         log "kafka: already running and healthy on 127.0.0.1:$(cat "$STATE/kafka/port") (pid $pid)"
+        kafka_scram_users # (a broker restarted on an old data dir by an interrupted run may lack them)
     else
         stop_pid "$pid" "$(kafka_pattern)" kafka # unhealthy, or started without SASL_SSL: restart it
         port="$(reuse_or_pick_port "$STATE/kafka/port")"
