@@ -383,11 +383,13 @@ def test_helm_test_hooks_pass_against_a_running_operator(paths: Paths, k8s_env: 
         while time.monotonic() < deadline and operator.poll() is None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=2) as reply:
-                    answer = f"HTTP {reply.status}"
-                    break
+                    answer = f"HTTP {reply.status} {reply.read().decode()}"  # 200 standby, then 200 leader
+                    if answer == "HTTP 200 leader":
+                        break
             except OSError:
-                time.sleep(0.5)
-        assert answer == "HTTP 200", (tmp_path / "operator.log").read_text()[-3000:]
+                pass
+            time.sleep(0.5)
+        assert answer == "HTTP 200 leader", (tmp_path / "operator.log").read_text()[-3000:]
         status, lease = paths.call("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/"
                                           f"{release}-scalerl-operator-leader")
         assert status == 200 and lease["spec"]["holderIdentity"] == env["POD_NAME"], lease
