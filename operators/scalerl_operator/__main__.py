@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long a Lease holds without renewal, s (renewal deadline 2/3 of it)")
     p.add_argument("--identity", default=None, help="Lease holder identity (default: $POD_NAME, else host-pid)")
     p.add_argument("--interval-seconds", type=float, default=15.0, help="status + autoscaler period per RLJob, s")
+    p.add_argument("--workers", type=int, default=4,
+                   help="threads of the periodic passes, shared by every RLJob (not one per RLJob)")
+    p.add_argument("--backoff-max-seconds", type=float, default=60.0,
+                   help="cap of the retry delay (exponential, jittered) of an RLJob whose pass fails, s")
     p.add_argument("--kafka-timeout-seconds", type=float, default=10.0, help="per Kafka request, s")
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (0: none)")
     p.add_argument("--log-level", default=os.environ.get("SCALERL_LOG_LEVEL", "info"),
@@ -51,6 +55,10 @@ def _problem(args: argparse.Namespace) -> str | None:
         return f"--lease-duration-seconds: must be >= 3, got {args.lease_duration_seconds}"
     if args.interval_seconds <= 0:
         return f"--interval-seconds: must be > 0, got {args.interval_seconds}"
+    if not 1 <= args.workers <= 256:
+        return f"--workers: must be 1..256, got {args.workers}"
+    if args.backoff_max_seconds <= 0:
+        return f"--backoff-max-seconds: must be > 0, got {args.backoff_max_seconds}"
     if args.kafka_timeout_seconds <= 0:
         return f"--kafka-timeout-seconds: must be > 0, got {args.kafka_timeout_seconds}"
     if args.liveness:
@@ -85,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
         start_http_server(args.metrics_port)
     config = operator.OperatorConfig(interval_s=args.interval_seconds, kafka_timeout_s=args.kafka_timeout_seconds,
-                                     kubeconfig=os.environ.get("KUBECONFIG") or None)
+                                     kubeconfig=os.environ.get("KUBECONFIG") or None, workers=args.workers,
+                                     backoff_max_s=args.backoff_max_seconds)
     # kopf waits for its stop flag in a thread; the operator's cleanup activity resolves it when kopf
     # stops for another reason (SIGTERM), or that thread would block the exit
     stop_kopf: concurrent.futures.Future[None] = concurrent.futures.Future()
