@@ -74,6 +74,7 @@ REASON_STALENESS_HOLD: Final = "StalenessHold"             # generators held: st
 REASON_PAUSED: Final = "AutoscalingPaused"                 # scalerl.dev/autoscaling-paused annotation
 REASON_WITHIN_BOUNDS: Final = "DesiredWithinRange"
 REASON_AUTOSCALING_DISABLED: Final = "AutoscalingDisabled"
+REASON_UNSCHEDULABLE: Final = "Unschedulable"              # Pending pods do not fit: no scale-up (message: what)
 
 Status = Literal["True", "False", "Unknown"]
 

@@ -45,6 +45,7 @@ from scalerl_operator.spec import RLJobSpec, parse_spec
 
 log = logging.getLogger(__name__)
 
+SPEC_REPLICAS = "specReplicas"  # status.scaling.<role>: spec replicas last applied (autoscaling off)
 WORKLOADS = {"generator": "Deployment", "verifier": "Deployment", "curriculum": "Deployment",
              "learner": "StatefulSet"}
 
@@ -216,7 +217,9 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
         scaling = prev.get("scaling") or {}
         replicas = desired_replicas(spec, live={r: b[1] if b else None for r, b in before.items()},
                                     remembered={r: (scaling.get(r) or {}).get("lastReplicas")
-                                                for r in ("generator", "verifier")})
+                                                for r in ("generator", "verifier")},
+                                    applied={r: (scaling.get(r) or {}).get(SPEC_REPLICAS)
+                                             for r in ("generator", "verifier")})
     children = render(name, ns, spec, replicas)
     kopf.adopt(children, owner=obj)  # type: ignore[arg-type]
     out = Outcome(phase=prev.get("phase", c.PHASE_PENDING))
@@ -241,9 +244,17 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
     roles = {r: _workload_replicas(o) or (0, replicas[r]) for r, o in live.items()}
     patch = status_patch(obj, spec, roles=roles, learner=learner, now=now,
                          restarts=learner_restarts(kube, ns, name), devices=device_pool(spec, replicas))
+    patch["scaling"] = spec_replicas_status(spec, terminal=is_terminal(prev))
     write_status(kube, obj, patch)
     out.phase = patch["phase"]
     return out
+
+
+def spec_replicas_status(spec: RLJobSpec, *, terminal: bool) -> dict[str, Any]:
+    """status.scaling.<role>.specReplicas of the pools the operator does not autoscale: the spec
+    replicas applied now (None while suspended or terminal, so a resume applies spec.replicas again)."""
+    off = [r for r in ("generator", "verifier") if not getattr(spec.roles, r).autoscaling.enabled]
+    return {r: {SPEC_REPLICAS: None if spec.suspend or terminal else getattr(spec.roles, r).replicas} for r in off}
 
 
 def write_status(kube: Kube, obj: dict[str, Any], patch: dict[str, Any]) -> None:

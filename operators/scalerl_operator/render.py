@@ -96,11 +96,14 @@ def _clamp(n: int, lo: int, hi: int) -> int:
 
 
 def desired_replicas(spec: RLJobSpec, *, live: dict[str, int | None],
-                     remembered: dict[str, int | None]) -> dict[str, int]:
-    """Replicas to apply per role. Suspended: all 0. A pool without autoscaling: spec replicas. An
-    autoscaled pool: what it runs now (`live`, the autoscaler's choice), clamped to [min, max];
-    when it does not exist yet or comes back from suspension (0 with minReplicas > 0): the last
-    autoscaler size (`remembered`, status.scaling.<role>.lastReplicas), else spec replicas, clamped."""
+                     remembered: dict[str, int | None], applied: dict[str, int | None] | None = None) -> dict[str, int]:
+    """Replicas to apply per role. Suspended: all 0. A pool without autoscaling: spec replicas when
+    the workload is new, or (`applied`: the spec replicas last set, status.scaling.<role>.specReplicas,
+    None after a suspension) when spec.replicas changed since; else what runs now (`live`), so a
+    `kubectl scale` or an external HPA/KEDA is not fought; with `autoscaling.external` a spec change
+    is not applied either. An autoscaled pool: what it runs now, clamped to [min, max]; when it does
+    not exist yet or comes back from suspension (0 with minReplicas > 0): the last autoscaler size
+    (`remembered`, status.scaling.<role>.lastReplicas), else spec replicas, clamped."""
     if spec.suspend:
         return dict.fromkeys(ROLES, 0)
     out = {"curriculum": 1, "learner": spec.roles.learner.nodes}
@@ -108,7 +111,8 @@ def desired_replicas(spec: RLJobSpec, *, live: dict[str, int | None],
         r = getattr(spec.roles, role)
         a = r.autoscaling
         if not a.enabled:
-            out[role] = r.replicas
+            now, last = live.get(role), (applied or {}).get(role)
+            out[role] = r.replicas if now is None or last is None or (not a.external and last != r.replicas) else now
             continue
         now = live.get(role)
         if now is None or (now == 0 and a.min_replicas > 0):

@@ -157,11 +157,16 @@ class _Autoscaling(K8sModel):
                                    description="Replicas after failureThreshold failed metric reads in a row.")
     failure_threshold: int = Field(3, ge=1, le=100, description="Failed metric reads before the fallback.")
     behavior: ScalingBehavior = Field(default_factory=ScalingBehavior)
+    external: bool = Field(False, description="An external scaler (HPA, KEDA) owns the pool's replicas: the "
+                           "operator sets `replicas` only when it creates the workload or resumes it from "
+                           "suspension, never on a spec change. Needs enabled: false.")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> _Autoscaling:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})")
+        if self.external and self.enabled:
+            raise ValueError("external: an external scaler and the operator's own (enabled) cannot both own replicas")
         return self
 
 

@@ -365,7 +365,7 @@ def test_two_operator_processes_one_lease(kube: Kube, namespace: str, bootstrap:
         wait_for("op-a's kopf ready", lambda: _health(ports["op-a"]) == (200, "leader"), timeout_s=30)
         b = start("op-b")
         create(kube, namespace, rljob(name, bootstrap))
-        wait_for("op-a reconciled", lambda: len(children(kube, namespace, name)) == 8, timeout_s=30)
+        wait_for("op-a reconciled", lambda: len(children(kube, namespace, name)) == 8, timeout_s=90)
         # the standby is healthy for as long as the leader runs (a startup probe would pass)
         wait_for("op-b serves /healthz", lambda: _health(ports["op-b"]) is not None, timeout_s=30)
         for _ in range(6):
