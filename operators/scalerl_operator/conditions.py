@@ -25,9 +25,10 @@ DEGRADED: Final = "Degraded"                # running below the desired capacity
 LEARNER_STARVED: Final = "LearnerStarved"   # the learner waits for batches more than targetStarvation
 POLICY_LAG_EXCEEDED: Final = "PolicyLagExceeded"  # measured staleness reached the bound k
 SCALING_LIMITED: Final = "ScalingLimited"   # the autoscaler wanted more (or fewer) than it may set
+LEARNER_STALLED: Final = "LearnerStalled"   # no new learner step within failurePolicy.progressDeadlineSeconds
 
 CONDITION_TYPES: Final = (READY, PROGRESSING, SUSPENDED, COMPLETE, FAILED, DEGRADED, LEARNER_STARVED,
-                          POLICY_LAG_EXCEEDED, SCALING_LIMITED)
+                          POLICY_LAG_EXCEEDED, SCALING_LIMITED, LEARNER_STALLED)
 
 # ---- phases -----------------------------------------------------------------------------------------
 PHASE_PENDING: Final = "Pending"
@@ -74,6 +75,8 @@ REASON_STALENESS_HOLD: Final = "StalenessHold"             # generators held: st
 REASON_PAUSED: Final = "AutoscalingPaused"                 # scalerl.dev/autoscaling-paused annotation
 REASON_WITHIN_BOUNDS: Final = "DesiredWithinRange"
 REASON_AUTOSCALING_DISABLED: Final = "AutoscalingDisabled"
+REASON_STEP_NOT_ADVANCING: Final = "StepNotAdvancing"      # LearnerStalled: the group was restarted
+REASON_STEP_ADVANCING: Final = "StepAdvancing"
 REASON_UNSCHEDULABLE: Final = "Unschedulable"              # Pending pods do not fit: no scale-up (message: what)
 
 Status = Literal["True", "False", "Unknown"]

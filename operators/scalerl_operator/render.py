@@ -13,7 +13,9 @@ For an RLJob named J (labels `app.kubernetes.io/{name,instance,component,managed
 - StatefulSet `J-learner` + headless Service `J-learner`: `nodes` pods under torchrun, node rank =
   the pod ordinal (label `apps.kubernetes.io/pod-index`), master `J-learner-0.J-learner`; the
   headless Service publishes not-ready addresses, so rank 0's name resolves before it is ready;
-- Services `J-generator`, `J-verifier` (grpc 50051, metrics).
+- Services `J-generator`, `J-verifier` (grpc 50051, metrics);
+- PodDisruptionBudget `J-learner` (minAvailable = nodes; the StatefulSet updates OnDelete: the
+  operator restarts and updates the torchrun group as one, scalerl_operator.gang).
 A pod template carries `scalerl.dev/spec-hash` (sha256 of job.yaml): a change of spec.job rolls the
 pods, which read job.yaml only at start. Owner references are added by the reconciler (kopf.adopt).
 
@@ -239,6 +241,7 @@ def _learner(job: str, ns: str, spec: RLJobSpec, replicas: int, spec_hash: str) 
     name = child_name(job, "learner")
     return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _meta(job, ns, name, "learner"),
             "spec": {"replicas": replicas, "serviceName": name, "podManagementPolicy": "Parallel",
+                     "updateStrategy": {"type": "OnDelete"},  # the operator recreates the group (gang.py)
                      "selector": {"matchLabels": selector(job, "learner")},
                      "template": _pod_template(job, "learner", spec, lr, spec_hash, c)}}
 
@@ -265,7 +268,17 @@ def render(name: str, namespace: str, spec: RLJobSpec, replicas: dict[str, int])
               for role in ("curriculum", "generator", "verifier")),
             _service(name, namespace, "learner", spec, headless=True),
             _learner(name, namespace, spec, replicas["learner"], spec_hash),
-            _service(name, namespace, "generator", spec), _service(name, namespace, "verifier", spec)]
+            _service(name, namespace, "generator", spec), _service(name, namespace, "verifier", spec),
+            learner_pdb(name, namespace, spec)]
+
+
+def learner_pdb(job: str, ns: str, spec: RLJobSpec) -> dict[str, Any]:
+    """PodDisruptionBudget `J-learner`: no voluntary eviction of any rank (one would cost the whole torchrun
+    group); not-ready ranks may still be evicted (unhealthyPodEvictionPolicy AlwaysAllow)."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": _meta(job, ns, child_name(job, "learner"), "learner"),
+            "spec": {"minAvailable": spec.roles.learner.nodes, "selector": {"matchLabels": selector(job, "learner")},
+                     "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
 
 
 def parse_job_yaml(text: str) -> dict[str, Any]:

@@ -270,6 +270,9 @@ class TelemetrySpec(K8sModel):
 class FailurePolicy(K8sModel):
     max_restarts: int = Field(3, ge=0, le=1000, description="Learner restarts (from the last checkpoint) "
                               "before the job is Failed; generator/verifier pods are always replaced.")
+    progress_deadline_seconds: int | None = Field(
+        None, ge=1, le=86_400, description="Restart the learner group when its step has not advanced for this "
+        "long while it runs (counts as a restart); null = no watchdog.")
 
 
 class RLJobSpec(K8sModel):

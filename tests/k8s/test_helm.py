@@ -438,7 +438,9 @@ def test_namespaced_rbac_grants_exactly_what_the_operator_needs(k8s_call: Call, 
                ("update", "apps", "deployments", "scale"), ("patch", "apps", "statefulsets", "scale"),
                ("delete", "apps", "statefulsets", ""),
                ("create", "", "services", ""), ("patch", "", "configmaps", ""), ("get", "", "secrets", ""),
-               ("list", "", "pods", ""), ("create", "", "events", ""), ("create", "coordination.k8s.io", "leases", "")]
+               ("list", "", "pods", ""), ("watch", "", "pods", ""), ("delete", "", "pods", ""),
+               ("create", "policy", "poddisruptionbudgets", ""), ("create", "", "events", ""),
+               ("create", "coordination.k8s.io", "leases", "")]
     denied = [("list", "", "secrets", ""), ("update", "", "secrets", ""), ("create", "", "pods", ""),
               ("delete", "scalerl.dev", "rljobs", ""), ("create", "rbac.authorization.k8s.io", "roles", ""),
               ("create", "apps", "daemonsets", ""), ("delete", "coordination.k8s.io", "leases", "")]

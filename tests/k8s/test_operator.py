@@ -266,29 +266,6 @@ def test_killed_mid_reconcile_then_restarted_reaches_the_same_state(
     print(f"\n[operator] {at_kill} of 8 children existed when the first operator was killed")
 
 
-def test_learner_restarts_beyond_the_failure_policy_fail_the_job(
-        kube: Kube, namespace: str, bootstrap: str, k8s_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    name = unique_job()
-    with operator(namespace, k8s_env["KUBECONFIG"], monkeypatch):
-        create(kube, namespace, rljob(name, bootstrap, failurePolicy={"maxRestarts": 2}))
-        wait_for("children", lambda: len(children(kube, namespace, name)) == 8)
-        # the learner pod the StatefulSet would run, crash-looping (no kubelet: we write its status)
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-learner-0", "labels": {
-            "app.kubernetes.io/instance": name, "app.kubernetes.io/component": "learner"}},
-            "spec": {"containers": [{"name": "learner", "image": "scalerl:0.1.0"}]}}
-        kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=pod)
-        kube.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}-learner-0/status",
-                     body={"status": {"containerStatuses": [{"name": "learner", "ready": False, "restartCount": 3,
-                                                             "image": "scalerl:0.1.0", "imageID": ""}]}},
-                     content_type="application/merge-patch+json")
-        j = wait_for("phase Failed", lambda: (j := get_job(kube, namespace, name)) and
-                     j["status"].get("phase") == c.PHASE_FAILED and j)
-        assert condition(j, c.FAILED) == ("True", c.REASON_MAX_RESTARTS_EXCEEDED) and j["status"]["restarts"] == 3
-        # terminal: every role scaled to zero, the objects kept for inspection
-        wait_for("every role at 0", lambda: set(replicas(kube, namespace, name).values()) == {0})
-        assert c.REASON_MAX_RESTARTS_EXCEEDED in event_reasons(kube, namespace, name)
-
-
 def test_autoscaler_state_survives_in_the_status(kube: Kube, namespace: str) -> None:
     """What a restarted operator reads back is what the last pass wrote (cool-downs included)."""
     name = unique_job()

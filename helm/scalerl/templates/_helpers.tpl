@@ -133,9 +133,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [get, list, watch, create, update, patch, delete]
 # Learner pods: their container restarts count against spec.failurePolicy.maxRestarts; every role's
 # pods are watched (a change refreshes the RLJob's status within a second).
+# delete: the learner's torchrun group restarts and updates as one (every rank's pod is deleted).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [get, list, watch, delete]
+# The learner group's PodDisruptionBudget.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, update, patch, delete]
 # The S3 key pair named in spec.store.credentialsSecret (the roles get it as env from the Secret; the
 # operator only ever reads one by name, e.g. for store retention at deletion).
 - apiGroups: [""]
