@@ -110,7 +110,8 @@ class Unschedulable:
 
 
 def unschedulable(pods: list[dict[str, Any]]) -> Unschedulable:
-    """Count the Pending pods whose PodScheduled condition is False/Unschedulable; `why` names the
+    """Count the Pending pods whose PodScheduled condition is False/Unschedulable (or SchedulingGated:
+    a queue such as Kueue has not admitted them); `why` names the
     missing resources from the scheduler's message ("0/4 nodes are available: 4 Insufficient
     nvidia.com/gpu." → "Insufficient nvidia.com/gpu"), else the message's first 200 characters."""
     n, missing, other = 0, set(), ""
@@ -119,9 +120,13 @@ def unschedulable(pods: list[dict[str, Any]]) -> Unschedulable:
         if st.get("phase") not in (None, "Pending") or (p.get("metadata") or {}).get("deletionTimestamp"):
             continue
         cond = next((x for x in st.get("conditions") or [] if x.get("type") == "PodScheduled"), None)
-        if cond is None or cond.get("status") != "False" or cond.get("reason") != "Unschedulable":
+        if cond is None or cond.get("status") != "False" or cond.get("reason") not in ("Unschedulable",
+                                                                                        "SchedulingGated"):
             continue
         n += 1
+        if cond.get("reason") == "SchedulingGated":  # Kueue holds it until quota admits it: not capacity either
+            other = other or "SchedulingGated (waiting for admission)"
+            continue
         msg = str(cond.get("message") or "")
         found = [r.rstrip(".") for r in re.findall(r"Insufficient ([A-Za-z0-9./_-]+)", msg)]
         missing.update(found)

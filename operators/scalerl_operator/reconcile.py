@@ -179,7 +179,8 @@ def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple
     if learner.done:
         phase, why = c.PHASE_SUCCEEDED, (c.REASON_STEPS_COMPLETED, f"the learner finished at step {learner.step}")
     elif spec.suspend:
-        phase, why = c.PHASE_SUSPENDED, (c.REASON_SUSPENDED, "spec.suspend: every role at 0, checkpoints kept")
+        phase, why = c.PHASE_SUSPENDED, (c.REASON_SUSPENDED, "spec.suspend: every role at 0, checkpoints kept" + (
+            f" (queue {spec.queue_name}: Kueue unsuspends on admission)" if spec.queue_name else ""))
         start = None  # as for a Job, the deadline counts from the last resume
     elif out["restarts"] > spec.failure_policy.max_restarts:
         phase, why = c.PHASE_FAILED, (c.REASON_MAX_RESTARTS_EXCEEDED, f"the learner restarted {out['restarts']} "

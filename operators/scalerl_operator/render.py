@@ -263,13 +263,13 @@ def render(name: str, namespace: str, spec: RLJobSpec, replicas: dict[str, int])
     spec_hash = hashlib.sha256(text.encode()).hexdigest()[:16]
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, namespace, child_name(name, "spec"), "spec"),
           "data": {"job.yaml": text, POOL_FILE: pool_json(device_pool(spec, replicas))}}
-    return [cm,
+    return queue_labels([cm,
             *(_deployment(name, namespace, role, spec, replicas[role], spec_hash)
               for role in ("curriculum", "generator", "verifier")),
             _service(name, namespace, "learner", spec, headless=True),
             _learner(name, namespace, spec, replicas["learner"], spec_hash),
             _service(name, namespace, "generator", spec), _service(name, namespace, "verifier", spec),
-            learner_pdb(name, namespace, spec)]
+            learner_pdb(name, namespace, spec)], spec.queue_name)
 
 
 def learner_pdb(job: str, ns: str, spec: RLJobSpec) -> dict[str, Any]:
@@ -279,6 +279,19 @@ def learner_pdb(job: str, ns: str, spec: RLJobSpec) -> dict[str, Any]:
             "metadata": _meta(job, ns, child_name(job, "learner"), "learner"),
             "spec": {"minAvailable": spec.roles.learner.nodes, "selector": {"matchLabels": selector(job, "learner")},
                      "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
+
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def queue_labels(children: list[dict[str, Any]], queue: str) -> list[dict[str, Any]]:
+    """spec.queueName → the Kueue queue label on every workload and its pod template (in place)."""
+    if queue:
+        for ch in children:
+            if ch["kind"] in ("Deployment", "StatefulSet"):
+                ch["metadata"]["labels"][QUEUE_LABEL] = queue
+                ch["spec"]["template"]["metadata"]["labels"][QUEUE_LABEL] = queue
+    return children
 
 
 def parse_job_yaml(text: str) -> dict[str, Any]:

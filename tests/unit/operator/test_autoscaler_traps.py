@@ -77,10 +77,11 @@ def test_unschedulable_counts_and_names_the_missing_resource() -> None:
         pod("Pending", {"status": "False", "reason": "Unschedulable",
                         "message": "0/4 nodes are available: 2 Insufficient cpu, 2 Insufficient nvidia.com/gpu."}),
         pod("Pending", None),  # not yet seen by the scheduler: not counted
-        pod("Pending", {"status": "False", "reason": "SchedulingGated", "message": "gated"}),  # Kueue gate
         pod("Pending", {"status": "False", "reason": "Unschedulable", "message": GPU_MSG}, deleting=True),
     ]
     assert unschedulable(pods) == Unschedulable(2, "Insufficient cpu, Insufficient nvidia.com/gpu")
+    gated = pod("Pending", {"status": "False", "reason": "SchedulingGated", "message": "blocked by gates"})
+    assert unschedulable([gated]) == Unschedulable(1, "SchedulingGated (waiting for admission)")  # Kueue quota
     taint = pod("Pending", {"status": "False", "reason": "Unschedulable",
                             "message": "0/2 nodes are available: 2 node(s) had untolerated taint {gpu: x}."})
     assert unschedulable([taint]) == Unschedulable(1, "0/2 nodes are available: 2 node(s) had untolerated taint "
