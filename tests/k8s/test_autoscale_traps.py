@@ -84,8 +84,9 @@ def test_generators_scale_from_zero_on_a_prompt_backlog(kube: Kube, namespace: s
         assert replicas(kube, namespace, name)["generator"] == 0
         publish(bus, f"{namespace}.{name}.prompts", 7, "p")
         wait_for("a generator from zero", lambda: replicas(kube, namespace, name)["generator"] == 1, timeout_s=30)
-        j = get_job(kube, namespace, name)
-        assert j is not None and j["status"]["scaling"]["generator"]["reason"] == "ScaleFromZero"
+        # the pass writes /scale first, then its status: wait for the latter
+        wait_for("reason ScaleFromZero", lambda: ((get_job(kube, namespace, name) or {}).get("status") or {}).get(
+            "scaling", {}).get("generator", {}).get("reason") == "ScaleFromZero", timeout_s=30)
 
 
 def test_verifiers_at_zero_come_back_and_unschedulable_pods_stop_a_scale_up(
@@ -101,8 +102,8 @@ def test_verifiers_at_zero_come_back_and_unschedulable_pods_stop_a_scale_up(
         wait_for("verifiers at 0", lambda: replicas(kube, namespace, name).get("verifier") == 0, timeout_s=60)
         publish(bus, topic, 5, "a")  # a pool at 0 never commits: without the floor it stayed at 0 forever
         wait_for("a verifier back", lambda: replicas(kube, namespace, name)["verifier"] == 1, timeout_s=30)
-        j = get_job(kube, namespace, name)
-        assert j is not None and j["status"]["scaling"]["verifier"]["reason"] == "WorkWaiting"
+        wait_for("reason WorkWaiting", lambda: ((get_job(kube, namespace, name) or {}).get("status") or {}).get(
+            "scaling", {}).get("verifier", {}).get("reason") == "WorkWaiting", timeout_s=30)
 
         # its pod cannot be placed; a verifier elsewhere committed one record, 100 more arrive: lag 104 wants
         # ceil(104/10) = 11 -> 3 partitions, but the pool holds at 1
