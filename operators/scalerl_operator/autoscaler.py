@@ -24,6 +24,18 @@ Two metric proposals feed the HPA v2 normaliser of `scalerl_operator.hpa` (`deci
   starvation-driven shrink is still allowed), at or beyond k it shrinks by one replica per decision
   (then the scale-down stabilisation window paces it like any other shrink).
 
+Three traps the plain HPA formulas fall into, handled here:
+- **scale from zero**: ratio × 0 replicas is 0, so a generator pool at 0 would never grow; at 0 it
+  scales to one replica when prompts wait for the generators (`scale_from_zero`, the prompts topic's
+  lag), as KEDA activates a pool;
+- **never zero with work waiting**: a verifier pool at 0 commits nothing, so with `minReplicas: 0`
+  and `noOffsetPolicy: minReplicas` (or lag below `activationLag`) it would stay at 0 forever; any
+  lag keeps at least one verifier;
+- **Pending pods are not capacity**: pods the scheduler cannot place (`PodScheduled=False`,
+  `Unschedulable`) do not count as replicas serving; the generator ratio is taken over the placed
+  ones and no scale-up happens while some do not fit (`cap_unschedulable`, ScalingLimited
+  `Unschedulable` naming the missing resource, e.g. "Insufficient nvidia.com/gpu").
+
 Example decision (verifier, target 50 records/replica, 8 partitions, current 2, lag 260 records):
 ratio 260 / (50 × 2) = 2.6 → ceil(260 / 50) = 6 → the default scale-up policy allows max(2 + 4,
 2 × 2) = 6 within 15 s → 6 replicas.
@@ -33,7 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from scalerl_operator import conditions as c
 from scalerl_operator.hpa import (
@@ -61,6 +73,7 @@ from scalerl_operator.hpa import (
     scale_up_limit,
     stabilize,
 )
+from scalerl_operator.scheduling import missing_resources, scheduling_block
 
 __all__ = [
     "BELOW_ACTIVATION", "DEFAULT_SCALE_DOWN", "DEFAULT_SCALE_UP", "DESIRED_WITHIN_RANGE", "FAILED_GET_METRIC",
@@ -83,6 +96,55 @@ STARVATION = "LearnerStarvation"
 STALENESS_AT_BOUND = c.REASON_STALENESS_AT_BOUND
 STALENESS_HEADROOM = c.REASON_STALENESS_HOLD
 PARTITION_LIMIT = c.REASON_PARTITION_CAP
+SCALE_FROM_ZERO = "ScaleFromZero"
+WORK_WAITING = "WorkWaiting"
+UNSCHEDULABLE = c.REASON_UNSCHEDULABLE
+
+
+@dataclass(frozen=True, slots=True)
+class Unschedulable:
+    """Pods of a pool the scheduler could not place, and why (e.g. "Insufficient nvidia.com/gpu")."""
+
+    pods: int = 0
+    why: str = ""
+
+
+def unschedulable(pods: list[dict[str, Any]]) -> Unschedulable:
+    """Count the Pending pods whose PodScheduled condition is False/Unschedulable (or SchedulingGated:
+    a queue such as Kueue has not admitted them; `scheduling.scheduling_block`); `why` names the
+    missing resources from the scheduler's message ("0/4 nodes are available: 4 Insufficient
+    nvidia.com/gpu." → "Insufficient nvidia.com/gpu"), else the message's first 200 characters."""
+    n, missing, other = 0, set(), ""
+    for p in pods:
+        block = scheduling_block(p)
+        if block is None:
+            continue
+        n += 1
+        reason, msg = block
+        if reason == "SchedulingGated":  # Kueue holds it until quota admits it: not capacity either
+            other = other or "SchedulingGated (waiting for admission)"
+            continue
+        found = missing_resources(msg)
+        missing.update(found)
+        if not found and not other:
+            other = msg[:200] or "Unschedulable"
+    why = ", ".join(f"Insufficient {r}" for r in sorted(missing)) or other
+    return Unschedulable(n, why)
+
+
+def cap_unschedulable(p: Proposal, *, current: int, role: str, u: Unschedulable) -> Proposal:
+    """No scale-up while pods of the pool do not fit (they would only queue behind the others)."""
+    if u.pods == 0 or p.replicas <= current:
+        return p
+    return Proposal(current, p.reason, f"{role}: {u.pods} of {current} pod(s) unschedulable ({u.why}): "
+                    f"held at {current} instead of {p.replicas}", limit_reason=UNSCHEDULABLE)
+
+
+def scale_from_zero(backlog: int) -> Proposal:
+    """A pool at zero replicas: one replica when `backlog` records wait for it, else stay at zero."""
+    if backlog > 0:
+        return Proposal(1, SCALE_FROM_ZERO, f"{backlog} record(s) waiting and no replica: scale from zero")
+    return Proposal(0, BELOW_ACTIVATION, "no replica and nothing waiting")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,10 +198,19 @@ class LearnerReading:
 
 
 def verifier_proposal(reading: LagReading, *, current: int, target: LagTarget, cfg: ScalerConfig) -> Proposal:
-    """Replicas for the verifier pool from the lag of its input topic (see the module docstring).
+    """Replicas for the verifier pool from the lag of its input topic (see the module docstring);
+    never 0 while records wait (a pool at zero would never commit, so never see its lag fall).
 
     Example (target 50/replica, 4 partitions): lag 260 with 2 replicas → ceil(260/50) = 6 → capped
     at 4 partitions (limit_reason PartitionCap)."""
+    p = _verifier_metric(reading, current=current, target=target, cfg=cfg)
+    if p.replicas == 0 and reading.total_lag > 0:
+        return Proposal(1, WORK_WAITING, f"{p.message}; but {reading.total_lag} record(s) wait: at least one "
+                        "verifier")
+    return p
+
+
+def _verifier_metric(reading: LagReading, *, current: int, target: LagTarget, cfg: ScalerConfig) -> Proposal:
     lag, tgt = reading.total_lag, target.target_lag_per_replica
     if not reading.committed:
         if target.no_offset_policy == "minReplicas":

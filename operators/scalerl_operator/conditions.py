@@ -25,9 +25,10 @@ DEGRADED: Final = "Degraded"                # running below the desired capacity
 LEARNER_STARVED: Final = "LearnerStarved"   # the learner waits for batches more than targetStarvation
 POLICY_LAG_EXCEEDED: Final = "PolicyLagExceeded"  # measured staleness reached the bound k
 SCALING_LIMITED: Final = "ScalingLimited"   # the autoscaler wanted more (or fewer) than it may set
+LEARNER_STALLED: Final = "LearnerStalled"   # no new learner step within failurePolicy.progressDeadlineSeconds
 
 CONDITION_TYPES: Final = (READY, PROGRESSING, SUSPENDED, COMPLETE, FAILED, DEGRADED, LEARNER_STARVED,
-                          POLICY_LAG_EXCEEDED, SCALING_LIMITED)
+                          POLICY_LAG_EXCEEDED, SCALING_LIMITED, LEARNER_STALLED)
 
 # ---- phases -----------------------------------------------------------------------------------------
 PHASE_PENDING: Final = "Pending"
@@ -42,7 +43,7 @@ PHASES: Final = (PHASE_PENDING, PHASE_RUNNING, PHASE_SUSPENDED, PHASE_SUCCEEDED,
 REASON_ALL_ROLES_READY: Final = "AllRolesReady"
 REASON_ROLES_NOT_READY: Final = "RolesNotReady"
 REASON_WAITING_FOR_POLICY: Final = "WaitingForPolicy"      # generator pods up, current policy not loaded
-REASON_UNSCHEDULABLE: Final = "Unschedulable"              # pods the scheduler cannot place (which resource)
+REASON_UNSCHEDULABLE: Final = "Unschedulable"              # pods no node fits (Ready, Degraded, ScalingLimited)
 REASON_RECONCILING: Final = "Reconciling"
 REASON_RECONCILED: Final = "Reconciled"
 REASON_SCALING_UP: Final = "ScalingUp"
@@ -75,6 +76,8 @@ REASON_STALENESS_HOLD: Final = "StalenessHold"             # generators held: st
 REASON_PAUSED: Final = "AutoscalingPaused"                 # scalerl.dev/autoscaling-paused annotation
 REASON_WITHIN_BOUNDS: Final = "DesiredWithinRange"
 REASON_AUTOSCALING_DISABLED: Final = "AutoscalingDisabled"
+REASON_STEP_NOT_ADVANCING: Final = "StepNotAdvancing"      # LearnerStalled: the group was restarted
+REASON_STEP_ADVANCING: Final = "StepAdvancing"
 
 Status = Literal["True", "False", "Unknown"]
 

@@ -35,6 +35,7 @@ _COLLECTIONS = {
     ("v1", "Secret"): "/api/v1/namespaces/{ns}/secrets",  # read only, by name (store.credentialsSecret)
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
     ("apps/v1", "StatefulSet"): "/apis/apps/v1/namespaces/{ns}/statefulsets",
+    ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
     ("coordination.k8s.io/v1", "Lease"): "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
     (f"{GROUP}/{VERSION}", "RLJob"): f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL}",
 }

@@ -2,13 +2,18 @@
 
 - create / update / resume → `sync` (scalerl_operator.reconcile): render, apply, status. Level-based
   and idempotent, so an operator killed mid-way converges on its next start (resume).
-- a daemon per RLJob every `interval_s`: the same `sync` (drift repair: a deleted child comes back)
-  preceded by one autoscaler pass (scalerl_operator.scaler) and the RL status from the metrics topic.
+- periodic passes on a bounded worker pool (scalerl_operator.workqueue, `workers` threads for any
+  number of RLJobs, never one thread per RLJob): every `interval_s` the same `sync` (drift repair: a
+  deleted child comes back) preceded by one autoscaler pass (scalerl_operator.scaler) and the RL
+  status from the metrics topic; failed passes back off exponentially with jitter. The children
+  (Deployments, StatefulSets, Pods labelled `app.kubernetes.io/managed-by: scalerl-operator`) are
+  watched: a change queues a status pass of its RLJob within `CHILD_DELAY_S` (the autoscaler still
+  runs only once per `interval_s`).
 - delete (finalizer `scalerl.dev/finalizer`, only for what Kubernetes cannot clean): the workloads
   are scaled to zero (the learner checkpoints on SIGTERM), then the job's consumer groups and topics
   are deleted once no member is left; children themselves go by garbage collection (owner refs).
-Handlers of one RLJob never overlap: a lock per RLJob serialises the daemon and the event handlers
-(kopf runs sync handlers in threads).
+Handlers of one RLJob never overlap: a lock per RLJob serialises the pool's passes and the event
+handlers (kopf runs sync handlers in its own threads, which the pool leaves free).
 
 kopf keeps its bookkeeping in `scalerl.dev/*` annotations (progress, last-handled configuration),
 never in `status` (the CRD's structural schema would prune it); its own handler Events are off: the
@@ -37,17 +42,21 @@ from scalerl.config import SpecError
 from scalerl_operator import conditions as c
 from scalerl_operator.kafka_access import kafka_security
 from scalerl_operator.kube import Kube, KubeError, load_client
-from scalerl_operator.reconcile import WORKLOADS, is_terminal, reconcile, write_status
+from scalerl_operator.reconcile import WORKLOADS, is_terminal, reconcile, unrealisable, write_status
 from scalerl_operator.render import bus_prefix, child_name
 from scalerl_operator.rlstatus import LearnerStatus, MetricsTail, fold
 from scalerl_operator.scaler import autoscale, lag_status, scaling_status
 from scalerl_operator.spec import GROUP, PLURAL, VERSION, RLJobSpec, StoreSpec, parse_spec
+from scalerl_operator.workqueue import WorkQueue
 
 log = logging.getLogger("scalerl_operator")
 
 FINALIZER = "scalerl.dev/finalizer"
 CLEANUP_RETRIES = 60  # x CLEANUP_DELAY_S: how long deletion waits for the role pods to leave Kafka
 CLEANUP_DELAY_S = 5.0
+CHILD_DELAY_S = 1.0  # a child's change → a status pass of its RLJob within this (changes coalesce)
+MANAGED = {"app.kubernetes.io/managed-by": "scalerl-operator"}
+JOB_LABEL = "scalerl.dev/job"
 
 # served on --metrics-port by `python -m scalerl_operator`
 SCALE_EVENTS = Counter("scalerl_operator_scale_events_total", "Pool size changes written by the autoscaler",
@@ -65,14 +74,19 @@ class OperatorConfig:
     interval_s: float = 15.0  # status + autoscaler period per RLJob, seconds (HPA's sync period)
     kafka_timeout_s: float = 10.0  # per Kafka request, seconds
     kubeconfig: str | None = None  # None: in-cluster service account, else KUBECONFIG
+    workers: int = 4  # threads of the periodic passes, shared by every RLJob
+    backoff_max_s: float = 60.0  # cap of the retry delay of a failing RLJob, seconds
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
-        """SCALERL_OPERATOR_INTERVAL_S, SCALERL_OPERATOR_KAFKA_TIMEOUT_S, KUBECONFIG."""
+        """SCALERL_OPERATOR_INTERVAL_S, SCALERL_OPERATOR_KAFKA_TIMEOUT_S, SCALERL_OPERATOR_WORKERS,
+        SCALERL_OPERATOR_BACKOFF_MAX_S, KUBECONFIG."""
         env = os.environ
         return cls(interval_s=float(env.get("SCALERL_OPERATOR_INTERVAL_S", cls.interval_s)),
                    kafka_timeout_s=float(env.get("SCALERL_OPERATOR_KAFKA_TIMEOUT_S", cls.kafka_timeout_s)),
-                   kubeconfig=env.get("KUBECONFIG") or None)
+                   kubeconfig=env.get("KUBECONFIG") or None,
+                   workers=int(env.get("SCALERL_OPERATOR_WORKERS", cls.workers)),
+                   backoff_max_s=float(env.get("SCALERL_OPERATOR_BACKOFF_MAX_S", cls.backoff_max_s)))
 
 
 @dataclass
@@ -86,6 +100,8 @@ class Runtime:
     learners: dict[str, LearnerStatus] = field(default_factory=dict)
     topics_ready: set[tuple[str, str, int]] = field(default_factory=set)
     stopping: threading.Event = field(default_factory=threading.Event)
+    queue: WorkQueue | None = None
+    next_scale: dict[tuple[str, str], float] = field(default_factory=dict)  # (ns, name) -> monotonic s
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
@@ -147,6 +163,8 @@ class Runtime:
         client belongs to whoever made the Kube)."""
         self.stopping.set()
         deadline = time.monotonic() + wait_s
+        if self.queue is not None:
+            self.queue.stop(wait_s)
         with self._guard:
             locks = list(self._locks.values())
         for lock in locks:
@@ -158,6 +176,32 @@ class Runtime:
             bus.close()
 
     # ---- the work -----------------------------------------------------------------------------------
+
+    def start_queue(self) -> WorkQueue:
+        """The shared pool of periodic passes (`config.workers` threads)."""
+        self.queue = WorkQueue(self.periodic, workers=self.config.workers, interval_s=self.config.interval_s,
+                               backoff_base_s=min(1.0, self.config.interval_s),
+                               backoff_max_s=self.config.backoff_max_s)
+        self.queue.start()
+        return self.queue
+
+    def periodic(self, key: Any) -> bool:
+        """One pass of the pool for `key` = (namespace, name): the autoscaler when its period came
+        round, then status and drift repair. False: the RLJob is gone (the queue forgets it)."""
+        ns, name = key
+        now = time.monotonic()
+        scale = now >= self.next_scale.get(key, 0.0)
+        try:
+            phase = self.sync(ns, name, scale=scale)
+        except Exception:
+            RECONCILE_ERRORS.labels(ns, name).inc()
+            raise
+        if phase is None:
+            self.next_scale.pop(key, None)
+            return False
+        if scale:
+            self.next_scale[key] = now + self.config.interval_s
+        return True
 
     def sync(self, namespace: str, name: str, *, scale: bool) -> str | None:
         """Autoscale (when `scale`), then reconcile; returns the phase (None: the RLJob is gone)."""
@@ -173,8 +217,11 @@ class Runtime:
             obj = self.kube.get(f"{GROUP}/{VERSION}", "RLJob", namespace, name)  # fresh, under the lock
             if obj is None or obj["metadata"].get("deletionTimestamp"):
                 return None
+            spec: RLJobSpec | None
             try:
                 spec = parse_spec(obj.get("spec") or {})
+                if unrealisable(spec) is not None:
+                    spec = None  # reconcile reports it; no Kafka reads for a job that cannot run
             except SpecError:
                 spec = None
             # the Kafka credentials of spec.bus.security (read from its Secret on every pass: rotation)
@@ -311,6 +358,7 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         # and CRDs for about a minute before it falls back to the namespaces it was given
         settings.scanning.disabled = True
         log.info("no RBAC to list namespaces and CRDs: serving the given namespaces only")
+    memo.runtime.start_queue()
 
 
 @kopf.on.cleanup()
@@ -337,21 +385,33 @@ def on_change(meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
         raise kopf.TemporaryError(f"reconcile failed, retrying: {exc}", delay=5) from exc
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
-def loop(stopped: kopf.DaemonStopped, meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
-    """Status and autoscaler every `interval_s` while the RLJob exists."""
-    rt = _runtime(memo)
-    while not stopped and not rt.stopping.is_set():
-        try:
-            rt.sync(str(meta["namespace"]), str(meta["name"]), scale=True)
-        except Exception as exc:  # one failed pass never stops the loop
-            RECONCILE_ERRORS.labels(meta["namespace"], meta["name"]).inc()
-            log.warning("%s/%s: periodic pass failed: %s", meta["namespace"], meta["name"], exc)
-        # wake up for either stop: kopf's (deletion, shutdown) or the runtime's (a daemon kopf spawns
-        # for a late event during shutdown only sees the latter)
-        deadline = time.monotonic() + rt.config.interval_s
-        while not stopped and not rt.stopping.is_set() and time.monotonic() < deadline:
-            stopped.wait(min(0.25, max(0.0, deadline - time.monotonic())))
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def track(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """Every RLJob the watch lists or adds joins the pool's schedule (once; its own status writes do
+    not re-queue it); a deleted one leaves it."""
+    rt, obj = _runtime(memo), event["object"]
+    key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+    if rt.queue is None:
+        return
+    if event["type"] == "DELETED":
+        rt.queue.forget(key)
+        rt.next_scale.pop(key, None)
+    elif key not in rt.next_scale and not obj["metadata"].get("deletionTimestamp"):
+        rt.next_scale.setdefault(key, 0.0)
+        rt.queue.add(key)
+
+
+async def child_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """A child of an RLJob changed (pod ready, restarted, Pending; a workload's status): refresh that
+    RLJob's status within CHILD_DELAY_S."""
+    rt, meta = _runtime(memo), event["object"]["metadata"]
+    job = (meta.get("labels") or {}).get(JOB_LABEL)
+    if job and rt.queue is not None and (meta["namespace"], job) in rt.next_scale:
+        rt.queue.add((meta["namespace"], job), CHILD_DELAY_S)
+
+
+for _group, _version, _plural in (("apps", "v1", "deployments"), ("apps", "v1", "statefulsets"), ("", "v1", "pods")):
+    kopf.on.event(_group, _version, _plural, labels=MANAGED)(child_changed)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
@@ -371,3 +431,5 @@ def on_delete(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
             obj["metadata"].get("generation"), datetime.now(UTC))})
     finally:
         rt.forget(obj["metadata"]["uid"])
+        if rt.queue is not None:
+            rt.queue.forget((obj["metadata"]["namespace"], obj["metadata"]["name"]))

@@ -29,10 +29,12 @@ import kopf
 from scalerl.config import SpecError
 from scalerl.scaling.devices import DevicePool
 from scalerl_operator import conditions as c
+from scalerl_operator import gang
 from scalerl_operator.devices import accelerator_problem, device_pool, devices_status
-from scalerl_operator.kube import Kube, KubeError
+from scalerl_operator.kube import Kube, KubeError, path
 from scalerl_operator.render import (
     ROLES,
+    SPEC_HASH_ANNOTATION,
     bus_prefix,
     child_name,
     desired_replicas,
@@ -51,6 +53,7 @@ from scalerl_operator.spec import RLJobSpec, parse_spec
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 4000  # characters of a condition message (the scheduler's messages can be long)
+SPEC_REPLICAS = "specReplicas"  # status.scaling.<role>: spec replicas last applied (autoscaling off)
 WORKLOADS = {"generator": "Deployment", "verifier": "Deployment", "curriculum": "Deployment",
              "learner": "StatefulSet"}
 
@@ -101,11 +104,45 @@ def job_pods(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
         "app.kubernetes.io/component") in WORKLOADS]
 
 
-def learner_restarts(pods: list[dict[str, Any]]) -> int:
-    """Container restarts of the learner pods now (each one resumed from the last checkpoint)."""
-    return sum(int(cs.get("restartCount") or 0) for p in pods
-               if ((p.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/component") == "learner"
-               for cs in (p.get("status") or {}).get("containerStatuses") or [])
+def learner_pods(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
+    return kube.list_objects("v1", "Pod", namespace, ",".join(f"{k}={v}" for k, v in selector(name, "learner").items()))
+
+
+def _delete_group(kube: Kube, namespace: str, pods: list[dict[str, Any]]) -> None:
+    """Delete every live learner pod (the StatefulSet recreates all ranks together)."""
+    for p in gang.live(pods):
+        try:
+            kube.request("DELETE", path("v1", "Pod", namespace, p["metadata"]["name"]))
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
+
+def gang_pass(kube: Kube, obj: dict[str, Any], spec: RLJobSpec, *, learner: LearnerStatus, group_up: bool,
+              sts: dict[str, Any] | None, spec_hash: str, now: datetime) -> tuple[int, gang.Progress, str | None]:
+    """Restart or recreate the learner group when it must (scalerl_operator.gang); returns (group
+    restarts so far, watchdog memory, why it stalled or None)."""
+    m, prev = obj["metadata"], obj.get("status") or {}
+    restarts = int(prev.get("restarts") or 0)
+    deadline = spec.failure_policy.progress_deadline_seconds
+    progress, stalled = gang.watchdog(gang.progress_of(prev), learner.step if learner.records else None,
+                                      group_up=group_up, now_s=now.timestamp(), deadline_s=deadline)
+    if is_terminal(prev) or spec.suspend:
+        return restarts, progress, None
+    pods = learner_pods(kube, m["namespace"], m["name"])
+    stall = (f"learner step {progress.step if progress.step is not None else '(none yet)'} has not advanced for "
+             f"{deadline}s (failurePolicy.progressDeadlineSeconds)") if stalled and gang.live(pods) else None
+    if (why := gang.failure(pods) or stall) is not None:
+        _delete_group(kube, m["namespace"], pods)
+        restarts += 1
+        kube.event(obj, "Warning", "LearnerStalled" if stall and why == stall else "GroupRestart",
+                   f"restarting the whole learner group ({restarts} so far): {why}", "Restart")
+        return restarts, gang.Progress(progress.step, None), stall
+    if old := gang.outdated(pods, sts, spec_hash, SPEC_HASH_ANNOTATION):
+        _delete_group(kube, m["namespace"], pods)
+        kube.event(obj, "Normal", "GroupRecreated", f"learner template changed ({', '.join(old)} outdated): "
+                   "recreating every rank together", "Update")
+    return restarts, progress, None
 
 
 def is_terminal(status: dict[str, Any]) -> bool:
@@ -134,8 +171,8 @@ def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple
                  devices: DevicePool | None = None,
                  pending: dict[str, Unschedulable] | None = None) -> dict[str, Any]:
     """The status of a realisable RLJob (pure): phase, conditions, ready/desired per role, RL fields.
-    `restarts`: learner container restarts observed now; the status keeps the highest count seen
-    (a replaced pod starts again from 0), and more than failurePolicy.maxRestarts fails the job.
+    `restarts`: learner group restarts so far (gang_pass: one per restart of the whole torchrun group);
+    more than failurePolicy.maxRestarts fails the job.
     `devices`: the pool rendered into pool.json this pass (status.devices).
     `pending`: per role, the pods the scheduler cannot place (scalerl_operator.scheduling): while
     some are, Ready=False says `Unschedulable` and names the missing resources."""
@@ -157,7 +194,8 @@ def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple
     if learner.done:
         phase, why = c.PHASE_SUCCEEDED, (c.REASON_STEPS_COMPLETED, f"the learner finished at step {learner.step}")
     elif spec.suspend:
-        phase, why = c.PHASE_SUSPENDED, (c.REASON_SUSPENDED, "spec.suspend: every role at 0, checkpoints kept")
+        phase, why = c.PHASE_SUSPENDED, (c.REASON_SUSPENDED, "spec.suspend: every role at 0, checkpoints kept" + (
+            f" (queue {spec.queue_name}: Kueue unsuspends on admission)" if spec.queue_name else ""))
         start = None  # as for a Job, the deadline counts from the last resume
     elif out["restarts"] > spec.failure_policy.max_restarts:
         phase, why = c.PHASE_FAILED, (c.REASON_MAX_RESTARTS_EXCEEDED, f"the learner restarted {out['restarts']} "
@@ -236,7 +274,9 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
         scaling = prev.get("scaling") or {}
         replicas = desired_replicas(spec, live={r: b[1] if b else None for r, b in before.items()},
                                     remembered={r: (scaling.get(r) or {}).get("lastReplicas")
-                                                for r in ("generator", "verifier")})
+                                                for r in ("generator", "verifier")},
+                                    applied={r: (scaling.get(r) or {}).get(SPEC_REPLICAS)
+                                             for r in ("generator", "verifier")})
     children = render(name, ns, spec, replicas, images)
     kopf.adopt(children, owner=obj)  # type: ignore[arg-type]
     out = Outcome(phase=prev.get("phase", c.PHASE_PENDING))
@@ -259,12 +299,31 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
             out.scaled[role] = (b[1], after)
             kube.event(obj, "Normal", "Scaled", f"{role}: {b[1]} -> {after} replicas ({why})", "Scale")
     roles = {r: _workload_replicas(o) or (0, replicas[r]) for r, o in live.items()}
-    pods = job_pods(kube, ns, name)
-    patch = status_patch(obj, spec, roles=roles, learner=learner, now=now, restarts=learner_restarts(pods),
-                         devices=device_pool(spec, replicas), pending=unschedulable(pods))
+    sts = next(ch for ch in children if ch["kind"] == "StatefulSet")
+    ready, want = roles["learner"]
+    restarts, progress, stall = gang_pass(
+        kube, obj, spec, learner=learner, group_up=want > 0 and ready >= want, sts=live["learner"],
+        spec_hash=sts["spec"]["template"]["metadata"]["annotations"][SPEC_HASH_ANNOTATION], now=now)
+    patch = status_patch(obj, spec, roles=roles, learner=learner, now=now, restarts=restarts,
+                         devices=device_pool(spec, replicas), pending=unschedulable(job_pods(kube, ns, name)))
+    patch["learnerProgress"] = {"step": progress.step,
+                                "since": c.rfc3339_us(progress.since_s) if progress.since_s is not None else None}
+    if spec.failure_policy.progress_deadline_seconds is not None:
+        patch["conditions"] = c.set_condition(
+            patch["conditions"], c.LEARNER_STALLED, "True" if stall else "False",
+            c.REASON_STEP_NOT_ADVANCING if stall else c.REASON_STEP_ADVANCING, stall or "the learner step advances",
+            obj["metadata"].get("generation"), now)
+    patch["scaling"] = spec_replicas_status(spec, terminal=is_terminal(prev))
     write_status(kube, obj, patch)
     out.phase = patch["phase"]
     return out
+
+
+def spec_replicas_status(spec: RLJobSpec, *, terminal: bool) -> dict[str, Any]:
+    """status.scaling.<role>.specReplicas of the pools the operator does not autoscale: the spec
+    replicas applied now (None while suspended or terminal, so a resume applies spec.replicas again)."""
+    off = [r for r in ("generator", "verifier") if not getattr(spec.roles, r).autoscaling.enabled]
+    return {r: {SPEC_REPLICAS: None if spec.suspend or terminal else getattr(spec.roles, r).replicas} for r in off}
 
 
 def write_status(kube: Kube, obj: dict[str, Any], patch: dict[str, Any]) -> None:

@@ -13,7 +13,9 @@ For an RLJob named J (labels `app.kubernetes.io/{name,instance,component,managed
 - StatefulSet `J-learner` + headless Service `J-learner`: `nodes` pods under torchrun, node rank =
   the pod ordinal (label `apps.kubernetes.io/pod-index`), master `J-learner-0.J-learner`; the
   headless Service publishes not-ready addresses, so rank 0's name resolves before it is ready;
-- Services `J-generator`, `J-verifier` (grpc 50051, metrics).
+- Services `J-generator`, `J-verifier` (grpc 50051, metrics);
+- PodDisruptionBudget `J-learner` (minAvailable = nodes; the StatefulSet updates OnDelete: the
+  operator restarts and updates the torchrun group as one, scalerl_operator.gang).
 A pod template carries `scalerl.dev/spec-hash` (`spec_hash`): a change of spec.job rolls the pods,
 which read job.yaml only at start. The hash covers only the JobSpec fields whose value differs from
 the field's default (canonical JSON of `model_dump(exclude_defaults=True)`), so an operator upgrade
@@ -27,6 +29,7 @@ were first created with are recorded on them (annotation `scalerl.dev/image-defa
 (`pinned_image_defaults`): upgrading the operator to a new image does not roll running jobs.
 Pod-template overrides (spec.podTemplate, roles.<role>.podTemplate; scalerl_operator.podtemplate)
 are merged into every pod template: labels, annotations, scheduling fields, volumes, env, mounts.
+With spec.queueName, every workload and pod template carries Kueue's queue label (`queue_labels`).
 
 Replica counts are an input (`replicas`), computed by `desired_replicas` from the spec and what the
 cluster runs now: an autoscaled pool keeps the size the autoscaler gave it.
@@ -181,11 +184,14 @@ def _clamp(n: int, lo: int, hi: int) -> int:
 
 
 def desired_replicas(spec: RLJobSpec, *, live: dict[str, int | None],
-                     remembered: dict[str, int | None]) -> dict[str, int]:
-    """Replicas to apply per role. Suspended: all 0. A pool without autoscaling: spec replicas. An
-    autoscaled pool: what it runs now (`live`, the autoscaler's choice), clamped to [min, max];
-    when it does not exist yet or comes back from suspension (0 with minReplicas > 0): the last
-    autoscaler size (`remembered`, status.scaling.<role>.lastReplicas), else spec replicas, clamped."""
+                     remembered: dict[str, int | None], applied: dict[str, int | None] | None = None) -> dict[str, int]:
+    """Replicas to apply per role. Suspended: all 0. A pool without autoscaling: spec replicas when
+    the workload is new, or (`applied`: the spec replicas last set, status.scaling.<role>.specReplicas,
+    None after a suspension) when spec.replicas changed since; else what runs now (`live`), so a
+    `kubectl scale` or an external HPA/KEDA is not fought; with `autoscaling.external` a spec change
+    is not applied either. An autoscaled pool: what it runs now, clamped to [min, max]; when it does
+    not exist yet or comes back from suspension (0 with minReplicas > 0): the last autoscaler size
+    (`remembered`, status.scaling.<role>.lastReplicas), else spec replicas, clamped."""
     if spec.suspend:
         return dict.fromkeys(ROLES, 0)
     out = {"curriculum": 1, "learner": spec.roles.learner.nodes}
@@ -193,7 +199,8 @@ def desired_replicas(spec: RLJobSpec, *, live: dict[str, int | None],
         r = getattr(spec.roles, role)
         a = r.autoscaling
         if not a.enabled:
-            out[role] = r.replicas
+            now, last = live.get(role), (applied or {}).get(role)
+            out[role] = r.replicas if now is None or last is None or (not a.external and last != r.replicas) else now
             continue
         now = live.get(role)
         if now is None or (now == 0 and a.min_replicas > 0):
@@ -339,6 +346,7 @@ def _learner(job: str, ns: str, spec: RLJobSpec, replicas: int, hashed: str, ima
     name = child_name(job, "learner")
     return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _workload_meta(job, ns, "learner", images),
             "spec": {"replicas": replicas, "serviceName": name, "podManagementPolicy": "Parallel",
+                     "updateStrategy": {"type": "OnDelete"},  # the operator recreates the group (gang.py)
                      "selector": {"matchLabels": selector(job, "learner")},
                      "template": _pod_template(job, "learner", spec, images, hashed, c)}}
 
@@ -364,11 +372,34 @@ def render(name: str, namespace: str, spec: RLJobSpec, replicas: dict[str, int],
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, namespace, child_name(name, "spec"), "spec"),
           "data": {"job.yaml": dump_spec(job), POOL_FILE: pool_json(device_pool(spec, replicas))}}
     roles: tuple[Role, ...] = ("curriculum", "generator", "verifier")
-    return [cm,
+    return queue_labels([cm,
             *(_deployment(name, namespace, role, spec, replicas[role], hashed, images) for role in roles),
             _service(name, namespace, "learner", spec, headless=True),
             _learner(name, namespace, spec, replicas["learner"], hashed, images),
-            _service(name, namespace, "generator", spec), _service(name, namespace, "verifier", spec)]
+            _service(name, namespace, "generator", spec), _service(name, namespace, "verifier", spec),
+            learner_pdb(name, namespace, spec)], spec.queue_name)
+
+
+def learner_pdb(job: str, ns: str, spec: RLJobSpec) -> dict[str, Any]:
+    """PodDisruptionBudget `J-learner`: no voluntary eviction of any rank (one would cost the whole torchrun
+    group); not-ready ranks may still be evicted (unhealthyPodEvictionPolicy AlwaysAllow)."""
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": _meta(job, ns, child_name(job, "learner"), "learner"),
+            "spec": {"minAvailable": spec.roles.learner.nodes, "selector": {"matchLabels": selector(job, "learner")},
+                     "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
+
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def queue_labels(children: list[dict[str, Any]], queue: str) -> list[dict[str, Any]]:
+    """spec.queueName → the Kueue queue label on every workload and its pod template (in place)."""
+    if queue:
+        for ch in children:
+            if ch["kind"] in ("Deployment", "StatefulSet"):
+                ch["metadata"]["labels"][QUEUE_LABEL] = queue
+                ch["spec"]["template"]["metadata"]["labels"][QUEUE_LABEL] = queue
+    return children
 
 
 def parse_job_yaml(text: str) -> dict[str, Any]:

@@ -4,7 +4,10 @@
   (`KafkaBus.lag` / `committed` / `partitions`);
 - generators: the learner's starvation and staleness (scalerl_operator.rlstatus); until the learner
   has reported anything the pool is held (a warm-up is not a metric failure), a failed read of the
-  metrics topic counts towards `failureThreshold`.
+  metrics topic counts towards `failureThreshold`; at zero replicas the lag of `<job>.prompts` for
+  `<job>.generators` decides (scale from zero when prompts wait);
+- both: the role's pods the scheduler cannot place are read from the API server; they are not
+  capacity (no scale-up while some are Pending/Unschedulable, ScalingLimited names the resource).
 The decision math is scalerl_operator.autoscaler / hpa (pure). The replica count is written through
 the Deployment's /scale subresource, as HPA does, so `kubectl scale` and an external HPA/KEDA see
 the same field. The autoscaler state goes to `status.scaling.<role>` with every pass, so an operator
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from scalerl_operator import conditions as c
 from scalerl_operator.autoscaler import (
     PAUSE_ANNOTATION,
+    UNSCHEDULABLE,
     Decision,
     LagReading,
     LagTarget,
@@ -30,12 +34,16 @@ from scalerl_operator.autoscaler import (
     ScalingPolicy,
     ScalingRules,
     StarvationTarget,
+    Unschedulable,
+    cap_unschedulable,
     decide,
     generator_proposal,
+    scale_from_zero,
+    unschedulable,
     verifier_proposal,
 )
 from scalerl_operator.kube import Kube
-from scalerl_operator.render import bus_prefix, child_name
+from scalerl_operator.render import bus_prefix, child_name, selector
 from scalerl_operator.rlstatus import LearnerStatus
 from scalerl_operator.spec import GeneratorAutoscaling, RLJobSpec, ScaleDownRules, ScaleUpRules, VerifierAutoscaling
 
@@ -75,8 +83,9 @@ def lag_status(bus: KafkaBus, job: str) -> dict[str, Any]:
 
 
 def _proposal(role: str, spec: RLJobSpec, name: str, job: str, current: int, cfg: ScalerConfig, bus: KafkaBus,
-              learner: LearnerStatus | None) -> Proposal | None:
-    """`name`: the RLJob's; `job`: its topics' prefix (`render.bus_prefix`)."""
+              learner: LearnerStatus | None, pending: Unschedulable) -> Proposal | None:
+    """`name`: the RLJob's; `job`: its topics' prefix (`render.bus_prefix`); `pending`: the pool's
+    pods the scheduler cannot place (not capacity)."""
     if role == "verifier":
         a = spec.roles.verifier.autoscaling
         target = LagTarget(a.target_lag_per_replica, a.activation_lag, a.no_offset_policy)
@@ -85,15 +94,27 @@ def _proposal(role: str, spec: RLJobSpec, name: str, job: str, current: int, cfg
         except Exception as exc:  # any broker or client failure is a failed metric read
             log.warning("%s: reading the verifier lag failed: %s", job, exc)
             return None
-        return verifier_proposal(reading, current=current, target=target, cfg=cfg)
+        p = verifier_proposal(reading, current=current, target=target, cfg=cfg)
+        return cap_unschedulable(p, current=current, role=role, u=pending)
+    if current == 0:  # ratio x 0 is 0: the prompts waiting for the generators decide
+        try:
+            return scale_from_zero(bus.lag(f"{job}.generators", f"{job}.prompts"))
+        except Exception as exc:
+            log.warning("%s: reading the prompts lag failed: %s", job, exc)
+            return None
     if learner is None:
         return None
     if learner.starvation is None or learner.staleness is None:
         return Proposal(current, AWAITING_LEARNER, "no starvation/staleness reported by the learner yet: hold")
+    placed = current - pending.pods
+    if placed <= 0:  # nothing placed: hold (shrinking would only drop the pods a cluster autoscaler waits on)
+        return Proposal(current, UNSCHEDULABLE, f"{role}: none of {current} pod(s) placed ({pending.why}): held",
+                        limit_reason=UNSCHEDULABLE)
     g = spec.roles.generator.autoscaling
     k = spec.job_spec(name).off_policy.k
-    return generator_proposal(LearnerReading(learner.starvation, learner.staleness, k), current=current,
-                              target=StarvationTarget(g.target_starvation, g.staleness_headroom), cfg=cfg)
+    p = generator_proposal(LearnerReading(learner.starvation, learner.staleness, k), current=placed,
+                           target=StarvationTarget(g.target_starvation, g.staleness_headroom), cfg=cfg)
+    return cap_unschedulable(p, current=current, role=role, u=pending)
 
 
 def autoscale(kube: Kube, obj: dict[str, Any], spec: RLJobSpec, *, bus: KafkaBus,
@@ -111,7 +132,9 @@ def autoscale(kube: Kube, obj: dict[str, Any], spec: RLJobSpec, *, bus: KafkaBus
             continue
         current = int(scale["spec"].get("replicas") or 0)
         cfg = scaler_config(a)
-        proposal = None if paused else _proposal(role, spec, name, bus_prefix(name, ns), current, cfg, bus, learner)
+        pods = kube.list_objects("v1", "Pod", ns, ",".join(f"{k}={v}" for k, v in selector(name, role).items()))
+        proposal = None if paused else _proposal(role, spec, name, bus_prefix(name, ns), current, cfg, bus, learner,
+                                                 unschedulable(pods))
         d = decide(current=current, proposal=proposal, cfg=cfg, state=ScalerState.from_status(scaling.get(role)),
                    now_s=now_s, paused=paused)
         if d.changed:

@@ -33,15 +33,24 @@ class Unschedulable:
         return missing_resources(self.message)
 
 
-def _verdict(pod: Mapping[str, Any]) -> str | None:
+def scheduling_block(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) of a pod that waits unplaced: its PodScheduled condition is False with reason
+    `Unschedulable` (no node fits) or `SchedulingGated` (a queue such as Kueue holds it); else None."""
     status = pod.get("status") or {}
-    if status.get("phase") != "Pending" or (pod.get("metadata") or {}).get("deletionTimestamp"):
+    if status.get("phase") not in (None, "Pending") or (pod.get("metadata") or {}).get("deletionTimestamp"):
         return None
     for cond in status.get("conditions") or ():
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" \
-                and cond.get("reason") == "Unschedulable":
-            return str(cond.get("message") or "no node fits")
+                and cond.get("reason") in ("Unschedulable", "SchedulingGated"):
+            return str(cond["reason"]), str(cond.get("message") or "")
     return None
+
+
+def _verdict(pod: Mapping[str, Any]) -> str | None:
+    block = scheduling_block(pod)
+    if block is None or block[0] != "Unschedulable":
+        return None
+    return block[1] or "no node fits"
 
 
 def unschedulable(pods: Iterable[Mapping[str, Any]]) -> dict[str, Unschedulable]:

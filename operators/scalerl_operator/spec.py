@@ -164,11 +164,16 @@ class _Autoscaling(K8sModel):
                                    description="Replicas after failureThreshold failed metric reads in a row.")
     failure_threshold: int = Field(3, ge=1, le=100, description="Failed metric reads before the fallback.")
     behavior: ScalingBehavior = Field(default_factory=ScalingBehavior)
+    external: bool = Field(False, description="An external scaler (HPA, KEDA) owns the pool's replicas: the "
+                           "operator sets `replicas` only when it creates the workload or resumes it from "
+                           "suspension, never on a spec change. Needs enabled: false.")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> _Autoscaling:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})")
+        if self.external and self.enabled:
+            raise ValueError("external: an external scaler and the operator's own (enabled) cannot both own replicas")
         return self
 
 
@@ -321,6 +326,9 @@ class TelemetrySpec(K8sModel):
 class FailurePolicy(K8sModel):
     max_restarts: int = Field(3, ge=0, le=1000, description="Learner restarts (from the last checkpoint) "
                               "before the job is Failed; generator/verifier pods are always replaced.")
+    progress_deadline_seconds: int | None = Field(
+        None, ge=1, le=86_400, description="Restart the learner group when its step has not advanced for this "
+        "long while it runs (counts as a restart); null = no watchdog.")
 
 
 class RLJobSpec(K8sModel):
@@ -340,6 +348,9 @@ class RLJobSpec(K8sModel):
     telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     roles: Roles = Field(default_factory=Roles)
+    queue_name: Annotated[str, StringConstraints(max_length=63, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$")] = Field(
+        "", description="Kueue LocalQueue: the kueue.x-k8s.io/queue-name label on every workload and pod template; "
+        "Kueue admits by unsuspending (spec.suspend). Empty = not queued.")
 
     @field_validator("job")
     @classmethod

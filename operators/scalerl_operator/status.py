@@ -115,6 +115,13 @@ class ScalingStatus(K8sModel):
     verifier: ScalingState = Field(default_factory=ScalingState)
 
 
+class LearnerProgress(K8sModel):
+    """The progress watchdog's memory: the last learner step seen and since when (the group running)."""
+
+    step: int | None = Field(None, ge=0, description="Last learner step seen.")
+    since: datetime | None = Field(None, description="When that step was first seen with the group up.")
+
+
 class RLJobStatus(K8sModel):
     observed_generation: int | None = Field(None, ge=0)
     phase: Phase = "Pending"
@@ -132,7 +139,9 @@ class RLJobStatus(K8sModel):
     devices: DevicesStatus | None = None
     scaling: ScalingStatus = Field(default_factory=ScalingStatus)
     start_time: datetime | None = Field(None, description="When the job first ran (activeDeadlineSeconds).")
-    restarts: int = Field(0, ge=0, description="Learner restarts so far (failurePolicy.maxRestarts).")
+    restarts: int = Field(0, ge=0, description="Learner group restarts so far, one per restart of the whole "
+                          "torchrun group however many pods it spans (failurePolicy.maxRestarts).")
+    learner_progress: LearnerProgress | None = None
 
     @model_validator(mode="after")
     def _fill_lag_total(self) -> RLJobStatus:

@@ -70,15 +70,18 @@ def rljob(name: str, bootstrap: str, **spec_over: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def operator(namespace: str, kubeconfig: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[KopfRunner]:
-    """The operator in-process (kopf run), watching one namespace, with a fast tick."""
+def operator(namespace: str, kubeconfig: str, monkeypatch: pytest.MonkeyPatch, *, interval_s: float = INTERVAL_S,
+             workers: int = 4) -> Iterator[KopfRunner]:
+    """The operator in-process (kopf run), watching one namespace, with a fast tick (`interval_s`) and
+    `workers` threads for the periodic passes."""
     monkeypatch.setenv("KUBECONFIG", kubeconfig)
     # kopf logs in through the kubernetes package, whose default kubeconfig path was fixed from the
     # environment when it was first imported (before this test set KUBECONFIG, unless the shell did)
     from kubernetes.config import kube_config
 
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
-    monkeypatch.setenv("SCALERL_OPERATOR_INTERVAL_S", str(INTERVAL_S))
+    monkeypatch.setenv("SCALERL_OPERATOR_INTERVAL_S", str(interval_s))
+    monkeypatch.setenv("SCALERL_OPERATOR_WORKERS", str(workers))
     with KopfRunner(["run", "--standalone", "--namespace", namespace, "-m", "scalerl_operator.operator"],
                     timeout=60) as runner:
         yield runner

@@ -412,11 +412,13 @@ def test_helm_test_hooks_pass_against_a_running_operator(paths: Paths, k8s_env: 
         while time.monotonic() < deadline and operator.poll() is None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=2) as reply:
-                    answer = f"HTTP {reply.status}"
-                    break
+                    answer = f"HTTP {reply.status} {reply.read().decode()}"  # 200 standby, then 200 leader
+                    if answer == "HTTP 200 leader":
+                        break
             except OSError:
-                time.sleep(0.5)
-        assert answer == "HTTP 200", (tmp_path / "operator.log").read_text()[-3000:]
+                pass
+            time.sleep(0.5)
+        assert answer == "HTTP 200 leader", (tmp_path / "operator.log").read_text()[-3000:]
         status, lease = paths.call("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/"
                                           f"{release}-scalerl-operator-leader")
         assert status == 200 and lease["spec"]["holderIdentity"] == env["POD_NAME"], lease
@@ -465,7 +467,9 @@ def test_namespaced_rbac_grants_exactly_what_the_operator_needs(k8s_call: Call, 
                ("update", "apps", "deployments", "scale"), ("patch", "apps", "statefulsets", "scale"),
                ("delete", "apps", "statefulsets", ""),
                ("create", "", "services", ""), ("patch", "", "configmaps", ""), ("get", "", "secrets", ""),
-               ("list", "", "pods", ""), ("create", "", "events", ""), ("create", "coordination.k8s.io", "leases", "")]
+               ("list", "", "pods", ""), ("watch", "", "pods", ""), ("delete", "", "pods", ""),
+               ("create", "policy", "poddisruptionbudgets", ""), ("create", "", "events", ""),
+               ("create", "coordination.k8s.io", "leases", "")]
     denied = [("list", "", "secrets", ""), ("update", "", "secrets", ""), ("create", "", "pods", ""),
               ("delete", "scalerl.dev", "rljobs", ""), ("create", "rbac.authorization.k8s.io", "roles", ""),
               ("create", "apps", "daemonsets", ""), ("delete", "coordination.k8s.io", "leases", "")]

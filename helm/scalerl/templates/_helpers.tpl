@@ -140,10 +140,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [services, configmaps]
   verbs: [get, list, watch, create, update, patch, delete]
-# Learner pods, read only: their container restarts count against spec.failurePolicy.maxRestarts.
+# Learner pods: their container restarts count against spec.failurePolicy.maxRestarts; every role's
+# pods are watched (a change refreshes the RLJob's status within a second).
+# delete: the learner's torchrun group restarts and updates as one (every rank's pod is deleted).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list]
+  verbs: [get, list, watch, delete]
+# The learner group's PodDisruptionBudget.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, update, patch, delete]
 # The S3 key pair named in spec.store.credentialsSecret (the roles get it as env from the Secret; the
 # operator only ever reads one by name, e.g. for store retention at deletion).
 - apiGroups: [""]
@@ -175,6 +181,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 - --metrics-port={{ .Values.operator.metricsPort }}
 - --interval-seconds={{ .Values.operator.intervalSeconds }}
+- --workers={{ .Values.operator.workers }}
+- --backoff-max-seconds={{ .Values.operator.backoffMaxSeconds }}
 - --kafka-timeout-seconds={{ .Values.operator.kafkaTimeoutSeconds }}
 - --log-level={{ .Values.operator.logLevel }}
 {{- end -}}

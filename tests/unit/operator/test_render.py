@@ -65,7 +65,12 @@ def children() -> dict[tuple[str, str], dict[str, Any]]:
 def test_the_contract_children_and_labels(children: dict[tuple[str, str], dict[str, Any]]) -> None:
     assert set(children) == {("ConfigMap", "j1-spec"), ("Deployment", "j1-generator"), ("Deployment", "j1-verifier"),
                              ("Deployment", "j1-curriculum"), ("StatefulSet", "j1-learner"),
-                             ("Service", "j1-learner"), ("Service", "j1-generator"), ("Service", "j1-verifier")}
+                             ("Service", "j1-learner"), ("Service", "j1-generator"), ("Service", "j1-verifier"),
+                             ("PodDisruptionBudget", "j1-learner")}
+    pdb, sts = children[("PodDisruptionBudget", "j1-learner")], children[("StatefulSet", "j1-learner")]
+    assert pdb["spec"]["selector"] == sts["spec"]["selector"]  # the learner group, every rank
+    assert pdb["spec"]["minAvailable"] == sts["spec"]["replicas"]  # no voluntary eviction of any rank
+    assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}  # the operator recreates the group
     for (kind, name), o in children.items():
         lab = o["metadata"]["labels"]
         assert o["metadata"]["namespace"] == NS

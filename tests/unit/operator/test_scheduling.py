@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from scalerl_operator import conditions as c
-from scalerl_operator.reconcile import learner_restarts, status_patch
+from scalerl_operator.reconcile import status_patch
 from scalerl_operator.rlstatus import LearnerStatus
 from scalerl_operator.scheduling import Unschedulable, missing_resources, summary, unschedulable
 from scalerl_operator.spec import parse_spec
@@ -74,8 +74,3 @@ def test_status_says_unschedulable_and_what_is_missing() -> None:
     ok = status_patch({"metadata": {"generation": 1}, "status": {}}, SPEC, roles=dict.fromkeys(roles, (1, 1)),
                       learner=LearnerStatus(), now=NOW, pending=pending)
     assert c.get_condition(ok["conditions"], c.READY)["reason"] == c.REASON_ALL_ROLES_READY  # type: ignore[index]
-
-
-def test_learner_restarts_count_only_learner_pods() -> None:
-    assert learner_restarts([pod("l0", "learner", restarts=2), pod("l1", "learner", restarts=1),
-                             pod("g", "generator", restarts=5)]) == 3

@@ -1,0 +1,94 @@
+"""The learner's torchrun group restarts, updates and stalls as one gang.
+
+torchrun ranks on N pods form one NCCL communicator: when one rank's container restarts, the
+others block in a collective until the NCCL timeout, and a restarted rank cannot rejoin a running
+group. So the operator treats the learner StatefulSet's pods as one unit (JobSet's
+`RestartJobSet` / LeaderWorkerSet's `RecreateGroupOnPodRestart`):
+
+- **group restart**: when any live learner pod had a container restart or failed (`failure`), every
+  learner pod is deleted; the StatefulSet (podManagementPolicy Parallel) recreates all ranks at once.
+  One group restart counts one in `status.restarts`, however many pods it spans (a node failure on
+  N nodes costs 1, not N), against `failurePolicy.maxRestarts`;
+- **group update**: the StatefulSet's updateStrategy is `OnDelete`, so a template change (a new
+  spec.job, image, resources) rolls nothing by itself; the operator deletes every pod whose
+  revision is not the template's (`outdated`) and the group comes back whole on the new template;
+- **progress watchdog**: with `failurePolicy.progressDeadlineSeconds`, a running group whose
+  learner step (from `<job>.metrics`) has not advanced for that long is restarted the same way
+  (Event `LearnerStalled`, condition `LearnerStalled`), and that counts as a restart;
+- a PodDisruptionBudget (`render.learner_pdb`) with minAvailable = nodes: a voluntary eviction
+  (a node drain) of one rank would cost the whole group, so drains wait until the job is suspended.
+
+How a restarted group resumes: every rank starts `scalerl serve learner` afresh and rank 0 reads the
+latest checkpoint from the store (`spec.store.uri`: model, optimizer, consumed group ids, safe
+positions of `scored`), as a single learner restarted by hand does; steps since that checkpoint are
+trained again from the same records, and policy versions continue past the highest ever announced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scalerl_operator.conditions import parse_rfc3339
+
+REVISION_LABEL = "controller-revision-hash"
+
+
+def live(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pods not already being deleted (a group restart in progress is not seen twice)."""
+    return [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+
+
+def failure(pods: list[dict[str, Any]]) -> str | None:
+    """Why the group must restart (the first live pod with a container restart or a Failed phase), or None.
+    Example: pod j-learner-1 with restartCount 1 → "pod j-learner-1: container learner restarted 1 time(s)"."""
+    for p in live(pods):
+        name = p["metadata"]["name"]
+        st = p.get("status") or {}
+        if st.get("phase") == "Failed":
+            return f"pod {name} failed: {st.get('reason') or st.get('message') or 'phase Failed'}"
+        for cs in st.get("containerStatuses") or []:
+            n = int(cs.get("restartCount") or 0)
+            if n > 0:
+                return f"pod {name}: container {cs.get('name')} restarted {n} time(s)"
+    return None
+
+
+def outdated(pods: list[dict[str, Any]], sts: dict[str, Any] | None, spec_hash: str, hash_key: str) -> list[str]:
+    """Live pods not on the StatefulSet's current template: their revision label differs from
+    status.updateRevision (when the controller reported one), or their `hash_key` annotation from
+    `spec_hash` (the rendered job)."""
+    rev = ((sts or {}).get("status") or {}).get("updateRevision")
+    out = []
+    for p in live(pods):
+        m = p.get("metadata") or {}
+        pod_rev = (m.get("labels") or {}).get(REVISION_LABEL)
+        pod_hash = (m.get("annotations") or {}).get(hash_key)
+        if (rev and pod_rev and pod_rev != rev) or (pod_hash is not None and pod_hash != spec_hash):
+            out.append(m["name"])
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """The watchdog's memory in status: the last learner step seen and when it last advanced."""
+
+    step: int | None
+    since_s: float | None
+
+
+def watchdog(prev: Progress, step: int | None, *, group_up: bool, now_s: float,
+             deadline_s: int | None) -> tuple[Progress, bool]:
+    """(new memory, stalled). The clock runs only while the group is up; a new step resets it.
+    Example (deadline 600 s): step 7 seen at t=0, still 7 at t=601 with the group up → stalled."""
+    if deadline_s is None or not group_up:
+        return Progress(step if step is not None else prev.step, None), False
+    if prev.since_s is None or step != prev.step:
+        return Progress(step, now_s), False
+    return prev, now_s - prev.since_s > deadline_s
+
+
+def progress_of(status: dict[str, Any]) -> Progress:
+    g = status.get("learnerProgress") or {}
+    since = g.get("since")
+    return Progress(g.get("step"), parse_rfc3339(since) if since else None)

@@ -1,0 +1,56 @@
+"""The learner gang's pure decisions (scalerl_operator.gang): when the whole torchrun group restarts,
+which pods are outdated, and the progress watchdog's clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scalerl_operator.gang import Progress, failure, live, outdated, watchdog
+
+
+def pod(name: str, restarts: int = 0, phase: str = "Running", deleting: bool = False, rev: str | None = None,
+        spec_hash: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": {}, "annotations": {}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    if rev is not None:
+        meta["labels"]["controller-revision-hash"] = rev
+    if spec_hash is not None:
+        meta["annotations"]["scalerl.dev/spec-hash"] = spec_hash
+    return {"metadata": meta, "status": {"phase": phase, "containerStatuses": [
+        {"name": "learner", "restartCount": restarts}]}}
+
+
+def test_any_rank_restarting_or_failing_restarts_the_group_once() -> None:
+    assert failure([pod("j-learner-0"), pod("j-learner-1")]) is None
+    assert failure([pod("j-learner-0"), pod("j-learner-1", restarts=2)]) == \
+        "pod j-learner-1: container learner restarted 2 time(s)"
+    assert failure([pod("j-learner-0", phase="Failed")]) == "pod j-learner-0 failed: phase Failed"
+    # pods of a restart in progress (being deleted) are not seen again: one group restart, not two
+    assert failure([pod("j-learner-0", restarts=1, deleting=True), pod("j-learner-1", deleting=True)]) is None
+    assert [p["metadata"]["name"] for p in live([pod("a", deleting=True), pod("b")])] == ["b"]
+
+
+def test_outdated_by_revision_or_spec_hash() -> None:
+    sts = {"status": {"updateRevision": "j-learner-7d9"}}
+    pods = [pod("j-learner-0", rev="j-learner-7d9", spec_hash="h2"), pod("j-learner-1", rev="j-learner-5c1",
+                                                                          spec_hash="h2")]
+    assert outdated(pods, sts, "h2", "scalerl.dev/spec-hash") == ["j-learner-1"]  # an older revision
+    # no controller reported a revision (or it lags): the rendered job's hash decides
+    assert outdated([pod("j-learner-0", spec_hash="h1")], None, "h2", "scalerl.dev/spec-hash") == ["j-learner-0"]
+    assert outdated([pod("j-learner-0", spec_hash="h2")], {"status": {}}, "h2", "scalerl.dev/spec-hash") == []
+
+
+def test_watchdog_clock() -> None:
+    off = watchdog(Progress(3, 100.0), 3, group_up=True, now_s=10_000.0, deadline_s=None)
+    assert off == (Progress(3, None), False)
+    p, stalled = watchdog(Progress(None, None), 7, group_up=True, now_s=0.0, deadline_s=600)
+    assert (p, stalled) == (Progress(7, 0.0), False)  # the clock starts
+    assert watchdog(p, 7, group_up=True, now_s=600.0, deadline_s=600) == (p, False)  # not past yet
+    assert watchdog(p, 7, group_up=True, now_s=601.0, deadline_s=600) == (p, True)  # no new step in 600 s
+    assert watchdog(p, 8, group_up=True, now_s=601.0, deadline_s=600) == (Progress(8, 601.0), False)  # new step
+    # the group not up (starting, scaled to zero): no clock
+    assert watchdog(p, 7, group_up=False, now_s=5_000.0, deadline_s=600) == (Progress(7, None), False)
+    # nothing reported yet: the clock runs from the group's start (a first step must come within the deadline)
+    p0, _ = watchdog(Progress(None, None), None, group_up=True, now_s=0.0, deadline_s=60)
+    assert watchdog(p0, None, group_up=True, now_s=61.0, deadline_s=60)[1] is True
