@@ -289,3 +289,19 @@ def _remove_namespace(api: Any, name: str) -> None:
     if status == 200:
         ns["spec"] = {"finalizers": []}
         k8s_request(api, "PUT", f"/api/v1/namespaces/{name}/finalize", ns)
+
+
+@pytest.fixture
+def kube(k8s: Any, rljob_crd: dict[str, Any]) -> Any:
+    """The operator's API client over the test API server (the RLJob CRD applied)."""
+    from scalerl_operator.kube import Kube
+
+    return Kube(k8s)
+
+
+@pytest.fixture
+def bootstrap(k8s_env: dict[str, str]) -> str:
+    """The test broker's PLAINTEXT bootstrap address."""
+    from operator_helpers import kafka_bootstrap
+
+    return kafka_bootstrap(k8s_env)

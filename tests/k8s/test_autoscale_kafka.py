@@ -34,11 +34,6 @@ DOWN_WINDOW_S = 4
 
 
 @pytest.fixture
-def kube(k8s: Any, rljob_crd: dict[str, Any]) -> Kube:
-    return Kube(k8s)
-
-
-@pytest.fixture
 def bus(k8s_env: dict[str, str]) -> Any:
     b = KafkaBus(kafka_bootstrap(k8s_env))
     yield b

@@ -34,11 +34,6 @@ GPU_MSG = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0
 
 
 @pytest.fixture
-def kube(k8s: Any, rljob_crd: dict[str, Any]) -> Kube:
-    return Kube(k8s)
-
-
-@pytest.fixture
 def bus(k8s_env: dict[str, str]) -> Any:
     b = KafkaBus(kafka_bootstrap(k8s_env))
     yield b

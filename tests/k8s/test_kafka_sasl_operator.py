@@ -38,11 +38,6 @@ def sasl(k8s_env: dict[str, str]) -> dict[str, str]:
     return values
 
 
-@pytest.fixture
-def kube(k8s: Any, rljob_crd: dict[str, Any]) -> Kube:
-    return Kube(k8s)
-
-
 def _secret(kube: Kube, namespace: str, sasl: dict[str, str], password: str) -> None:
     ca = Path(sasl["KAFKA_SSL_CAFILE"]).read_text()
 

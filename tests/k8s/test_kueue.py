@@ -5,8 +5,6 @@ wants a job before admission) gets its objects with zero replicas and no learner
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from operator_helpers import (
     QUIET_KAFKA,
@@ -14,7 +12,6 @@ from operator_helpers import (
     condition,
     create,
     get_job,
-    kafka_bootstrap,
     operator,
     patch_spec,
     replicas,
@@ -28,16 +25,6 @@ from scalerl_operator.kube import Kube, KubeError
 from scalerl_operator.render import QUEUE_LABEL
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
-
-
-@pytest.fixture
-def kube(k8s: Any, rljob_crd: dict[str, Any]) -> Kube:
-    return Kube(k8s)
-
-
-@pytest.fixture
-def bootstrap(k8s_env: dict[str, str]) -> str:
-    return kafka_bootstrap(k8s_env)
 
 
 def test_queue_label_and_the_suspend_handshake(kube: Kube, namespace: str, bootstrap: str, k8s_env: dict[str, str],

@@ -17,7 +17,6 @@ from operator_helpers import (
     create,
     event_reasons,
     get_job,
-    kafka_bootstrap,
     operator,
     patch_spec,
     replicas,
@@ -32,16 +31,6 @@ from scalerl_operator.kube import Kube, path
 from scalerl_operator.render import SPEC_HASH_ANNOTATION
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
-
-
-@pytest.fixture
-def kube(k8s: Any, rljob_crd: dict[str, Any]) -> Kube:
-    return Kube(k8s)
-
-
-@pytest.fixture
-def bootstrap(k8s_env: dict[str, str]) -> str:
-    return kafka_bootstrap(k8s_env)
 
 
 def ranks(kube: Kube, namespace: str, name: str, nodes: int, restarts: dict[int, int] | None = None) -> list[str]:

@@ -22,7 +22,6 @@ from operator_helpers import (
     create,
     event_reasons,
     get_job,
-    kafka_bootstrap,
     operator,
     patch_spec,
     replicas,
@@ -45,16 +44,6 @@ from scalerl_operator.spec import parse_spec
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
 ALL = {"ConfigMap", "Deployment/generator", "Deployment/verifier", "Deployment/curriculum", "StatefulSet/learner",
        "Service/learner", "Service/generator", "Service/verifier"}
-
-
-@pytest.fixture
-def kube(k8s: Any, rljob_crd: dict[str, Any]) -> Kube:
-    return Kube(k8s)
-
-
-@pytest.fixture
-def bootstrap(k8s_env: dict[str, str]) -> str:
-    return kafka_bootstrap(k8s_env)
 
 
 def _kinds(kids: dict[str, Any], name: str) -> set[str]:

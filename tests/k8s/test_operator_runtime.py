@@ -5,7 +5,6 @@ even with a long period. No kubelet runs: readiness is simulated by patching the
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 from operator_helpers import (
@@ -13,7 +12,6 @@ from operator_helpers import (
     children,
     create,
     get_job,
-    kafka_bootstrap,
     operator,
     rljob,
     simulate_ready,
@@ -25,16 +23,6 @@ from scalerl_operator import conditions as c
 from scalerl_operator.kube import Kube
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
-
-
-@pytest.fixture
-def kube(k8s: Any, rljob_crd: dict[str, Any]) -> Kube:
-    return Kube(k8s)
-
-
-@pytest.fixture
-def bootstrap(k8s_env: dict[str, str]) -> str:
-    return kafka_bootstrap(k8s_env)
 
 
 def test_forty_rljobs_do_not_starve_the_create_handler(kube: Kube, namespace: str, bootstrap: str,
