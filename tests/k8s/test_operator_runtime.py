@@ -31,11 +31,12 @@ def test_forty_rljobs_do_not_starve_the_create_handler(kube: Kube, namespace: st
     """40 RLJobs, each with a periodic pass every 0.5 s on 2 shared workers (one kopf daemon thread per
     RLJob filled kopf's pool at a handful of RLJobs here); a 41st gets its children promptly."""
     many = [unique_job() for _ in range(40)]
-    # schema-valid but not runnable (no credentialsSecret): every pass is API calls only, no Kafka
-    store = {"uri": "s3://scalerl-tests/x", "endpoint": "http://minio.invalid:9000"}
+    # schema-valid but not runnable on a cluster (PPO-off-policy: the distributed learner runs PipelineRL):
+    # every pass is API calls only, no Kafka
+    ppo = {"train": {"steps": 20, "prompts_per_step": 4}, "off_policy": {"mode": "ppo", "k": 4}}
     with operator(namespace, k8s_env["KUBECONFIG"], monkeypatch, workers=2):
         for name in many:
-            create(kube, namespace, rljob(name, bootstrap, store=store))
+            create(kube, namespace, rljob(name, bootstrap, job=ppo))
         wait_for("all 40 evaluated", lambda: all(
             ((get_job(kube, namespace, n) or {}).get("status") or {}).get("phase") == c.PHASE_FAILED for n in many),
             timeout_s=120, every_s=1.0)

@@ -15,6 +15,7 @@ from operator_helpers import OPERATOR_IMAGE, QUIET_KAFKA, kafka_bootstrap, uniqu
 from scalerl.config import SpecError
 from scalerl_operator import conditions as cond
 from scalerl_operator.kube import Kube, load_client
+from scalerl_operator.kube import path as kube_path
 from scalerl_operator.operator import OperatorConfig, Runtime
 from scalerl_operator.reconcile import reconcile
 from scalerl_operator.render import ImageDefaults, desired_replicas, render
@@ -77,10 +78,7 @@ def test_a_full_override_is_accepted_and_its_children_pass_a_strict_dry_run(
     spec = parse_rljob(stored).spec  # what the operator reads back
     images = ImageDefaults(OPERATOR_IMAGE, "IfNotPresent", ("chart-pull",))
     for child in render("pods", namespace, spec, desired_replicas(spec, live={}, remembered={}), images):
-        api = "api/v1" if child["apiVersion"] == "v1" else f"apis/{child['apiVersion']}"
-        plural = {"ConfigMap": "configmaps", "Service": "services", "Deployment": "deployments",
-                  "StatefulSet": "statefulsets"}[child["kind"]]
-        path = f"/{api}/namespaces/{namespace}/{plural}/{child['metadata']['name']}"
+        path = kube_path(child["apiVersion"], child["kind"], namespace, child["metadata"]["name"])
         query = {"fieldManager": "scalerl-operator", "fieldValidation": "Strict", "force": "true"}
         status, dry = k8s_call("PATCH", path, child, content_type="application/apply-patch+yaml",
                                query={**query, "dryRun": "All"})

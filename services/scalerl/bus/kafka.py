@@ -150,8 +150,8 @@ class KafkaBus(Bus):
     def _get_admin(self) -> Any:
         with self._lock:
             if self._admin is None:
-                self._admin = self.connect(KafkaAdminClient, client_id=f"{self.client_id}-admin",
-                                           request_timeout_ms=self.request_timeout_ms)
+                self._admin = _OneCallAtATime(self.connect(KafkaAdminClient, client_id=f"{self.client_id}-admin",
+                                                           request_timeout_ms=self.request_timeout_ms))
             return self._admin
 
     # ---- topics -----------------------------------------------------------------------------------
@@ -334,6 +334,25 @@ class KafkaBus(Bus):
                 producer.close(timeout=5)
             if admin is not None:
                 admin.close()
+
+
+class _OneCallAtATime:
+    """kafka-python's admin client is not thread-safe (concurrent calls from the operator's workers raised
+    NodeNotReadyError): the bus's one admin client takes one call at a time."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._calls = threading.RLock()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def serialized(*args: Any, **kwargs: Any) -> Any:
+            with self._calls:
+                return attr(*args, **kwargs)
+        return serialized
 
 
 class _SeekOnAssign(ConsumerRebalanceListener):  # type: ignore[misc]
