@@ -33,3 +33,12 @@ def test_ruff_is_clean() -> None:
     proc = subprocess.run([_tool("ruff"), "check", "services", "operators", "tests", "bench"], cwd=REPO,
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+def test_test_modules_have_distinct_names() -> None:
+    # the test folders are not packages: pytest imports each module by its file name, and two modules of one
+    # name stop the whole collection ("import file mismatch")
+    names: dict[str, list[str]] = {}
+    for path in (REPO / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert not {n: p for n, p in names.items() if len(p) > 1}
