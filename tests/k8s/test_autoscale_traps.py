@@ -135,6 +135,11 @@ def test_pools_the_operator_does_not_autoscale_keep_what_an_external_scaler_set(
         create(kube, namespace, rljob(name, bus.bootstrap[0], roles=roles))
         wait_for("initial sizes", lambda: replicas(kube, namespace, name) == {
             "generator": 1, "verifier": 2, "curriculum": 1, "learner": 1}, timeout_s=60)
+        # the operator's first passes are over once its status says which spec sizes it applied (an external
+        # scale before that can meet a pass that still applies the spec: the scaler then corrects it again)
+        wait_for("the applied spec sizes in the status", lambda: {
+            r: ((((get_job(kube, namespace, name) or {}).get("status") or {}).get("scaling") or {}).get(r) or {}).get(
+                "specReplicas") for r in ("generator", "verifier")} == {"generator": 1, "verifier": 2}, timeout_s=60)
         external_scale("generator", 3)
         external_scale("verifier", 5)
         time.sleep(2.5)  # 5 operator passes: nothing is forced back
