@@ -44,6 +44,20 @@ def unavailable(what: str, reason: str, up_cmd: str) -> NoReturn:
     pytest.skip(msg)
 
 
+SASL_KEYS = ("KAFKA_SASL_BOOTSTRAP", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD",
+             "KAFKA_SSL_CAFILE")
+
+
+def sasl_listener(lookup: Callable[[str], str | None]) -> dict[str, str]:
+    """The test broker's SASL_SSL listener (SASL_KEYS, looked up in build/infra.env's values); fails in CI,
+    skips elsewhere, when up.sh has not written them."""
+    values = {k: lookup(k) or "" for k in SASL_KEYS}
+    missing = [k for k, v in values.items() if not v]
+    if missing:
+        unavailable("the broker's SASL_SSL listener", f"build/infra.env lacks {', '.join(missing)}",
+                    "scripts/infra/up.sh kafka")
+    return values
+
 @contextmanager
 def running_servers(what: str, services: Sequence[str], problem: Callable[[dict[str, str]], str | None],
                     timeout_s: float) -> Iterator[dict[str, str]]:

@@ -4,11 +4,11 @@ and with credentials from AWS_* environment variables only (no static S3_* keys)
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 
+from infra_session import sasl_listener
 from scalerl.bus import TopicNames, open_bus
 from scalerl.bus.kafka import KafkaBus
 from scalerl.bus.security import KafkaConnectError
@@ -17,19 +17,11 @@ from scalerl.store.base import open_store
 from scalerl.store.s3 import S3Store
 
 pytestmark = pytest.mark.infra
-KEYS = ("KAFKA_SASL_BOOTSTRAP", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD",
-        "KAFKA_SSL_CAFILE")
 
 
 @pytest.fixture
 def sasl(infra, monkeypatch) -> dict[str, str]:
-    values = {k: infra.values.get(k, "") for k in KEYS}
-    missing = [k for k, v in values.items() if not v]
-    if missing:
-        msg = f"build/infra.env lacks {', '.join(missing)} (the broker's SASL_SSL listener: scripts/infra/up.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
+    values = sasl_listener(infra.values.get)
     for k in ("SECURITY_PROTOCOL", "SASL_MECHANISM", "SASL_USERNAME", "SASL_PASSWORD", "SSL_CAFILE"):
         monkeypatch.delenv(f"SCALERL_KAFKA_{k}", raising=False)
     return values

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from operator_helpers import QUIET_KAFKA, create, get_job, operator, rljob, unique_job
 
+from infra_session import sasl_listener
 from scalerl.bus.kafka import KafkaBus
 from scalerl.bus.security import KafkaConnectError, KafkaSecurity
 from scalerl_operator.kafka_access import kafka_security
@@ -22,20 +23,11 @@ from scalerl_operator.render import bus_prefix
 from scalerl_operator.spec import RLJobSpec
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
-KEYS = ("KAFKA_SASL_BOOTSTRAP", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD",
-        "KAFKA_SSL_CAFILE")
 
 
 @pytest.fixture
 def sasl(k8s_env: dict[str, str]) -> dict[str, str]:
-    values = {k: k8s_env.get(k) or os.environ.get(k, "") for k in KEYS}
-    missing = [k for k, v in values.items() if not v]
-    if missing:
-        msg = f"build/infra.env lacks {', '.join(missing)} (the broker's SASL_SSL listener: scripts/infra/up.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
-    return values
+    return sasl_listener(lambda k: k8s_env.get(k) or os.environ.get(k))
 
 
 def _secret(kube: Kube, namespace: str, sasl: dict[str, str], password: str) -> None:
