@@ -80,6 +80,8 @@ def _quantity(value: int | str) -> int | str:
 
 
 # int-or-string, as resource.Quantity is in Kubernetes schemas (crd.py keeps the anyOf for it).
+SecretField = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+"""A Secret's name or key (Kubernetes: at most 253 characters)."""
 Quantity = Annotated[int | str, AfterValidator(_quantity), Field(
     description="A resource quantity: 4, \"500m\", \"16Gi\".",
     json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN})]
@@ -228,11 +230,11 @@ class Roles(K8sModel):
 # ---- infrastructure endpoints ----------------------------------------------------------------------
 
 class KafkaSecretRef(K8sModel):
-    name: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+    name: SecretField = Field(
         description="Secret in the RLJob's namespace.")
-    username_key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+    username_key: SecretField = Field(
         "username", description="Key of the SASL username (SASL protocols).")
-    password_key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+    password_key: SecretField = Field(
         "password", description="Key of the SASL password (SASL protocols).")
     ca_key: Annotated[str, StringConstraints(max_length=253)] = Field(
         "", description="Key of the PEM CA bundle that signs the brokers' certificates (TLS protocols); "
@@ -278,11 +280,11 @@ class BusSpec(K8sModel):
 
 
 class SecretKeys(K8sModel):
-    name: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+    name: SecretField = Field(
         description="Secret in the RLJob's namespace.")
-    access_key_key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+    access_key_key: SecretField = Field(
         "accessKey", description="Key of the access key in the Secret.")
-    secret_key_key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+    secret_key_key: SecretField = Field(
         "secretKey", description="Key of the secret key in the Secret.")
 
 
