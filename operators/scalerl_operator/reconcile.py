@@ -17,6 +17,7 @@ role is scaled to zero, the objects stay for inspection.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 4000  # characters of a condition message (the scheduler's messages can be long)
 SPEC_REPLICAS = "specReplicas"  # status.scaling.<role>: spec replicas last applied (autoscaling off)
+APPLY_ATTEMPTS = 5  # reads and applies of one workload per pass while others keep changing it
 WORKLOADS = {"generator": "Deployment", "verifier": "Deployment", "curriculum": "Deployment",
              "learner": "StatefulSet"}
 
@@ -89,6 +91,29 @@ def _workload_replicas(obj: dict[str, Any] | None) -> tuple[int, int] | None:
     if obj is None:
         return None
     return int((obj.get("status") or {}).get("readyReplicas") or 0), int(obj["spec"].get("replicas") or 0)
+
+
+def apply_workload(kube: Kube, child: dict[str, Any], decide: Callable[[int | None], int]) -> dict[str, Any]:
+    """Apply a Deployment/StatefulSet whose replicas depend on what it runs now (`decide`: its live
+    spec.replicas, None when it does not exist, -> the replicas to apply): read it, decide, apply on
+    that resourceVersion. A scale written in between (an HPA, KEDA, `kubectl scale`) makes the API
+    server answer 409; the workload is read and decided again, so it is never reverted by a pass that
+    read it before. Sets child.spec.replicas and metadata.resourceVersion; returns the applied object."""
+    m = child["metadata"]
+    for _ in range(APPLY_ATTEMPTS):
+        cur = kube.get("apps/v1", child["kind"], m["namespace"], m["name"])
+        child["spec"]["replicas"] = decide(None if cur is None else int(cur["spec"].get("replicas") or 0))
+        if cur is None:
+            m.pop("resourceVersion", None)
+        else:
+            m["resourceVersion"] = cur["metadata"]["resourceVersion"]
+        try:
+            return kube.apply(child)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+    raise KubeError(409, "Conflict", f"changed by others on each of {APPLY_ATTEMPTS} attempts to apply it",
+                    f"{child['kind']} {m['namespace']}/{m['name']}")
 
 
 def observe(kube: Kube, namespace: str, name: str) -> dict[str, dict[str, Any] | None]:
@@ -248,6 +273,26 @@ def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple
 EnsureTopics = Callable[[str, list[str], list[str], int], None]
 
 
+class _Sizes:
+    """The replicas of one pass per role, decided (`desired_replicas`) from the spec, the status and
+    what each workload runs: `observed` at first, then what its apply read (`decide`)."""
+
+    def __init__(self, spec: RLJobSpec, prev: dict[str, Any], live: dict[str, dict[str, Any] | None]) -> None:
+        self.spec, self.terminal, scaling = spec, is_terminal(prev), prev.get("scaling") or {}
+        self.remembered = {r: (scaling.get(r) or {}).get("lastReplicas") for r in ("generator", "verifier")}
+        self.applied = {r: (scaling.get(r) or {}).get(SPEC_REPLICAS) for r in ("generator", "verifier")}
+        self.observed = {r: b[1] if (b := _workload_replicas(o)) else None for r, o in live.items()}
+        self.decided = {r: self.decide(r, self.observed[r]) for r in ROLES}
+
+    def decide(self, role: str, now: int | None) -> int:
+        """The replicas for `role` when its workload runs `now` (None: it does not exist)."""
+        self.observed[role] = now
+        if self.terminal:
+            return 0
+        return desired_replicas(self.spec, live=self.observed, remembered=self.remembered,
+                                applied=self.applied)[role]
+
+
 def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure_topics: EnsureTopics,
               now: datetime | None = None) -> Outcome:
     """One full pass for `obj` (a fresh RLJob dict). `ensure_topics(bootstrap, data, single,
@@ -267,16 +312,8 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
     images = pinned_image_defaults(live, image_defaults(os.environ))  # those the children were created with
     if (problem := image_problem(spec, images)) is not None:
         return _fail(kube, obj, c.REASON_INVALID_SPEC, problem, now)
-    before = {r: _workload_replicas(o) for r, o in live.items()}
-    if is_terminal(prev):
-        replicas = dict.fromkeys(ROLES, 0)
-    else:
-        scaling = prev.get("scaling") or {}
-        replicas = desired_replicas(spec, live={r: b[1] if b else None for r, b in before.items()},
-                                    remembered={r: (scaling.get(r) or {}).get("lastReplicas")
-                                                for r in ("generator", "verifier")},
-                                    applied={r: (scaling.get(r) or {}).get(SPEC_REPLICAS)
-                                             for r in ("generator", "verifier")})
+    sizes = _Sizes(spec, prev, live)
+    replicas = dict(sizes.decided)
     children = render(name, ns, spec, replicas, images)
     kopf.adopt(children, owner=obj)  # type: ignore[arg-type]
     out = Outcome(phase=prev.get("phase", c.PHASE_PENDING))
@@ -285,19 +322,22 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
             if i == 1:  # after the ConfigMap, before the workloads that use the topics
                 data, single = topics(bus_prefix(name, ns))
                 ensure_topics(spec.bus.bootstrap, data, single, partitions(spec))
-            new = kube.apply(child)
-            if child["kind"] in ("Deployment", "StatefulSet"):
-                live[child["metadata"]["labels"]["app.kubernetes.io/component"]] = new
+            if child["kind"] in WORKLOADS.values():
+                role = child["metadata"]["labels"]["app.kubernetes.io/component"]
+                live[role] = apply_workload(kube, child, functools.partial(sizes.decide, role))
+                replicas[role] = child["spec"]["replicas"]
+            else:
+                kube.apply(child)
     except KubeError as exc:
         if exc.status in (400, 422):  # the API server rejects what we rendered: the spec cannot be realised
             return _fail(kube, obj, c.REASON_CHILD_APPLY_FAILED, str(exc), now)
         raise
     why = "suspended" if spec.suspend else f"job {prev['phase']}" if is_terminal(prev) else "spec change or resume"
-    for role, b in before.items():
+    for role, b in sizes.observed.items():
         after = replicas[role]
-        if b is not None and b[1] != after:
-            out.scaled[role] = (b[1], after)
-            kube.event(obj, "Normal", "Scaled", f"{role}: {b[1]} -> {after} replicas ({why})", "Scale")
+        if b is not None and b != after:
+            out.scaled[role] = (b, after)
+            kube.event(obj, "Normal", "Scaled", f"{role}: {b} -> {after} replicas ({why})", "Scale")
     roles = {r: _workload_replicas(o) or (0, replicas[r]) for r, o in live.items()}
     sts = next(ch for ch in children if ch["kind"] == "StatefulSet")
     ready, want = roles["learner"]

@@ -6,6 +6,7 @@ scheduler runs: the Pending pod and its PodScheduled condition are written by ha
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -28,6 +29,7 @@ from scalerl.bus.kafka import KafkaBus
 from scalerl.messages import MetricRecord
 from scalerl_operator import conditions as c
 from scalerl_operator.kube import Kube, path
+from scalerl_operator.reconcile import apply_workload
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
 GPU_MSG = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available."
@@ -156,3 +158,29 @@ def test_pools_the_operator_does_not_autoscale_keep_what_an_external_scaler_set(
         patch_spec(kube, namespace, name, {"suspend": False})
         wait_for("resumed at the spec sizes", lambda: replicas(kube, namespace, name) == {
             "generator": 2, "verifier": 4, "curriculum": 1, "learner": 1}, timeout_s=30)
+
+
+def test_a_scale_written_between_the_operators_read_and_its_apply_is_not_reverted(kube: Kube, namespace: str) -> None:
+    """The window the test above can only hit by chance, opened on purpose: `decide` reads the
+    Deployment's replicas, then an external scaler writes 4 before the apply. The apply carries the
+    resourceVersion it decided on, so the API server refuses it (409) and the pass decides again on 4."""
+    name = f"{unique_job()}-generator"
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace},
+           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": {
+               "metadata": {"labels": {"app": name}},
+               "spec": {"containers": [{"name": "g", "image": "scalerl:0.1.0"}]}}}}
+    kube.apply(copy.deepcopy(dep))
+    seen: list[int | None] = []
+
+    def keep_what_runs(now: int | None) -> int:  # what the operator decides for a pool it does not scale
+        seen.append(now)
+        if len(seen) == 1:  # the external scaler writes after this read
+            kube.request("PATCH", path("apps/v1", "Deployment", namespace, name, "scale"),
+                         body={"spec": {"replicas": 4}}, query={"fieldManager": "horizontal-pod-autoscaler"},
+                         content_type="application/merge-patch+json")
+        return 1 if now is None else now
+
+    applied = apply_workload(kube, copy.deepcopy(dep), keep_what_runs)
+    assert seen == [1, 4]
+    assert applied["spec"]["replicas"] == 4
+    assert kube.get("apps/v1", "Deployment", namespace, name)["spec"]["replicas"] == 4
