@@ -27,7 +27,7 @@ from scalerl.bus.dlq import DeadLetters
 from scalerl.bus.validate import Limits, reason_for
 from scalerl.config import JobSpec
 from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
-from scalerl.messages import PolicyVersion, PromptTask, RolloutGroup
+from scalerl.messages import Completion, PolicyVersion, PromptTask, RolloutGroup
 from scalerl.model.text import encode_prompt, end_ids, text_ids, think_close_spellings
 from scalerl.store import Store
 from scalerl.store.weights import load_weights
@@ -48,6 +48,12 @@ def length_control(spec: JobSpec, tokenizer: Any, *, interrupt: bool | None = No
                          think_close_ids=close, think_close_alts=tuple(alts), eos_id=eos, end_ids=tuple(turn_ends),
                          interruption_ids=phrase if use_interrupt else None,
                          window=tuple(g.interruption.window_tokens))  # type: ignore[arg-type]
+
+
+def batch_staleness(newest_announced: int, comps: list[Completion]) -> int:
+    """Policy versions between the newest announced and the oldest that produced a token of `comps`
+    (0 for an empty batch): how far behind the learner the batch was when it left."""
+    return max(0, newest_announced - min(c.min_version for c in comps)) if comps else 0
 
 
 class GeneratorRole:
@@ -74,7 +80,10 @@ class GeneratorRole:
         self.gen_tokens = 0
         self.groups_out = 0
         self.loaded: PolicyVersion | None = None  # the announcement whose weights the engine holds
-        self.newest_announced = 0  # the highest version announced so far (the staleness metric)
+        self.newest_announced = 0  # the highest version announced so far
+        # newest announced version minus the oldest that produced a token of the last batch published
+        # (the staleness metric: > 0 when weights changed in flight or while the batch waited)
+        self.staleness = 0
 
     def rewind(self) -> None:
         """After a failed batch: rejoin the group from its committed offsets, so the prompts of that
@@ -139,3 +148,4 @@ class GeneratorRole:
                                               generator_id=self.generator_id),
                                  key=task.prompt_id, headers=headers)
             self.groups_out += 1
+        self.staleness = batch_staleness(self.newest_announced, comps)

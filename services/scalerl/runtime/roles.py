@@ -181,7 +181,7 @@ class GeneratorService:
         return {"role": "generator", "id": self.ctx.role_id, "policy_version": self.engine.version,
                 "ready": self.ready(), "tokens_generated": self.role.gen_tokens,
                 "groups_generated": self.role.groups_out, "prompts_consumed": self.prompts_consumed,
-                "staleness_versions": max(0, self.role.newest_announced - self.engine.version),
+                "staleness_versions": self.role.staleness,
                 "swaps_in_flight": self.engine.swaps_in_flight,
                 "dead_lettered": dict(self.role.dead.counts),
                 "lag": input_lag(self.bus, self.role.group, self.topics.prompts)}

@@ -11,8 +11,9 @@ attribute -> metric (type): meaning
   consumed (prompt tasks, rollout or scored groups) / produced.
 - queue_lag -> scalerl_<role>_queue_lag_messages{topic} (gauge): records of an input topic not yet
   committed by the role's consumer group.
-- staleness -> scalerl_<role>_policy_staleness_versions (gauge): newest policy version minus the one
-  in use (generator) or of the data trained on (learner).
+- staleness -> scalerl_<role>_policy_staleness_versions (gauge): the newest announced policy version
+  minus the oldest that produced a token of the last batch published (generator: > 0 when weights
+  changed in flight), or the oldest of the data trained on in the last step (learner).
 - policy_version -> scalerl_<role>_policy_version (gauge): loaded (generator) or published (learner).
 - step_seconds -> scalerl_<role>_step_seconds (histogram): one unit of work: a generation batch, a
   scoring batch, an optimizer step.
@@ -96,8 +97,9 @@ class RoleMetrics:
                                   "prompt tasks, policy versions).", registry=r)
         self.queue_lag = Gauge(f"{p}_queue_lag_messages", "Records of an input topic not yet committed "
                                "by this role's consumer group.", ["topic"], registry=r)
-        self.staleness = Gauge(f"{p}_policy_staleness_versions", "Newest policy version minus the one "
-                               "in use (generator) or of the data trained on (learner).", registry=r)
+        self.staleness = Gauge(f"{p}_policy_staleness_versions", "Newest announced policy version minus "
+                               "the oldest that produced the last batch published (generator) or the "
+                               "oldest of the data trained on in the last step (learner).", registry=r)
         self.policy_version = Gauge(f"{p}_policy_version", "Policy version loaded (generator) or "
                                     "published (learner).", registry=r)
         self.step_seconds = Histogram(f"{p}_step_seconds", "Duration of one unit of work: a generation "

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from scalerl.generator.engine import LengthControl, SamplingParams
-from scalerl.generator.role import encode_prompt, length_control
+from scalerl.generator.role import batch_staleness, encode_prompt, length_control
 from scalerl.generator.torch_engine import ANSWER, DONE, FORCED, THINKING, TorchEngine
+from scalerl.messages import Completion
 from scalerl.model.factory import build_tiny_model, sequence_logprobs
 
 
@@ -108,3 +109,15 @@ def test_length_penalty_mode_truncates_at_budget(tiny_spec, tiny_model, tokenize
         assert len(c.token_ids) <= length.thinking_budget + length.answer_budget
         if c.thinking_tokens >= length.thinking_budget:
             assert c.finish_reason == "length"
+
+
+def test_batch_staleness_is_the_newest_announcement_minus_the_oldest_version_in_the_batch():
+    def comp(versions):
+        n = len(versions)
+        return Completion(token_ids=[1] * n, logprobs=[0.0] * n, versions=versions, loss_mask=[True] * n,
+                          finish_reason="stop", text="")
+
+    swapped, old = comp([3, 3, 4, 4]), comp([2, 2])  # an in-flight swap 3 -> 4; a sequence started at 2
+    assert batch_staleness(5, [swapped, old]) == 5 - 2
+    assert batch_staleness(4, [swapped]) == 4 - 3
+    assert batch_staleness(0, []) == 0
