@@ -15,6 +15,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if importlib.util.find_spec("vllm") is None:
     collect_ignore = ["vllm_cpu"]
 
+# `infra` (the running Kafka + MinIO) and `unique`: tests/integration and tests/vllm_cpu both use them
+pytest_plugins = ["infra_servers"]
+
 
 @pytest.fixture(scope="session")
 def tokenizer():

@@ -25,6 +25,11 @@ UP = REPO / "scripts" / "infra" / "up.sh"
 DOWN = REPO / "scripts" / "infra" / "down.sh"
 
 
+# kafka-python loads its protocol schemas with importlib.resources APIs deprecated in Python 3.11
+QUIET_KAFKA = [pytest.mark.filterwarnings("ignore:read_text is deprecated:DeprecationWarning"),
+               pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning")]
+
+
 def read_env_file(path: Path = ENV_FILE) -> dict[str, str]:
     """The KEY=VALUE lines of build/infra.env; {} when it does not exist."""
     values: dict[str, str] = {}

@@ -22,10 +22,10 @@ import math
 import signal
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
+from distributed_checks import assert_committed_have_output, steps_of, wait_step
 from scalerl.bus.kafka import KafkaBus
 from scalerl.messages import PolicyVersion, ScoredGroup
 from scalerl.model.factory import model_vocab_size
@@ -49,24 +49,6 @@ def sft_start(tmp_path_factory, addition_run_spec) -> str:
     return mixed_reward_warm_start(addition_run_spec("sft", None, **RUN), tmp_path_factory.mktemp("sft"))
 
 
-def _steps(out: Path) -> list[dict]:
-    path = out / "train.jsonl"
-    if not path.exists():
-        return []
-    return [r for r in (json.loads(x) for x in path.read_text().splitlines() if x.strip()) if r["kind"] == "step"]
-
-
-def _wait_step(cluster: LocalCluster, out: Path, step: int, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any(r["step"] >= step for r in _steps(out)):
-            return
-        learner = cluster.procs["learner-0"].popen
-        assert learner.poll() is None, f"learner exited early ({learner.returncode}):\n{cluster.tail('learner-0')}"
-        time.sleep(0.3)
-    pytest.fail(f"no step {step} within {timeout_s:.0f} s:\n{cluster.tail('learner-0')}")
-
-
 @pytest.mark.timeout(900)
 def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_start, tmp_path, restart_kafka,
                                                            addition_run_spec):
@@ -77,12 +59,12 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_st
     bus = KafkaBus(infra.kafka_bootstrap)
     try:
         cluster.start_all()
-        _wait_step(cluster, out, 2)
+        wait_step(cluster, out, 2)
         cluster.kill("generator-0")  # SIGKILL mid-run; not restarted
         bus.publish_raw(f"{unique}.rollouts", b"\x00poison-rollout", key=b"p")
         bus.publish_raw(f"{unique}.scored", b"\x00poison-scored", key=b"p")
         bus.flush()
-        _wait_step(cluster, out, 5)  # the step-4 checkpoint is in MinIO
+        wait_step(cluster, out, 5)  # the step-4 checkpoint is in MinIO
         cluster.kill("learner-0")
         before_kill = _announced(bus, unique)  # versions 5.. of this learner die with it (lost lineage)
         cluster.start("learner", "learner-0")
@@ -99,7 +81,7 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_st
     assert "learner resumed from step_000004" in cluster.procs["learner-0"].log_path.read_text()
 
     summary = json.loads((out / "summary.json").read_text())
-    steps = _steps(out)
+    steps = steps_of(out)
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1)) and summary["steps"] == STEPS
     trained = [gid for r in steps for gid in r["group_ids"]]
     assert len(trained) == STEPS * spec.train.prompts_per_step
@@ -122,9 +104,9 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_st
 
     # Nothing lost: every prompt the generators committed has a rollout group (the killed generator's
     # uncommitted prompts were re-delivered), every rollout the verifiers committed has a score.
-    _assert_committed_have_output(bus, f"{unique}.prompts", f"{unique}.generators", f"{unique}.rollouts",
+    assert_committed_have_output(bus, f"{unique}.prompts", f"{unique}.generators", f"{unique}.rollouts",
                                   lambda m: f"{m.prompt_id}@{m.epoch}", lambda m: f"{m.task.prompt_id}@{m.task.epoch}")
-    _assert_committed_have_output(bus, f"{unique}.rollouts", f"{unique}.verifiers", f"{unique}.scored",
+    assert_committed_have_output(bus, f"{unique}.rollouts", f"{unique}.verifiers", f"{unique}.scored",
                                   lambda m: f"{m.task.prompt_id}@{m.task.epoch}", lambda m: m.group_id)
 
     dlq = bus.read_raw(f"{unique}.dlq")
@@ -157,14 +139,6 @@ def _check_side_port(cluster: LocalCluster, role_id: str, input_topic: str, time
         time.sleep(0.5)
     assert tokens[0] > 0, f"{role_id} generated no tokens within {timeout_s:.0f} s"
     assert f'scalerl_generator_queue_lag_messages{{topic="{input_topic}"}}' in text
-
-
-def _assert_committed_have_output(bus, topic, group, out_topic, key_in, key_out) -> None:
-    committed = bus.committed(group, topic)
-    inputs = [r for r in bus.read_raw(topic) if not r.value.startswith(b"\x00")]
-    done = [key_in(decode_envelope(r.value)) for r in inputs if r.offset < committed.get(r.partition, 0)]
-    outputs = {key_out(decode_envelope(r.value)) for r in bus.read_raw(out_topic) if not r.value.startswith(b"\x00")}
-    assert done and set(done) <= outputs, sorted(set(done) - outputs)[:5]
 
 
 def _announced(bus: KafkaBus, unique: str) -> list[tuple[int, str, int]]:
@@ -261,7 +235,7 @@ def test_bad_values_are_dead_lettered_once_and_the_run_finishes(infra, unique, s
     bus = KafkaBus(infra.kafka_bootstrap)
     try:
         cluster.start_all()
-        _wait_step(cluster, out, 1)  # (in-flight cap 2B: the learner must read past the bad records to finish)
+        wait_step(cluster, out, 1)  # (in-flight cap 2B: the learner must read past the bad records to finish)
         template = next(decode_envelope(r.value, ScoredGroup) for r in bus.read_raw(f"{unique}.scored"))
         bad = _bad_records(template, model_vocab_size(spec.model))
         for key, (kind, value, _) in bad.items():
@@ -275,7 +249,7 @@ def test_bad_values_are_dead_lettered_once_and_the_run_finishes(infra, unique, s
     finally:
         cluster.stop_all(timeout_s=30)
     assert set(codes.values()) == {0}, codes
-    steps = _steps(out)
+    steps = steps_of(out)
     assert [r["step"] for r in steps] == list(range(1, BAD_RUN["steps"] + 1))
 
     # each bad record once in the dead-letter topic, parked by its topic's owner, with its reason

@@ -9,7 +9,6 @@ schedule) went through the checkpoint and back into two shards intact.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from distributed_checks import steps_of
 from scalerl.bus.kafka import KafkaBus
 from scalerl.learner.checkpoint import load_trainer_state
 from scalerl.learner.learner import Learner
@@ -34,13 +34,6 @@ pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 STEPS = 8
 RUN = {"steps": STEPS, "off_policy": {"mode": "pipeline", "k": 2}, "checkpoint_every": 2, "eval_every": 4,
        "partitions": 2}
-
-
-def _steps(out: Path) -> list[dict]:
-    path = out / "train.jsonl"
-    if not path.exists():
-        return []
-    return [r for r in (json.loads(x) for x in path.read_text().splitlines() if x.strip()) if r["kind"] == "step"]
 
 
 def _first_checkpoint(store, cluster: LocalCluster, timeout_s: float = 300) -> str:
@@ -111,7 +104,7 @@ def test_two_rank_learner_matches_one_process_and_resumes(infra, unique, tmp_pat
             assert f"already finished at step {STEPS}" in cluster.procs["learner-0"].log_path.read_text()
             assert (out / "metrics.jsonl").read_text() == evals
 
-            steps = _steps(out)
+            steps = steps_of(out)
             assert sorted(r["step"] for r in steps) == list(range(1, STEPS + 1))
             by_id = {}
             for rec in bus.read_raw(f"{unique}.scored"):

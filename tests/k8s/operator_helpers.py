@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kopf.testing import KopfRunner
 
+from infra_session import QUIET_KAFKA  # noqa: F401  (re-exported for the tests here)
 from scalerl_operator.kube import Kube, path
 from scalerl_operator.spec import GROUP, VERSION
 from waiting import wait_for  # noqa: F401  (re-exported for the tests here)
@@ -27,10 +28,6 @@ warnings.filterwarnings("ignore", "open_text is deprecated", DeprecationWarning)
 RLJOB = f"{GROUP}/{VERSION}"
 INTERVAL_S = 0.5  # the operator's status + autoscaler period in these tests
 OPERATOR_IMAGE = "registry.example/scalerl:0.1.0"  # the operator's default image for RLJobs naming none
-QUIET_KAFKA = [pytest.mark.filterwarnings("ignore:read_text is deprecated:DeprecationWarning"),
-               pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning")]
-
-
 def kafka_bootstrap(k8s_env: dict[str, str]) -> str:
     """The real broker of build/infra.env; fail (CI) or skip when it does not answer."""
     boot = k8s_env.get("KAFKA_BOOTSTRAP") or os.environ.get("KAFKA_BOOTSTRAP", "")

@@ -164,6 +164,8 @@ class GeneratorService:
         model.to(resolve_device(spec.model.device)).eval()
         self.engine = make_engine(spec, model, self.tokenizer, seed=role_seed(spec, ctx.role_id),
                                   workdir=ctx.out_dir / f"{ctx.role_id}-init")
+        log.info("%s: sampling with %s (generation.engine %s)", ctx.role_id, type(self.engine).__name__,
+                 spec.generation.engine)
         self.engine_lock = threading.Lock()  # the bus loop and gRPC Generate/UpdateWeights share the engine
         limits = job_limits(spec, make_task(spec), embedding_rows(model))
         self.role = GeneratorRole(spec, self.engine, self.tokenizer, self.bus, self.store, self.topics, limits,
