@@ -37,6 +37,9 @@ KWOK_LEASE_S=8 # kwok renews every lease/4 = 2 s; well inside the grace period
 # node-not-ready.stage.kwok.x-k8s.io=true reports Ready=False.
 KWOK_STAGES=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
     node/chaos/node-not-ready.yaml pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml)
+# Stages of our own, in the checkout: a pod annotated scalerl.test/container-restarts=<n> reports its
+# first container restarted n times (kwok has no such stage; tests/k8s/test_cluster_operator.py).
+KWOK_OWN_STAGES=("$INFRA_DIR/kwok/pod-container-restart.yaml")
 KWOK_NODE_ANNOTATION="kwok.x-k8s.io/node=fake"
 # The controllers a GPU job's life touches (the rest of '*' is off: less CPU on a small machine).
 CLUSTER_CONTROLLERS="deployment-controller,replicaset-controller,statefulset-controller,job-controller,\
@@ -173,18 +176,28 @@ start_cluster_controller_manager() {
         --node-monitor-grace-period "${CLUSTER_NODE_GRACE_S}s" --concurrent-gc-syncs 5
 }
 
+kwok_config() { # the config kwok loads, on stdout
+    local s
+    # Stages only: a KwokConfiguration here would replace kwok's defaults (its options are flags below).
+    echo "# written by scripts/infra/up.sh: the stages of $KWOK_MODULE@$KWOK_VERSION and scripts/infra/kwok/"
+    for s in "${KWOK_STAGES[@]}"; do
+        echo "---"
+        cat "$(kwok_stages)/${s##*/}"
+    done
+    for s in "${KWOK_OWN_STAGES[@]}"; do
+        echo "---"
+        cat "$s"
+    done
+}
+
 write_kwok_config() {
-    local s f="$CLUSTER_STATE/kwok.yaml"
-    {
-        # Stages only: a KwokConfiguration here would replace kwok's defaults (its options are flags below).
-        echo "# written by scripts/infra/up.sh: the stages of $KWOK_MODULE@$KWOK_VERSION"
-        for s in "${KWOK_STAGES[@]}"; do
-            echo "---"
-            cat "$(kwok_stages)/${s##*/}"
-        done
-    } >"$f.tmp.$$"
+    local f="$CLUSTER_STATE/kwok.yaml"
+    kwok_config >"$f.tmp.$$"
     mv "$f.tmp.$$" "$f"
 }
+
+# True when the running kwok loaded the stages this checkout would give it (kwok reads them at start).
+kwok_config_current() { [[ "$(kwok_config)" == "$(cat "$CLUSTER_STATE/kwok.yaml" 2>/dev/null)" ]]; }
 
 start_cluster_kwok() {
     write_kwok_config
@@ -229,6 +242,13 @@ up_cluster() {
     if ((healthy)); then
         log "cluster: already running and healthy on $(cluster_api)"
         write_cluster_kubeconfig
+        if ! kwok_config_current; then # new stages: restart kwok alone (the pods and nodes stay)
+            t0="$(now)"
+            log "cluster: kwok's stages changed; restarting kwok"
+            stop_pid "$(read_pid "$CLUSTER_STATE/kwok.pid")" "$(cluster_kwok_pattern)" "cluster kwok"
+            start_cluster_kwok
+            _cluster_wait kwok "$t0"
+        fi
         return 0
     fi
     down_cluster

@@ -29,6 +29,9 @@ become Running and Ready (kwok's stages), owners' deletions cascade; no containe
 `scripts/infra/up.sh k8s cluster` when absent, like `k8s`). `cluster_call` / `cluster_crd` (session):
 as `k8s_call` / `rljob_crd`, there. `cluster_namespace`: a fresh namespace there with its `default`
 ServiceAccount (the ServiceAccount admission plugin is on), removed afterwards once its pods are gone.
+`cluster_kube` / `cluster_bootstrap`: as `kube` / `bootstrap`, for the tests there. `cluster_operator`:
+the operator in-process, watching `cluster_namespace`, logged in as the chart's operator ServiceAccount
+(a TokenRequest token; the chart's namespaced Role and RoleBinding applied there).
 """
 
 from __future__ import annotations
@@ -305,3 +308,32 @@ def bootstrap(k8s_env: dict[str, str]) -> str:
     from operator_helpers import kafka_bootstrap
 
     return kafka_bootstrap(k8s_env)
+
+
+@pytest.fixture
+def cluster_kube(cluster: Any, cluster_crd: dict[str, Any]) -> Any:
+    """The operator's API client over the Pod-running cluster (the RLJob CRD applied)."""
+    from scalerl_operator.kube import Kube
+
+    return Kube(cluster)
+
+
+@pytest.fixture
+def cluster_bootstrap(cluster_env: dict[str, str]) -> str:
+    """The test broker's PLAINTEXT bootstrap address, for the RLJobs on the Pod-running cluster."""
+    from operator_helpers import kafka_bootstrap
+
+    return kafka_bootstrap(cluster_env)
+
+
+@pytest.fixture
+def cluster_operator(cluster_call: Callable[..., tuple[int, Any]], cluster_env: dict[str, str],
+                     cluster_crd: dict[str, Any], cluster_namespace: str, tmp_path: Path,
+                     monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The operator in-process on the Pod-running cluster, as the chart's ServiceAccount."""
+    from cluster_helpers import chart_operator_kubeconfig
+    from operator_helpers import operator
+
+    kubeconfig = chart_operator_kubeconfig(cluster_call, cluster_env, cluster_namespace, tmp_path)
+    with operator(cluster_namespace, str(kubeconfig), monkeypatch):
+        yield

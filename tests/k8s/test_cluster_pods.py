@@ -6,20 +6,31 @@ The operator runs in-process (kopf), logged in as the chart's ServiceAccount wit
 and the chart's namespaced RBAC (helm template, operator.scope=namespace), not as a cluster admin:
 every test also proves those rules are enough.
 
-What kwok cannot show: containers never run (no image pull, no probes, no GPUs really allocated, no
-restarts), so the roles' own behaviour is tested elsewhere (tests/integration, tests/e2e).
+What kwok cannot show: containers never run (no image pull, no probes, no GPUs really allocated; a
+container restart is only what a stage reports), so the roles' own behaviour is tested elsewhere
+(tests/integration, tests/e2e). The autoscaler and the learner gang on this cluster: test_cluster_operator.py.
 """
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from operator_helpers import QUIET_KAFKA, condition, create, get_job, kafka_bootstrap, operator, rljob, unique_job
+from cluster_helpers import (
+    CPU_ROLE,
+    GPU,
+    MERGE,
+    WAIT_S,
+    Call,
+    all_ready,
+    by_role,
+    gpu_role,
+    is_ready,
+    job_ready,
+    nodes,
+    pods,
+)
+from operator_helpers import QUIET_KAFKA, condition, create, get_job, rljob, unique_job
 
 from scalerl_operator import conditions as c
 from scalerl_operator.kube import Kube, path
@@ -28,127 +39,15 @@ from waiting import wait_for
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
 
-Call = Callable[..., tuple[int, Any]]
-CHART = Path(__file__).resolve().parents[2] / "helm" / "scalerl"
-GPU = "nvidia.com/gpu"
-ON_GPU_NODES = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-                "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]}
 NOT_READY_LABEL = "node-not-ready.stage.kwok.x-k8s.io"  # kwok's node-not-ready stage: Ready=False
-WAIT_S = 60.0  # scheduling and kwok's stages take a second or two; the machine may be loaded
-
-
-def gpu_role(gpus: int, **extra: Any) -> dict[str, Any]:
-    return {"resources": {"limits": {GPU: gpus}, "requests": {GPU: gpus, "cpu": "1"}}, **ON_GPU_NODES, **extra}
-
-
-CPU_ROLE = {"resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}
-
-
-# ---- the operator as the chart's ServiceAccount --------------------------------------------------------
-
-def _chart_rbac(helm: str, release: str, namespace: str) -> list[dict[str, Any]]:
-    proc = subprocess.run([helm, "template", release, str(CHART), "--namespace", namespace, "--kube-version",
-                           "v1.34.0", "--set", "operator.scope=namespace"],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr
-    return [o for o in yaml.safe_load_all(proc.stdout) if o and o["kind"] in ("ServiceAccount", "Role", "RoleBinding")
-            and "helm.sh/hook" not in (o["metadata"].get("annotations") or {})]
-
-
-@pytest.fixture
-def operator_kubeconfig(cluster_call: Call, cluster_env: dict[str, str], cluster_crd: dict[str, Any],
-                        cluster_namespace: str, tmp_path: Path) -> Path:
-    """A kubeconfig holding a TokenRequest token of the chart's operator ServiceAccount, bound by the
-    chart's own Role/RoleBinding in the test namespace."""
-    call, release, ns = cluster_call, "scalerl", cluster_namespace
-    objs = _chart_rbac(cluster_env["HELM_BIN"], release, ns)
-    assert {o["kind"] for o in objs} == {"ServiceAccount", "Role", "RoleBinding"}
-    plural = {"ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
-              "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
-              "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings"}
-    for o in objs:
-        status, body = call("POST", plural[o["kind"]].format(ns=o["metadata"].get("namespace", ns)), o)
-        assert status == 201, body
-    (sa,) = [o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"]
-    status, body = call("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
-                               {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                                "spec": {"expirationSeconds": 3600}})
-    assert status == 201, body
-    config = yaml.safe_load(Path(cluster_env["CLUSTER_KUBECONFIG"]).read_text())
-    config["users"] = [{"name": "operator", "user": {"token": body["status"]["token"]}}]
-    config["contexts"][0]["context"].update(user="operator", namespace=ns)
-    out = tmp_path / "operator.kubeconfig"
-    out.write_text(yaml.safe_dump(config))
-    out.chmod(0o600)
-    # the token is the ServiceAccount's, not an admin's
-    status, review = call("POST", "/apis/authentication.k8s.io/v1/tokenreviews",
-                                 {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                                  "spec": {"token": body["status"]["token"]}})
-    assert status == 201 and review["status"]["user"]["username"] == f"system:serviceaccount:{ns}:{sa}", review
-    return out
-
-
-@pytest.fixture
-def kube(cluster: Any, cluster_crd: dict[str, Any]) -> Kube:
-    return Kube(cluster)
-
-
-@pytest.fixture
-def bootstrap(cluster_env: dict[str, str]) -> str:
-    return kafka_bootstrap(cluster_env)
-
-
-@pytest.fixture
-def running_operator(cluster_namespace: str, operator_kubeconfig: Path,
-                     monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    with operator(cluster_namespace, str(operator_kubeconfig), monkeypatch):
-        yield
-
-
-# ---- reading the cluster -------------------------------------------------------------------------------
-
-def pods(call: Call, ns: str, job: str) -> list[dict[str, Any]]:
-    status, body = call("GET", f"/api/v1/namespaces/{ns}/pods",
-                               query={"labelSelector": f"app.kubernetes.io/instance={job}"})
-    assert status == 200, body
-    return list(body["items"])
-
-
-def by_role(items: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for p in sorted(items, key=lambda p: p["metadata"]["name"]):
-        out.setdefault(p["metadata"]["labels"]["app.kubernetes.io/component"], []).append(p)
-    return out
-
-
-def is_ready(pod: dict[str, Any]) -> bool:
-    return pod["status"].get("phase") == "Running" and any(
-        cond["type"] == "Ready" and cond["status"] == "True" for cond in pod["status"].get("conditions") or [])
-
-
-def nodes(call: Call, kind: str) -> list[str]:
-    status, body = call("GET", "/api/v1/nodes", query={"labelSelector": f"scalerl.dev/fake-node={kind}"})
-    assert status == 200 and body["items"], f"no fake {kind} nodes: {body}"
-    return sorted(n["metadata"]["name"] for n in body["items"])
-
-
-def job_ready(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
-    j = get_job(kube, ns, name)
-    return j if condition(j, c.READY) == ("True", c.REASON_ALL_ROLES_READY) else None
-
-
-def all_ready(call: Call, ns: str, name: str, want: dict[str, int]) -> dict[str, list[dict[str, Any]]] | None:
-    """The job's pods by role once exactly `want` pods per role exist and all are Running and Ready."""
-    roles = by_role([p for p in pods(call, ns, name) if not p["metadata"].get("deletionTimestamp")])
-    counts = {r: len(v) for r, v in roles.items()}
-    return roles if counts == want and all(is_ready(p) for v in roles.values() for p in v) else None
 
 
 # ---- tests ---------------------------------------------------------------------------------------------
 
 def test_children_become_scheduled_running_pods_on_the_right_nodes_and_go_with_the_rljob(
-        cluster_call: Call, kube: Kube, cluster_namespace: str, bootstrap: str, running_operator: None) -> None:
-    call = cluster_call
+        cluster_call: Call, cluster_kube: Kube, cluster_namespace: str, cluster_bootstrap: str,
+        cluster_operator: None) -> None:
+    call, kube, bootstrap = cluster_call, cluster_kube, cluster_bootstrap
     ns, name = cluster_namespace, unique_job()
     roles = {"learner": gpu_role(8, devicesPerNode=8), "generator": {**gpu_role(4), "replicas": 1},
              "verifier": {**CPU_ROLE, "replicas": 2}, "curriculum": CPU_ROLE}
@@ -195,8 +94,9 @@ def test_children_become_scheduled_running_pods_on_the_right_nodes_and_go_with_t
 
 
 def test_out_of_gpus_pods_stay_pending_and_the_status_names_the_missing_resource(
-        cluster_call: Call, kube: Kube, cluster_namespace: str, bootstrap: str, running_operator: None) -> None:
-    call = cluster_call
+        cluster_call: Call, cluster_kube: Kube, cluster_namespace: str, cluster_bootstrap: str,
+        cluster_operator: None) -> None:
+    call, kube, bootstrap = cluster_call, cluster_kube, cluster_bootstrap
     ns, name = cluster_namespace, unique_job()
     gpu_nodes = nodes(call, "gpu")
     # one learner pod per GPU node fills them; one more cannot be placed anywhere
@@ -226,8 +126,9 @@ def test_out_of_gpus_pods_stay_pending_and_the_status_names_the_missing_resource
 
 
 def test_a_node_going_not_ready_evicts_its_pods_and_the_status_shows_it(
-        cluster_call: Call, kube: Kube, cluster_namespace: str, bootstrap: str, running_operator: None) -> None:
-    call = cluster_call
+        cluster_call: Call, cluster_kube: Kube, cluster_namespace: str, cluster_bootstrap: str,
+        cluster_operator: None) -> None:
+    call, kube, bootstrap = cluster_call, cluster_kube, cluster_bootstrap
     ns, name = cluster_namespace, unique_job()
     gpu_nodes = nodes(call, "gpu")
     # the learner fills every GPU node: a pod evicted from a failed node has nowhere else to go
@@ -239,9 +140,8 @@ def test_a_node_going_not_ready_evicts_its_pods_and_the_status_shows_it(
     wait_for("RLJob Ready", lambda: job_ready(kube, ns, name), timeout_s=WAIT_S)
     failed = gpu_nodes[0]
     node_path = f"/api/v1/nodes/{failed}"
-    merge = "application/merge-patch+json"
     status, body = call("PATCH", node_path, {"metadata": {"labels": {NOT_READY_LABEL: "true"}}},
-                               content_type=merge)
+                               content_type=MERGE)
     assert status == 200, body
     try:
         def taint_and_degraded() -> dict[str, Any] | None:
@@ -260,7 +160,7 @@ def test_a_node_going_not_ready_evicts_its_pods_and_the_status_shows_it(
         assert failed not in {p["spec"].get("nodeName") for p in learner}  # nothing left on the failed node
         assert sum(1 for p in learner if is_ready(p)) == len(gpu_nodes) - 1
     finally:
-        call("PATCH", node_path, {"metadata": {"labels": {NOT_READY_LABEL: None}}}, content_type=merge)
+        call("PATCH", node_path, {"metadata": {"labels": {NOT_READY_LABEL: None}}}, content_type=MERGE)
     # the node recovers (kwok's node-initialize stage): the pod is placed on it again and the job is Ready
     wait_for("every pod Running and Ready again", lambda: all_ready(call, ns, name, want), timeout_s=WAIT_S)
     j = wait_for("RLJob Ready again", lambda: job_ready(kube, ns, name), timeout_s=WAIT_S)
