@@ -9,7 +9,9 @@
    defaulted fields and whose appVersion (so image tag) is the next one. The CRD on the API server
    changes (the stored RLJob is served with the new fields), the operator Deployment's template
    changes (new image: it rolls); the old operator is stopped (SIGTERM) and the new build starts with
-   the upgraded Deployment's arguments and environment.
+   the upgraded Deployment's arguments and environment. Before it stops, the old operator passes once
+   more against the upgraded CRD, as it may until the Recreate strategy stops its pod (it cannot parse
+   the new fields: the job's status reads Failed/InvalidSpec until the new build's first pass).
 3. Its first pass leaves the learner StatefulSet (generation, pod-template hash, image, resourceVersion)
    and the Deployments (generation, template) as they were, while job.yaml (the ConfigMap) carries
    the new fields: the new model is in effect. A spec change by the user then rolls each workload
@@ -43,6 +45,8 @@ Call = Callable[..., tuple[int, Any]]
 MERGE = "application/merge-patch+json"
 REPOSITORY = "registry.example/scalerl"
 LAUNCHER = str(Path(__file__).with_name("upgrade_build.py"))
+HANDLED = "scalerl.dev/last-handled-configuration"  # the operator's kopf diff base (operator.startup)
+TOUCHED = "scalerl.test/touched"
 WORKLOADS = [("StatefulSet", "learner"), ("Deployment", "generator"), ("Deployment", "verifier"),
              ("Deployment", "curriculum")]
 
@@ -176,6 +180,12 @@ def test_helm_upgrade_to_a_build_adding_jobspec_fields_does_not_restart_a_runnin
             return j.get("new_knob") == 7 and j.get("train", {}).get("warmup_ratio") == 0.0
 
         wait_for("the stored RLJob served with the upgraded CRD's defaults", served_with_new_defaults, timeout_s=30)
+        # the old operator runs on until the Recreate strategy stops it: a pass of it now, against the
+        # upgraded CRD (an annotation change makes one), touches no workload either
+        k8s_call("PATCH", job_path, {"metadata": {"annotations": {TOUCHED: "1"}}}, content_type=MERGE)
+        wait_for("the old operator's pass after the CRD's upgrade (kopf's record of what it handled)",
+                 lambda: TOUCHED in ((_get(k8s_call, job_path) or {}).get("metadata", {}).get("annotations", {})
+                                     .get(HANDLED, "")), timeout_s=30)
         dep_v2 = _get(k8s_call, operator_path)
         assert dep_v2 is not None
         assert dep_v2["metadata"]["generation"] > dep_v1["metadata"]["generation"]  # the operator rolls
