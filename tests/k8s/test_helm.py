@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,12 +31,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from helm_helpers import CHART, REPO, OperatorProcess, free_port, operator_env, run_helm
 
 import scalerl_operator.__main__ as operator_cli
-
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "helm" / "scalerl"
-INFRA_ENV = REPO / "build" / "infra.env"
 
 ALL_ON = ["minio.enabled=true", "kafka.enabled=true", "otelCollector.enabled=true",
           "metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true",
@@ -47,36 +41,6 @@ ALL_ON = ["minio.enabled=true", "kafka.enabled=true", "otelCollector.enabled=tru
 K8S_MINOR = "1.34"
 KUBE_VERSION = f"v{K8S_MINOR}.0"  # of the test API server; `helm template` assumes 1.20 without it
 BUILT_IN_GROUPS = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "apiextensions.k8s.io/v1"}
-
-
-def _infra_value(key: str) -> str | None:
-    """A setting of the test servers: the environment first, then build/infra.env (scripts/infra/up.sh)."""
-    if os.environ.get(key):
-        return os.environ[key]
-    if INFRA_ENV.is_file():
-        for line in INFRA_ENV.read_text().splitlines():
-            name, sep, value = line.partition("=")
-            if sep and name.strip() == key:
-                return value.strip().strip('"')
-    return None
-
-
-def helm_bin() -> Path:
-    """The helm client scripts/infra builds (HELM_BIN); missing fails in CI and skips elsewhere."""
-    value = _infra_value("HELM_BIN")
-    if value and Path(value).is_file():
-        return Path(value)
-    why = f"no helm client: HELM_BIN={value!r} (run `make infra-up`, which builds it into the cache)"
-    if os.environ.get("CI"):
-        pytest.fail(why)
-    pytest.skip(why)
-
-
-def run_helm(args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(helm_bin()), *args], capture_output=True, text=True, timeout=180, check=False,
-                          env={**os.environ, "HELM_CACHE_HOME": str(REPO / "build" / "helm" / "cache"),
-                               "HELM_CONFIG_HOME": str(REPO / "build" / "helm" / "config"),
-                               "HELM_DATA_HOME": str(REPO / "build" / "helm" / "data")})
 
 
 def render(release: str, namespace: str, values: list[str] | tuple[str, ...] = ()) -> str:
@@ -387,41 +351,22 @@ def test_example_rljob_is_accepted_by_the_crd_and_a_broken_one_is_not(paths: Pat
     assert status == 422 and "spec.roles.verifier.replicas" in body["message"], body
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_helm_test_hooks_pass_against_a_running_operator(paths: Paths, k8s_env: dict[str, str], namespace: str,
                                                          tmp_path: Path) -> None:
     """The operator started with the chart's own command and arguments (namespace scope, leader election)
     takes its Lease and answers its probe path; then the code of both `helm test` pods runs green."""
-    release, health = f"h{uuid.uuid4().hex[:6]}", _free_port()
+    release, health = f"h{uuid.uuid4().hex[:6]}", free_port()
     objs = objects_of(render(release, namespace, ["operator.scope=namespace", f"operator.healthPort={health}",
-                                                  f"operator.metricsPort={_free_port()}"]))
+                                                  f"operator.metricsPort={free_port()}"]))
     (container,) = next(o for o in objs if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"]
-    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
-    env |= {"KUBECONFIG": k8s_env["KUBECONFIG"], "POD_NAME": f"{release}-operator-0", "POD_NAMESPACE": namespace}
-    assert container["command"][0] == "python"
-    with (tmp_path / "operator.log").open("w") as log:
-        operator = subprocess.Popen([sys.executable, *container["command"][1:], *container["args"]], env=env,
-                                    stdout=log, stderr=subprocess.STDOUT)
+    pod_name = f"{release}-operator-0"
+    env = operator_env(container, pod_name=pod_name, namespace=namespace, kubeconfig=k8s_env["KUBECONFIG"])
+    operator = OperatorProcess(container, env, tmp_path / "operator.log")
     try:
-        deadline, answer = time.monotonic() + 90, ""
-        while time.monotonic() < deadline and operator.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=2) as reply:
-                    answer = f"HTTP {reply.status} {reply.read().decode()}"  # 200 standby, then 200 leader
-                    if answer == "HTTP 200 leader":
-                        break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        assert answer == "HTTP 200 leader", (tmp_path / "operator.log").read_text()[-3000:]
+        operator.wait_leader()
         status, lease = paths.call("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/"
                                           f"{release}-scalerl-operator-leader")
-        assert status == 200 and lease["spec"]["holderIdentity"] == env["POD_NAME"], lease
+        assert status == 200 and lease["spec"]["holderIdentity"] == pod_name, lease
         service = f"http://{release}-scalerl-operator.{namespace}.svc:{health}"
         for pod in (o for o in objs if o["kind"] == "Pod"):
             script = pod["spec"]["containers"][0]["args"][0].replace(service, f"http://127.0.0.1:{health}")
@@ -430,13 +375,7 @@ def test_helm_test_hooks_pass_against_a_running_operator(paths: Paths, k8s_env: 
             assert proc.returncode == 0, f"{pod['metadata']['name']}: {proc.stdout}{proc.stderr}"
             assert ("HTTP 200" in proc.stdout) or ("passes the CRD schema" in proc.stdout), proc.stdout
     finally:
-        operator.terminate()
-        try:
-            code: int | None = operator.wait(timeout=30)  # the chart's terminationGracePeriodSeconds
-        except subprocess.TimeoutExpired:
-            operator.kill()
-            operator.wait()
-            code = None
+        code = operator.stop()
     assert code == 0, f"the operator did not exit 0 within 30 s of SIGTERM (exit {code})"
 
 
