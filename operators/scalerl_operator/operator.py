@@ -42,11 +42,12 @@ from scalerl.config import SpecError
 from scalerl_operator import conditions as c
 from scalerl_operator.kafka_access import kafka_security
 from scalerl_operator.kube import Kube, KubeError, load_client
+from scalerl_operator.newer_fields import FieldsFromNewerCRD
 from scalerl_operator.reconcile import WORKLOADS, is_terminal, reconcile, unrealisable, write_status
 from scalerl_operator.render import bus_prefix, child_name
 from scalerl_operator.rlstatus import LearnerStatus, MetricsTail, fold
 from scalerl_operator.scaler import autoscale, lag_status, scaling_status
-from scalerl_operator.spec import GROUP, PLURAL, VERSION, RLJobSpec, StoreSpec, parse_spec
+from scalerl_operator.spec import GROUP, PLURAL, VERSION, RLJobSpec, StoreSpec, parse_served_spec
 from scalerl_operator.workqueue import WorkQueue
 
 log = logging.getLogger("scalerl_operator")
@@ -219,7 +220,7 @@ class Runtime:
                 return None
             spec: RLJobSpec | None
             try:
-                spec = parse_spec(obj.get("spec") or {})
+                spec = parse_served_spec(obj.get("spec") or {})
                 if unrealisable(spec) is not None:
                     spec = None  # reconcile reports it; no Kafka reads for a job that cannot run
             except SpecError:
@@ -258,7 +259,9 @@ class Runtime:
         name, ns = m["name"], m["namespace"]
         prefix = bus_prefix(name, ns)
         try:
-            spec = parse_spec(obj.get("spec") or {})
+            spec = parse_served_spec(obj.get("spec") or {})
+        except FieldsFromNewerCRD as exc:  # what this build knows of it names the bus and the store
+            spec = exc.known
         except SpecError:
             return  # never realised: nothing outside Kubernetes to clean
         for role, kind in WORKLOADS.items():  # stop the producers first (the learner checkpoints on SIGTERM)

@@ -38,6 +38,7 @@ from scalerl_operator.k8s_model import (
     MAX_URI_LENGTH,
     K8sModel,
 )
+from scalerl_operator.newer_fields import NESTED, FieldsFromNewerCRD, prune_unknown
 from scalerl_operator.podtemplate import PodTemplate, merge, missing_volumes
 from scalerl_operator.status import (
     Checkpoint,
@@ -448,4 +449,22 @@ def parse_spec(spec: dict[str, Any]) -> RLJobSpec:
     try:
         return RLJobSpec.model_validate(spec)
     except ValidationError as exc:
+        raise SpecError(_error_line(exc, "spec")) from None
+
+
+def parse_served_spec(spec: dict[str, Any]) -> RLJobSpec:
+    """`parse_spec` of an RLJob as the API server serves it: FieldsFromNewerCRD (a SpecError) when it is
+    valid but for fields this build does not know, which only a newer CRD can serve (newer_fields)."""
+    try:
+        return RLJobSpec.model_validate(spec)
+    except ValidationError as exc:
+        unknown: list[str] = []
+        pruned = prune_unknown(RLJobSpec, spec, "spec", NESTED, unknown)
+        if unknown:
+            try:
+                known = RLJobSpec.model_validate(pruned)
+            except ValidationError:
+                pass
+            else:
+                raise FieldsFromNewerCRD(unknown, known) from None
         raise SpecError(_error_line(exc, "spec")) from None

@@ -10,8 +10,9 @@
    changes (the stored RLJob is served with the new fields), the operator Deployment's template
    changes (new image: it rolls); the old operator is stopped (SIGTERM) and the new build starts with
    the upgraded Deployment's arguments and environment. Before it stops, the old operator passes once
-   more against the upgraded CRD, as it may until the Recreate strategy stops its pod (it cannot parse
-   the new fields: the job's status reads Failed/InvalidSpec until the new build's first pass).
+   more against the upgraded CRD, as it may until the Recreate strategy stops its pod: the fields it
+   does not know come from a newer CRD (the API server prunes any other), so it leaves the job alone
+   (no status write, no Failed/InvalidSpec) and says so in its log.
 3. Its first pass leaves the learner StatefulSet (generation, pod-template hash, image, resourceVersion)
    and the Deployments (generation, template) as they were, while job.yaml (the ConfigMap) carries
    the new fields: the new model is in effect. A spec change by the user then rolls each workload
@@ -186,6 +187,11 @@ def test_helm_upgrade_to_a_build_adding_jobspec_fields_does_not_restart_a_runnin
         wait_for("the old operator's pass after the CRD's upgrade (kopf's record of what it handled)",
                  lambda: TOUCHED in ((_get(k8s_call, job_path) or {}).get("metadata", {}).get("annotations", {})
                                      .get(HANDLED, "")), timeout_s=30)
+        wait_for("the old operator's word on the fields it does not know",
+                 lambda: "not known to this operator build" in v1.log.read_text(), timeout_s=30)
+        mid = (_get(k8s_call, job_path) or {}).get("status") or {}
+        failed_mid = next(c for c in mid["conditions"] if c["type"] == "Failed")
+        assert mid["phase"] != "Failed" and failed_mid["status"] == "False", mid  # the job is not failed by it
         dep_v2 = _get(k8s_call, operator_path)
         assert dep_v2 is not None
         assert dep_v2["metadata"]["generation"] > dep_v1["metadata"]["generation"]  # the operator rolls
