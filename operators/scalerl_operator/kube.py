@@ -38,6 +38,11 @@ _COLLECTIONS = {
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
     ("coordination.k8s.io/v1", "Lease"): "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
     (f"{GROUP}/{VERSION}", "RLJob"): f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL}",
+    # Kueue (scalerl_operator.kueue); the last three are cluster-scoped (read by name, namespace "")
+    ("kueue.x-k8s.io/v1beta2", "Workload"): "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads",
+    ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): "/apis/kueue.x-k8s.io/v1beta2/resourceflavors",
+    ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): "/apis/kueue.x-k8s.io/v1beta2/workloadpriorityclasses",
+    ("scheduling.k8s.io/v1", "PriorityClass"): "/apis/scheduling.k8s.io/v1/priorityclasses",
 }
 
 

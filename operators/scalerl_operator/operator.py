@@ -6,7 +6,7 @@
   number of RLJobs, never one thread per RLJob): every `interval_s` the same `sync` (drift repair: a
   deleted child comes back) preceded by one autoscaler pass (scalerl_operator.scaler) and the RL
   status from the metrics topic; failed passes back off exponentially with jitter. The children
-  (Deployments, StatefulSets, Pods labelled `app.kubernetes.io/managed-by: scalerl-operator`) are
+  (Deployments, StatefulSets, Pods, Kueue Workloads labelled `app.kubernetes.io/managed-by: scalerl-operator`) are
   watched: a change queues a status pass of its RLJob within `CHILD_DELAY_S` (the autoscaler still
   runs only once per `interval_s`).
 - delete (finalizer `scalerl.dev/finalizer`, only for what Kubernetes cannot clean): the workloads
@@ -410,7 +410,10 @@ async def child_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None
         rt.queue.add((meta["namespace"], job), CHILD_DELAY_S)
 
 
-for _group, _version, _plural in (("apps", "v1", "deployments"), ("apps", "v1", "statefulsets"), ("", "v1", "pods")):
+# (a queued job's Kueue Workload too: its admission or eviction is acted on within CHILD_DELAY_S; kopf
+# leaves the watch idle on a cluster without Kueue's CRDs)
+for _group, _version, _plural in (("apps", "v1", "deployments"), ("apps", "v1", "statefulsets"), ("", "v1", "pods"),
+                                  ("kueue.x-k8s.io", "v1beta2", "workloads")):
     kopf.on.event(_group, _version, _plural, labels=MANAGED)(child_changed)
 
 
