@@ -90,7 +90,12 @@ class Kube:
         # the transport serialises a dict body as JSON, for the apply (YAML) content type too
         resp = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=self.timeout_s)
         raw = resp.read()
-        out = json.loads(raw) if raw else {}
+        try:
+            out = json.loads(raw) if raw else {}
+        except ValueError:  # an API group the server does not serve answers 404 in plain text
+            if resp.status < 400:
+                raise
+            out = {"message": raw[:300].decode("utf-8", "replace")}
         if resp.status >= 400:
             msg = out.get("message", raw[:300].decode("utf-8", "replace")) if isinstance(out, dict) else str(out)
             raise KubeError(resp.status, str(resp.reason), msg, f"{method} {url_path}")

@@ -64,7 +64,7 @@ def apply_crds(api: Api, files: list[str]) -> None:
     for name in names:
         while True:
             _, out = api.call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-            conds = {c["type"]: c["status"] for c in (out.get("status") or {}).get("conditions", [])}
+            conds = {c["type"]: c["status"] for c in (out.get("status") or {}).get("conditions") or []}
             if conds.get("Established") == "True":
                 break
             if time.monotonic() > deadline:

@@ -29,12 +29,18 @@ become Running and Ready (kwok's stages), owners' deletions cascade; no containe
 `scripts/infra/up.sh k8s cluster` when absent, like `k8s`). `cluster_call` / `cluster_crd` (session):
 as `k8s_call` / `rljob_crd`, there. `cluster_namespace`: a fresh namespace there with its `default`
 ServiceAccount (the ServiceAccount admission plugin is on), removed afterwards once its pods are gone.
+
+`kueue_env` (session): Kueue's controller manager running against that cluster (scripts/infra/kueue.sh;
+started with `scripts/infra/up.sh kueue` when absent and SCALERL_INFRA_AUTOSTART allows, like `k8s`):
+its KUEUE_* values (`kueue.sh env`, which reads this checkout's state, so a manager started by
+`scripts/infra/kueue.sh up` is found even where build/infra.env was written elsewhere).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,7 +49,7 @@ from typing import Any
 
 import pytest
 
-from infra_session import ENV_FILE, read_env_file, running_servers, time_first_setup
+from infra_session import ENV_FILE, REPO, read_env_file, running_servers, time_first_setup
 
 UP_TIMEOUT_S = float(os.environ.get("SCALERL_INFRA_UP_TIMEOUT", "3000"))  # a cold kube-apiserver build
 FIELD_MANAGER = "scalerl-tests"
@@ -56,6 +62,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).resolve().parent
     time_first_setup(items, here, "k8s", UP_TIMEOUT_S + 300)
     time_first_setup(items, here, "cluster_env", UP_TIMEOUT_S + 300)  # scheduler, controller-manager, kwok
+    time_first_setup(items, here, "kueue_env", UP_TIMEOUT_S + 300)  # a cold build of Kueue's manager
 
 
 def k8s_request(api: Any, method: str, path: str, body: Any = None, *, query: dict[str, str] | None = None,
@@ -230,6 +237,32 @@ def cluster_call(cluster: Any) -> Callable[..., tuple[int, Any]]:
 def cluster_crd(cluster: Any) -> dict[str, Any]:
     """The RLJob CRD on the Pod-running cluster."""
     return apply_rljob_crd(cluster)
+
+
+def kueue_values(cluster_kubeconfig: str) -> dict[str, str]:
+    """KUEUE_* of the manager this checkout runs (`scripts/infra/kueue.sh env`; empty when none runs)."""
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "infra" / "kueue.sh"), "env"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "CLUSTER_KUBECONFIG": cluster_kubeconfig})
+    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+
+
+def _kueue_problem(values: dict[str, str]) -> str | None:
+    if (problem := _cluster_problem(values)) is not None:
+        return problem
+    kueue = kueue_values(values["CLUSTER_KUBECONFIG"])
+    if not kueue.get("KUEUE_PID"):
+        return "Kueue's controller manager is not running (scripts/infra/kueue.sh up)"
+    if Path(kueue["KUEUE_KUBECONFIG"]).resolve() != Path(values["CLUSTER_KUBECONFIG"]).resolve():
+        return f"Kueue watches {kueue['KUEUE_KUBECONFIG']}, not the test cluster {values['CLUSTER_KUBECONFIG']}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def kueue_env(cluster_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """Kueue's manager on the Pod-running cluster: cluster_env plus KUEUE_VERSION, KUEUE_LOG, ..."""
+    with running_servers("Kueue's controller manager", ("kueue",), _kueue_problem, UP_TIMEOUT_S) as values:
+        yield {**values, **kueue_values(values["CLUSTER_KUBECONFIG"])}
 
 
 @pytest.fixture
