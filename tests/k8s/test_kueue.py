@@ -10,7 +10,10 @@ flavor, nvidia.com/gpu on a flavor whose nodeLabels and tolerations are the GPU 
 neither: the pods reach the tainted GPU nodes only through the admitted flavor). Two RLJobs that each
 need the whole quota: the first is admitted and runs, the second waits with Kueue's message and no pod;
 deleting the first admits the second; suspending that one deactivates its Workload, Kueue evicts it,
-the operator scales it to zero and gives the quota back.
+the operator scales it to zero and gives the quota back. A job that ends (Failed: its deadline) finishes
+its Workload, which frees the quota for the next. A job labelled with a higher WorkloadPriorityClass
+preempts a running one (ClusterQueue preemption withinClusterQueue: LowerPriority): the victim is
+scaled to zero, its quota released, and it waits again.
 
 On the bare API server (no Kueue): a queued RLJob runs nothing and says Kueue is not installed; the
 CRD refuses a bad queue name.
@@ -61,9 +64,10 @@ def job_roles() -> dict[str, Any]:
 
 
 @pytest.fixture
-def queue(cluster_call: Call, cluster_namespace: str, kueue_env: dict[str, str]) -> Iterator[str]:
-    """ResourceFlavors, a ClusterQueue (6 GPUs) and a LocalQueue in the test namespace, all named per
-    test; removed afterwards (the jobs first, so Kueue lets the ClusterQueue go)."""
+def queue(cluster_call: Call, cluster_namespace: str, kueue_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """ResourceFlavors, a ClusterQueue (6 GPUs), a WorkloadPriorityClass (1000) and a LocalQueue in the
+    test namespace, all named per test: {"name": LocalQueue, "high": WorkloadPriorityClass}; removed
+    afterwards (the jobs first, so Kueue lets the ClusterQueue go)."""
     tag = uuid.uuid4().hex[:8]
     cpu_rf, gpu_rf, cq, lq = f"cpu-{tag}", f"gpu-{tag}", f"cq-{tag}", "team-a"
     objs = [
@@ -74,11 +78,14 @@ def queue(cluster_call: Call, cluster_namespace: str, kueue_env: dict[str, str])
         (f"{KUEUE}/clusterqueues", {"apiVersion": API, "kind": "ClusterQueue", "metadata": {"name": cq}, "spec": {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": cluster_namespace}},
             "queueingStrategy": "BestEffortFIFO",
+            "preemption": {"withinClusterQueue": "LowerPriority"},
             "resourceGroups": [
                 {"coveredResources": ["cpu", "memory"], "flavors": [{"name": cpu_rf, "resources": [
                     {"name": "cpu", "nominalQuota": "64"}, {"name": "memory", "nominalQuota": "256Gi"}]}]},
                 {"coveredResources": [GPU], "flavors": [{"name": gpu_rf, "resources": [
                     {"name": GPU, "nominalQuota": "6"}]}]}]}}),
+        (f"{KUEUE}/workloadpriorityclasses", {"apiVersion": API, "kind": "WorkloadPriorityClass",
+                                              "metadata": {"name": f"high-{tag}"}, "value": 1000}),
         (f"{KUEUE}/namespaces/{cluster_namespace}/localqueues",
          {"apiVersion": API, "kind": "LocalQueue", "metadata": {"name": lq, "namespace": cluster_namespace},
           "spec": {"clusterQueue": cq}}),
@@ -89,7 +96,7 @@ def queue(cluster_call: Call, cluster_namespace: str, kueue_env: dict[str, str])
     wait_for(f"ClusterQueue {cq} active", lambda: (cluster_call("GET", f"{KUEUE}/clusterqueues/{cq}")[1].get(
         "status") or {}).get("conditions", [{}])[0].get("status") == "True", timeout_s=WAIT_S)
     try:
-        yield lq
+        yield {"name": lq, "high": f"high-{tag}"}
     finally:
         rljobs = f"/apis/{GROUP}/{VERSION}/namespaces/{cluster_namespace}/rljobs"
         try:
@@ -136,16 +143,16 @@ def kube(cluster: Any, cluster_crd: dict[str, Any]) -> Kube:
 
 
 def test_the_quota_admits_one_job_the_other_waits_then_runs(
-        kube: Kube, cluster_namespace: str, cluster_env: dict[str, str], queue: str,
+        kube: Kube, cluster_namespace: str, cluster_env: dict[str, str], queue: dict[str, str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     ns, bootstrap = cluster_namespace, kafka_bootstrap(cluster_env)
     first, second = unique_job(), unique_job()
     with operator(ns, cluster_env["CLUSTER_KUBECONFIG"], monkeypatch):
-        create(kube, ns, rljob(first, bootstrap, queueName=queue, roles=job_roles()))
+        create(kube, ns, rljob(first, bootstrap, queueName=queue["name"], roles=job_roles()))
         # the Workload: learner × 1, generator × 2 (its minimum), verifier × 1, curriculum × 1, owned by the RLJob
         wl = wait_for("first Workload admitted", lambda: (w := workload(kube, ns, first)) and
                       wl_condition(w, "Admitted").get("status") == "True" and w, timeout_s=WAIT_S)
-        assert wl["metadata"]["labels"][QUEUE_LABEL] == queue and wl["spec"]["queueName"] == queue
+        assert wl["metadata"]["labels"][QUEUE_LABEL] == queue["name"] == wl["spec"]["queueName"]
         assert {p["name"]: p["count"] for p in wl["spec"]["podSets"]} == {
             "learner": 1, "generator": 2, "verifier": 1, "curriculum": 1}
         (owner,) = wl["metadata"]["ownerReferences"]
@@ -166,7 +173,7 @@ def test_the_quota_admits_one_job_the_other_waits_then_runs(
                  timeout_s=WAIT_S)
 
         # the second needs the whole quota too: Kueue keeps it pending, the operator creates no pod
-        create(kube, ns, rljob(second, bootstrap, queueName=queue, roles=job_roles()))
+        create(kube, ns, rljob(second, bootstrap, queueName=queue["name"], roles=job_roles()))
         pending = wait_for("second Workload pending with Kueue's message", lambda: (
             w := workload(kube, ns, second)) and "insufficient" in wl_condition(w, "QuotaReserved").get(
             "message", "") and w, timeout_s=WAIT_S)
@@ -220,3 +227,61 @@ def test_the_crd_refuses_a_bad_queue_name(k8s: Any, rljob_crd: dict[str, Any], n
     with pytest.raises(KubeError) as exc:
         create(Kube(k8s), namespace, rljob(unique_job(), "127.0.0.1:9", queueName="Team_A"))
     assert exc.value.status == 422 and "queueName" in exc.value.message
+
+
+def admitted_and_running(kube: Kube, ns: str, job: str) -> list[dict[str, Any]]:
+    wait_for(f"{job}'s Workload admitted", lambda: wl_condition(workload(kube, ns, job), "Admitted").get(
+        "status") == "True", timeout_s=WAIT_S)
+    return wait_for(f"{job}'s 5 pods scheduled", lambda: all_scheduled(kube, ns, job, 5), timeout_s=WAIT_S)
+
+
+def pending_on_quota(kube: Kube, ns: str, job: str) -> dict[str, Any]:
+    return wait_for(f"{job}'s Workload pending on quota", lambda: (w := workload(kube, ns, job)) and "insufficient" in
+                    wl_condition(w, "QuotaReserved").get("message", "") and w, timeout_s=WAIT_S)
+
+
+def test_a_job_that_ends_finishes_its_workload_and_the_next_is_admitted(
+        kube: Kube, cluster_namespace: str, cluster_env: dict[str, str], queue: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ns, bootstrap = cluster_namespace, kafka_bootstrap(cluster_env)
+    first, second = unique_job(), unique_job()
+    with operator(ns, cluster_env["CLUSTER_KUBECONFIG"], monkeypatch):
+        # the first fails once it ran 15 s (activeDeadlineSeconds counts from admission, not from creation)
+        create(kube, ns, rljob(first, bootstrap, queueName=queue["name"], roles=job_roles(), activeDeadlineSeconds=15))
+        admitted_and_running(kube, ns, first)
+        create(kube, ns, rljob(second, bootstrap, queueName=queue["name"], roles=job_roles()))
+        pending_on_quota(kube, ns, second)
+        wl = wait_for("first Workload Finished", lambda: (w := workload(kube, ns, first)) and
+                      wl_condition(w, "Finished").get("status") == "True" and w, timeout_s=WAIT_S)
+        assert wl_condition(wl, "Finished")["reason"] == "Failed"
+        j = get_job(kube, ns, first)
+        assert j is not None and j["status"]["phase"] == c.PHASE_FAILED
+        assert condition(j, c.FAILED) == ("True", c.REASON_DEADLINE_EXCEEDED)
+        admitted_and_running(kube, ns, second)
+        wait_for("first job's pods gone", lambda: pods(kube, ns, first) == [], timeout_s=WAIT_S)
+
+
+def test_a_higher_priority_job_preempts_a_running_one(
+        kube: Kube, cluster_namespace: str, cluster_env: dict[str, str], queue: dict[str, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ns, bootstrap = cluster_namespace, kafka_bootstrap(cluster_env)
+    high = queue["high"]
+    low, urgent = unique_job(), unique_job()
+    with operator(ns, cluster_env["CLUSTER_KUBECONFIG"], monkeypatch):
+        create(kube, ns, rljob(low, bootstrap, queueName=queue["name"], roles=job_roles()))
+        admitted_and_running(kube, ns, low)
+        obj = rljob(urgent, bootstrap, queueName=queue["name"], roles=job_roles())
+        obj["metadata"]["labels"] = {"kueue.x-k8s.io/priority-class": high}
+        create(kube, ns, obj)
+        wl = wait_for("urgent Workload with its priority", lambda: workload(kube, ns, urgent), timeout_s=WAIT_S)
+        assert wl["spec"]["priority"] == 1000 and wl["spec"]["priorityClassRef"] == {
+            "group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": high}
+        # Kueue evicts the low one; the operator stops it and gives the quota back; the urgent one runs
+        q = wait_for("low RLJob reports the preemption", lambda: (x := queue_status(kube, ns, low)).get(
+            "reason") == "Preempted" and x, timeout_s=WAIT_S)
+        assert q["status"] == "False"
+        admitted_and_running(kube, ns, urgent)
+        assert pods(kube, ns, low) == [] and set(replicas(kube, ns, low).values()) == {0}
+        victim = pending_on_quota(kube, ns, low)  # requeued: it waits for the quota again
+        assert wl_condition(victim, "Requeued")["status"] == "True" and not victim["status"].get("admission")
+
