@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""API-server chores of scripts/infra/kueue.sh (stdlib + PyYAML, no kubectl).
+"""API-server chores of scripts/infra/kueue.sh (the standard library only; no kubectl).
 
     kueue_api.py crds KUBECONFIG FILE...   server-side apply each CRD file, then wait until every one
                                            is Established (60 s)
@@ -7,13 +7,16 @@
     kueue_api.py server KUBECONFIG         print the API server's URL
 
 The kubeconfig is the one scripts/infra/cluster.sh writes: one cluster (server,
-certificate-authority-data) and one user with a bearer token.
+certificate-authority-data) and one user with a bearer token. A CRD file is sent as it is (YAML is what
+server-side apply takes); its name comes from the file name, as controller-gen writes them
+(`<group>_<plural>.yaml` holds `<plural>.<group>`).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import ssl
 import sys
 import tempfile
@@ -22,19 +25,23 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import yaml
-
 FIELD_MANAGER = "scalerl-infra-kueue"
 
 
 class Api:
     def __init__(self, kubeconfig: str) -> None:
-        cfg = yaml.safe_load(Path(kubeconfig).read_text())
-        cluster = cfg["clusters"][0]["cluster"]
-        self.server = cluster["server"].rstrip("/")
-        self.token = cfg["users"][0]["user"]["token"]
+        text = Path(kubeconfig).read_text()
+
+        def field(key: str) -> str:
+            m = re.search(rf"^\s*{key}:\s*(\S+)\s*$", text, re.M)
+            if m is None:
+                sys.exit(f"{kubeconfig}: no {key}")
+            return m.group(1)
+
+        self.server = field("server").rstrip("/")
+        self.token = field("token")
         with tempfile.NamedTemporaryFile("wb", suffix=".crt", delete=False) as f:
-            f.write(base64.b64decode(cluster["certificate-authority-data"]))
+            f.write(base64.b64decode(field("certificate-authority-data")))
         self.ctx = ssl.create_default_context(cafile=f.name)
         Path(f.name).unlink()
 
@@ -52,11 +59,14 @@ class Api:
 def apply_crds(api: Api, files: list[str]) -> None:
     names = []
     for f in files:
-        doc = yaml.safe_load(Path(f).read_text())
-        name = doc["metadata"]["name"]
+        group, _, plural = Path(f).name.removesuffix(".yaml").partition("_")
+        name = f"{plural}.{group}"
+        body = Path(f).read_bytes()
+        if f"name: {name}".encode() not in body:
+            sys.exit(f"{f}: does not define the CRD {name}")
         status, out = api.call(
             "PATCH", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
-            f"?fieldManager={FIELD_MANAGER}&force=true", json.dumps(doc).encode(), "application/apply-patch+yaml")
+            f"?fieldManager={FIELD_MANAGER}&force=true", body, "application/apply-patch+yaml")
         if status >= 300:
             sys.exit(f"applying CRD {name} failed: {status} {out.get('message', out)}")
         names.append(name)
