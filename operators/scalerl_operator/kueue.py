@@ -69,6 +69,12 @@ class Queue:
     placement: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+def holds(obj: dict[str, Any], spec: RLJobSpec) -> bool:
+    """Whether Kueue holds the job as of its last status (queued and not admitted): the autoscaler
+    leaves its pools alone (reconcile keeps them at 0 anyway)."""
+    return bool(spec.queue_name) and not c.is_true((obj.get("status") or {}).get("conditions"), c.QUEUE_ADMITTED)
+
+
 def workload_name(job: str) -> str:
     return f"rljob-{job}"
 

@@ -40,6 +40,7 @@ from scalerl.bus.kafka import KafkaBus
 from scalerl.bus.security import KafkaSecurity
 from scalerl.config import SpecError
 from scalerl_operator import conditions as c
+from scalerl_operator import kueue
 from scalerl_operator.kafka_access import kafka_security
 from scalerl_operator.kube import Kube, KubeError, load_client
 from scalerl_operator.reconcile import WORKLOADS, is_terminal, reconcile, unrealisable, write_status
@@ -228,7 +229,7 @@ class Runtime:
             sec = kafka_security(self.kube, namespace, spec.bus) if spec is not None else None
             learner, ok = (self.learner(uid, name, namespace, spec, sec) if spec is not None
                            else (LearnerStatus(), False))
-            if spec is not None and scale and not is_terminal(obj.get("status") or {}):
+            if spec is not None and scale and not is_terminal(obj.get("status") or {}) and not kueue.holds(obj, spec):
                 obj = self._autoscale(obj, spec, learner if ok else None, sec)
             out = reconcile(self.kube, obj, learner=learner,
                             ensure_topics=functools.partial(self.ensure_topics, security=sec))

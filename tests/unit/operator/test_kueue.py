@@ -8,10 +8,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from scalerl_operator import conditions as c
 from scalerl_operator.kueue import (
     HASH_ANNOTATION,
     REASON_ADMITTED,
     REASON_QUEUED,
+    holds,
     place,
     render_workload,
     state,
@@ -130,3 +132,11 @@ def test_children_carry_no_queue_label() -> None:
         assert QUEUE_LABEL not in ch["metadata"]["labels"]
         if ch["kind"] in ("Deployment", "StatefulSet"):
             assert QUEUE_LABEL not in ch["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_autoscaler_leaves_a_held_job_alone() -> None:
+    queued, plain = make_spec(), make_spec(queueName="")
+    admitted = {"status": {"conditions": [_c(c.QUEUE_ADMITTED, "True", "Admitted")]}}
+    waiting = {"status": {"conditions": [_c(c.QUEUE_ADMITTED, "False", "Pending")]}}
+    assert holds({}, queued) and holds(waiting, queued) and not holds(admitted, queued)
+    assert not holds({}, plain) and not holds(waiting, plain)
