@@ -24,6 +24,9 @@
 # The CRDs are those of the module (config/components/crd/bases), copied into the cache at build time and
 # server-side applied at start: no network at test time.
 #
+# Cold build (go install, niced, module cache cold for Kueue's own dependencies): 23 min wall on this
+# project's 2 shared cores under a load average of 6-9 (9.7 min user CPU); 84 MB binary. Cached after.
+#
 # Layout
 #   cache:  bin/kueue-<version>   share/kueue-<version>/crds/*.yaml
 #   state:  build/infra/kueue/{config.yaml,kueue.log,pid,health-port,certs/}
