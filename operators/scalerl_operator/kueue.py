@@ -54,6 +54,7 @@ REASON_QUEUED = "Queued"
 REASON_NOT_INSTALLED = "KueueNotInstalled"
 REASON_PRIORITY_NOT_FOUND = "PriorityClassNotFound"
 REASON_FINISHED = "Finished"
+REASON_FORBIDDEN = "KueueObjectsForbidden"
 REQUEUED_REASONS = ("Preempted", "NodeFailures")  # Kueue requeues only these evictions at once
 
 
@@ -226,6 +227,11 @@ def sync(kube: Kube, obj: dict[str, Any], spec: RLJobSpec, children: list[dict[s
         priority = priority_of(kube, obj, spec)
     except LookupError as exc:
         return Queue(False, REASON_PRIORITY_NOT_FOUND, str(exc))
+    except KubeError as exc:
+        if exc.status != 403:
+            raise
+        return Queue(False, REASON_FORBIDDEN, f"the operator may not read the priority class: {exc.message} "
+                     "(the chart grants it with operator.scope=cluster)")
     desired = render_workload(m["name"], m["namespace"], spec, children, priority)
     kopf.adopt(desired, owner=obj)  # type: ignore[arg-type]
     cur = None
@@ -252,9 +258,15 @@ def sync(kube: Kube, obj: dict[str, Any], spec: RLJobSpec, children: list[dict[s
             _patch_status(kube, cur, {"conditions": conds})
         return Queue(False, REASON_FINISHED, f"the RLJob {finished}: Workload finished", cur)
     q = state(cur)
-    if q.admitted:
+    if not q.admitted:
+        return q
+    try:
         return Queue(True, q.reason, q.message, cur, placement(kube, cur))
-    return q
+    except KubeError as exc:  # no pod runs without its admitted placement
+        if exc.status != 403:
+            raise
+        return Queue(False, REASON_FORBIDDEN, f"admitted, but the operator may not read its ResourceFlavors: "
+                     f"{exc.message} (the chart grants it with operator.scope=cluster)", cur)
 
 
 def gate(kube: Kube, obj: dict[str, Any], spec: RLJobSpec, shape: Callable[[], list[dict[str, Any]]], *,

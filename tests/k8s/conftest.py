@@ -30,6 +30,8 @@ become Running and Ready (kwok's stages), owners' deletions cascade; no containe
 as `k8s_call` / `rljob_crd`, there. `cluster_namespace`: a fresh namespace there with its `default`
 ServiceAccount (the ServiceAccount admission plugin is on), removed afterwards once its pods are gone.
 
+`operator_kubeconfig`: a kubeconfig of the chart's operator ServiceAccount (TokenRequest token), bound by
+the chart's namespaced Role in `cluster_namespace`, for an operator that runs with the chart's RBAC.
 `kueue_env` (session): Kueue's controller manager running against that cluster (scripts/infra/kueue.sh;
 started with `scripts/infra/up.sh kueue` when absent and SCALERL_INFRA_AUTOSTART allows, like `k8s`):
 its KUEUE_* values (`kueue.sh env`, which reads this checkout's state, so a manager started by
@@ -48,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from infra_session import ENV_FILE, REPO, read_env_file, running_servers, time_first_setup
 
@@ -289,6 +292,50 @@ def cluster_namespace(cluster: Any) -> Iterator[str]:
             time.sleep(0.2)
         else:
             raise AssertionError(f"pods of namespace {name} still there after {NAMESPACE_DRAIN_TIMEOUT_S:.0f}s")
+
+
+# ---- the operator as the chart's ServiceAccount -----------------------------------------------------
+
+def _chart_rbac(helm: str, release: str, namespace: str) -> list[dict[str, Any]]:
+    proc = subprocess.run([helm, "template", release, str(REPO / "helm" / "scalerl"), "--namespace", namespace,
+                           "--kube-version", "v1.34.0", "--set", "operator.scope=namespace"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return [o for o in yaml.safe_load_all(proc.stdout) if o and o["kind"] in ("ServiceAccount", "Role", "RoleBinding")
+            and "helm.sh/hook" not in (o["metadata"].get("annotations") or {})]
+
+
+@pytest.fixture
+def operator_kubeconfig(cluster_call: Callable[..., tuple[int, Any]], cluster_env: dict[str, str],
+                        cluster_crd: dict[str, Any], cluster_namespace: str, tmp_path: Path) -> Path:
+    """A kubeconfig holding a TokenRequest token of the chart's operator ServiceAccount, bound by the
+    chart's own Role/RoleBinding in the test namespace."""
+    call, release, ns = cluster_call, "scalerl", cluster_namespace
+    objs = _chart_rbac(cluster_env["HELM_BIN"], release, ns)
+    assert {o["kind"] for o in objs} == {"ServiceAccount", "Role", "RoleBinding"}
+    plural = {"ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+              "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+              "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings"}
+    for o in objs:
+        status, body = call("POST", plural[o["kind"]].format(ns=o["metadata"].get("namespace", ns)), o)
+        assert status == 201, body
+    (sa,) = [o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"]
+    status, body = call("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
+                               {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                                "spec": {"expirationSeconds": 3600}})
+    assert status == 201, body
+    config = yaml.safe_load(Path(cluster_env["CLUSTER_KUBECONFIG"]).read_text())
+    config["users"] = [{"name": "operator", "user": {"token": body["status"]["token"]}}]
+    config["contexts"][0]["context"].update(user="operator", namespace=ns)
+    out = tmp_path / "operator.kubeconfig"
+    out.write_text(yaml.safe_dump(config))
+    out.chmod(0o600)
+    # the token is the ServiceAccount's, not an admin's
+    status, review = call("POST", "/apis/authentication.k8s.io/v1/tokenreviews",
+                                 {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                                  "spec": {"token": body["status"]["token"]}})
+    assert status == 201 and review["status"]["user"]["username"] == f"system:serviceaccount:{ns}:{sa}", review
+    return out
 
 
 NAMESPACED_COLLECTIONS = (

@@ -12,13 +12,11 @@ restarts), so the roles' own behaviour is tested elsewhere (tests/integration, t
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from operator_helpers import QUIET_KAFKA, condition, create, get_job, kafka_bootstrap, operator, rljob, unique_job
 
 from scalerl_operator import conditions as c
@@ -29,7 +27,6 @@ from waiting import wait_for
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
 
 Call = Callable[..., tuple[int, Any]]
-CHART = Path(__file__).resolve().parents[2] / "helm" / "scalerl"
 GPU = "nvidia.com/gpu"
 ON_GPU_NODES = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
                 "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]}
@@ -42,50 +39,6 @@ def gpu_role(gpus: int, **extra: Any) -> dict[str, Any]:
 
 
 CPU_ROLE = {"resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}
-
-
-# ---- the operator as the chart's ServiceAccount --------------------------------------------------------
-
-def _chart_rbac(helm: str, release: str, namespace: str) -> list[dict[str, Any]]:
-    proc = subprocess.run([helm, "template", release, str(CHART), "--namespace", namespace, "--kube-version",
-                           "v1.34.0", "--set", "operator.scope=namespace"],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr
-    return [o for o in yaml.safe_load_all(proc.stdout) if o and o["kind"] in ("ServiceAccount", "Role", "RoleBinding")
-            and "helm.sh/hook" not in (o["metadata"].get("annotations") or {})]
-
-
-@pytest.fixture
-def operator_kubeconfig(cluster_call: Call, cluster_env: dict[str, str], cluster_crd: dict[str, Any],
-                        cluster_namespace: str, tmp_path: Path) -> Path:
-    """A kubeconfig holding a TokenRequest token of the chart's operator ServiceAccount, bound by the
-    chart's own Role/RoleBinding in the test namespace."""
-    call, release, ns = cluster_call, "scalerl", cluster_namespace
-    objs = _chart_rbac(cluster_env["HELM_BIN"], release, ns)
-    assert {o["kind"] for o in objs} == {"ServiceAccount", "Role", "RoleBinding"}
-    plural = {"ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
-              "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
-              "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings"}
-    for o in objs:
-        status, body = call("POST", plural[o["kind"]].format(ns=o["metadata"].get("namespace", ns)), o)
-        assert status == 201, body
-    (sa,) = [o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"]
-    status, body = call("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
-                               {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                                "spec": {"expirationSeconds": 3600}})
-    assert status == 201, body
-    config = yaml.safe_load(Path(cluster_env["CLUSTER_KUBECONFIG"]).read_text())
-    config["users"] = [{"name": "operator", "user": {"token": body["status"]["token"]}}]
-    config["contexts"][0]["context"].update(user="operator", namespace=ns)
-    out = tmp_path / "operator.kubeconfig"
-    out.write_text(yaml.safe_dump(config))
-    out.chmod(0o600)
-    # the token is the ServiceAccount's, not an admin's
-    status, review = call("POST", "/apis/authentication.k8s.io/v1/tokenreviews",
-                                 {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                                  "spec": {"token": body["status"]["token"]}})
-    assert status == 201 and review["status"]["user"]["username"] == f"system:serviceaccount:{ns}:{sa}", review
-    return out
 
 
 @pytest.fixture

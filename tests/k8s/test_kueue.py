@@ -13,7 +13,9 @@ deleting the first admits the second; suspending that one deactivates its Worklo
 the operator scales it to zero and gives the quota back. A job that ends (Failed: its deadline) finishes
 its Workload, which frees the quota for the next. A job labelled with a higher WorkloadPriorityClass
 preempts a running one (ClusterQueue preemption withinClusterQueue: LowerPriority): the victim is
-scaled to zero, its quota released, and it waits again.
+scaled to zero, its quota released, and it waits again. With the chart's namespaced RBAC the operator
+queues the job, but may not read the cluster-scoped ResourceFlavors: the admitted job runs nothing and
+its status says so.
 
 On the bare API server (no Kueue): a queued RLJob runs nothing and says Kueue is not installed; the
 CRD refuses a bad queue name.
@@ -40,7 +42,7 @@ from operator_helpers import (
 
 from scalerl_operator import conditions as c
 from scalerl_operator.kube import Kube, KubeError, path
-from scalerl_operator.kueue import API, REASON_NOT_INSTALLED, workload_name
+from scalerl_operator.kueue import API, REASON_FORBIDDEN, REASON_NOT_INSTALLED, workload_name
 from scalerl_operator.render import QUEUE_LABEL
 from scalerl_operator.spec import GROUP, VERSION
 from waiting import wait_for
@@ -285,3 +287,17 @@ def test_a_higher_priority_job_preempts_a_running_one(
         victim = pending_on_quota(kube, ns, low)  # requeued: it waits for the quota again
         assert wl_condition(victim, "Requeued")["status"] == "True" and not victim["status"].get("admission")
 
+
+
+def test_with_namespaced_rbac_an_admitted_job_runs_nothing_and_says_what_it_may_not_read(
+        kube: Kube, cluster_namespace: str, cluster_env: dict[str, str], queue: dict[str, str],
+        operator_kubeconfig: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    ns, job = cluster_namespace, unique_job()
+    with operator(ns, str(operator_kubeconfig), monkeypatch):
+        create(kube, ns, rljob(job, kafka_bootstrap(cluster_env), queueName=queue["name"], roles=job_roles()))
+        wait_for("Workload admitted", lambda: wl_condition(workload(kube, ns, job), "Admitted").get(
+            "status") == "True", timeout_s=WAIT_S)
+        q = wait_for("RLJob says what it may not read", lambda: (x := queue_status(kube, ns, job)).get(
+            "reason") == REASON_FORBIDDEN and x, timeout_s=WAIT_S)
+        assert q["status"] == "False" and "resourceflavors" in q["message"]
+        assert set(replicas(kube, ns, job).values()) == {0} and pods(kube, ns, job) == []
