@@ -42,7 +42,13 @@ from operator_helpers import (
 
 from scalerl_operator import conditions as c
 from scalerl_operator.kube import Kube, KubeError, path
-from scalerl_operator.kueue import API, REASON_FORBIDDEN, REASON_NOT_INSTALLED, workload_name
+from scalerl_operator.kueue import (
+    API,
+    REASON_FORBIDDEN,
+    REASON_NOT_INSTALLED,
+    REASON_PRIORITY_NOT_FOUND,
+    workload_name,
+)
 from scalerl_operator.render import QUEUE_LABEL
 from scalerl_operator.spec import GROUP, VERSION
 from waiting import wait_for
@@ -301,3 +307,32 @@ def test_with_namespaced_rbac_an_admitted_job_runs_nothing_and_says_what_it_may_
             "reason") == REASON_FORBIDDEN and x, timeout_s=WAIT_S)
         assert q["status"] == "False" and "resourceflavors" in q["message"]
         assert set(replicas(kube, ns, job).values()) == {0} and pods(kube, ns, job) == []
+
+
+def test_the_pods_priority_class_is_the_workloads_priority(
+        kube: Kube, cluster_namespace: str, cluster_env: dict[str, str], queue: dict[str, str], cluster_call: Call,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ns, bootstrap = cluster_namespace, kafka_bootstrap(cluster_env)
+    pc = f"scalerl-test-{uuid.uuid4().hex[:8]}"
+    missing, job = unique_job(), unique_job()
+    with operator(ns, cluster_env["CLUSTER_KUBECONFIG"], monkeypatch):
+        # a class that does not exist: no Workload, the status names it
+        create(kube, ns, rljob(missing, bootstrap, queueName=queue["name"], roles=job_roles(),
+                               podTemplate={"priorityClassName": pc}))
+        q = wait_for("PriorityClassNotFound", lambda: (x := queue_status(kube, ns, missing)).get(
+            "reason") == REASON_PRIORITY_NOT_FOUND and x, timeout_s=WAIT_S)
+        assert pc in q["message"] and workload(kube, ns, missing) is None
+        kube.request("DELETE", path(f"{GROUP}/{VERSION}", "RLJob", ns, missing))
+        status, body = cluster_call("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", {
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": pc}, "value": 500})
+        assert status == 201, body
+        try:
+            create(kube, ns, rljob(job, bootstrap, queueName=queue["name"], roles=job_roles(),
+                                   podTemplate={"priorityClassName": pc}))
+            wl = wait_for("Workload with the class's priority", lambda: workload(kube, ns, job), timeout_s=WAIT_S)
+            assert wl["spec"]["priority"] == 500 and wl["spec"]["priorityClassRef"] == {
+                "group": "scheduling.k8s.io", "kind": "PriorityClass", "name": pc}
+            running = admitted_and_running(kube, ns, job)
+            assert {p["spec"].get("priority") for p in running} == {500}  # the pods' own scheduling priority
+        finally:
+            cluster_call("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{pc}")
