@@ -48,6 +48,9 @@ _build_kueue() {
     bin="$(kueue_bin)"
     [[ -x "$bin" && -d "$(kueue_crds)" ]] && return 0
     command -v go >/dev/null || die "go is required to build Kueue"
+    # v0.17.0's go.mod says go 1.25.0 (the module proxy reachable here serves no older release)
+    [[ "$(go env GOVERSION)" =~ ^go1\.([0-9]+) ]] && ((BASH_REMATCH[1] >= 25)) \
+        || die "kueue $KUEUE_VERSION needs go >= 1.25 (found $(go env GOVERSION))"
     t0="$(now)"
     mkdir -p "$CACHE/bin"
     if [[ ! -x "$bin" ]]; then
