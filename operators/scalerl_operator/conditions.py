@@ -26,9 +26,10 @@ LEARNER_STARVED: Final = "LearnerStarved"   # the learner waits for batches more
 POLICY_LAG_EXCEEDED: Final = "PolicyLagExceeded"  # measured staleness reached the bound k
 SCALING_LIMITED: Final = "ScalingLimited"   # the autoscaler wanted more (or fewer) than it may set
 LEARNER_STALLED: Final = "LearnerStalled"   # no new learner step within failurePolicy.progressDeadlineSeconds
+QUEUE_ADMITTED: Final = "QueueAdmitted"     # spec.queueName: Kueue admitted the job's Workload (reason: Kueue's)
 
 CONDITION_TYPES: Final = (READY, PROGRESSING, SUSPENDED, COMPLETE, FAILED, DEGRADED, LEARNER_STARVED,
-                          POLICY_LAG_EXCEEDED, SCALING_LIMITED, LEARNER_STALLED)
+                          POLICY_LAG_EXCEEDED, SCALING_LIMITED, LEARNER_STALLED, QUEUE_ADMITTED)
 
 # ---- phases -----------------------------------------------------------------------------------------
 PHASE_PENDING: Final = "Pending"
@@ -54,6 +55,7 @@ REASON_METRICS_UNAVAILABLE: Final = "MetricsUnavailable"   # autoscaler fell bac
 REASON_SUSPENDED: Final = "SuspendedBySpec"
 REASON_RESUMED: Final = "Resumed"
 REASON_NOT_SUSPENDED: Final = "NotSuspended"
+REASON_WAITING_FOR_KUEUE: Final = "WaitingForKueue"  # spec.queueName: every role at 0 until admitted
 # Complete / Failed
 REASON_STEPS_COMPLETED: Final = "StepsCompleted"
 REASON_INVALID_SPEC: Final = "InvalidSpec"

@@ -38,6 +38,11 @@ _COLLECTIONS = {
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
     ("coordination.k8s.io/v1", "Lease"): "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
     (f"{GROUP}/{VERSION}", "RLJob"): f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL}",
+    # Kueue (scalerl_operator.kueue); the last three are cluster-scoped (read by name, namespace "")
+    ("kueue.x-k8s.io/v1beta2", "Workload"): "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads",
+    ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): "/apis/kueue.x-k8s.io/v1beta2/resourceflavors",
+    ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): "/apis/kueue.x-k8s.io/v1beta2/workloadpriorityclasses",
+    ("scheduling.k8s.io/v1", "PriorityClass"): "/apis/scheduling.k8s.io/v1/priorityclasses",
 }
 
 
@@ -85,7 +90,12 @@ class Kube:
         # the transport serialises a dict body as JSON, for the apply (YAML) content type too
         resp = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=self.timeout_s)
         raw = resp.read()
-        out = json.loads(raw) if raw else {}
+        try:
+            out = json.loads(raw) if raw else {}
+        except ValueError:  # an API group the server does not serve answers 404 in plain text
+            if resp.status < 400:
+                raise
+            out = {"message": raw[:300].decode("utf-8", "replace")}
         if resp.status >= 400:
             msg = out.get("message", raw[:300].decode("utf-8", "replace")) if isinstance(out, dict) else str(out)
             raise KubeError(resp.status, str(resp.reason), msg, f"{method} {url_path}")

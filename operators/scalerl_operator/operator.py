@@ -6,7 +6,7 @@
   number of RLJobs, never one thread per RLJob): every `interval_s` the same `sync` (drift repair: a
   deleted child comes back) preceded by one autoscaler pass (scalerl_operator.scaler) and the RL
   status from the metrics topic; failed passes back off exponentially with jitter. The children
-  (Deployments, StatefulSets, Pods labelled `app.kubernetes.io/managed-by: scalerl-operator`) are
+  (Deployments, StatefulSets, Pods, Kueue Workloads labelled `app.kubernetes.io/managed-by: scalerl-operator`) are
   watched: a change queues a status pass of its RLJob within `CHILD_DELAY_S` (the autoscaler still
   runs only once per `interval_s`).
 - delete (finalizer `scalerl.dev/finalizer`, only for what Kubernetes cannot clean): the workloads
@@ -40,6 +40,7 @@ from scalerl.bus.kafka import KafkaBus
 from scalerl.bus.security import KafkaSecurity
 from scalerl.config import SpecError
 from scalerl_operator import conditions as c
+from scalerl_operator import kueue
 from scalerl_operator.kafka_access import kafka_security
 from scalerl_operator.kube import Kube, KubeError, load_client
 from scalerl_operator.newer_fields import FieldsFromNewerCRD
@@ -229,7 +230,7 @@ class Runtime:
             sec = kafka_security(self.kube, namespace, spec.bus) if spec is not None else None
             learner, ok = (self.learner(uid, name, namespace, spec, sec) if spec is not None
                            else (LearnerStatus(), False))
-            if spec is not None and scale and not is_terminal(obj.get("status") or {}):
+            if spec is not None and scale and not is_terminal(obj.get("status") or {}) and not kueue.holds(obj, spec):
                 obj = self._autoscale(obj, spec, learner if ok else None, sec)
             out = reconcile(self.kube, obj, learner=learner,
                             ensure_topics=functools.partial(self.ensure_topics, security=sec))
@@ -413,7 +414,10 @@ async def child_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None
         rt.queue.add((meta["namespace"], job), CHILD_DELAY_S)
 
 
-for _group, _version, _plural in (("apps", "v1", "deployments"), ("apps", "v1", "statefulsets"), ("", "v1", "pods")):
+# (a queued job's Kueue Workload too: its admission or eviction is acted on within CHILD_DELAY_S; kopf
+# leaves the watch idle on a cluster without Kueue's CRDs)
+for _group, _version, _plural in (("apps", "v1", "deployments"), ("apps", "v1", "statefulsets"), ("", "v1", "pods"),
+                                  ("kueue.x-k8s.io", "v1beta2", "workloads")):
     kopf.on.event(_group, _version, _plural, labels=MANAGED)(child_changed)
 
 

@@ -30,7 +30,7 @@ import kopf
 from scalerl.config import SpecError
 from scalerl.scaling.devices import DevicePool
 from scalerl_operator import conditions as c
-from scalerl_operator import gang
+from scalerl_operator import gang, kueue
 from scalerl_operator.devices import accelerator_problem, device_pool, devices_status
 from scalerl_operator.kube import Kube, KubeError, path
 from scalerl_operator.newer_fields import FieldsFromNewerCRD
@@ -195,13 +195,16 @@ def _summary(roles: dict[str, tuple[int, int]]) -> str:
 def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple[int, int]],
                  learner: LearnerStatus, now: datetime, restarts: int = 0,
                  devices: DevicePool | None = None,
-                 pending: dict[str, Unschedulable] | None = None) -> dict[str, Any]:
+                 pending: dict[str, Unschedulable] | None = None, queue: kueue.Queue | None = None) -> dict[str, Any]:
     """The status of a realisable RLJob (pure): phase, conditions, ready/desired per role, RL fields.
     `restarts`: learner group restarts so far (gang_pass: one per restart of the whole torchrun group);
     more than failurePolicy.maxRestarts fails the job.
     `devices`: the pool rendered into pool.json this pass (status.devices).
     `pending`: per role, the pods the scheduler cannot place (scalerl_operator.scheduling): while
-    some are, Ready=False says `Unschedulable` and names the missing resources."""
+    some are, Ready=False says `Unschedulable` and names the missing resources.
+    `queue`: where the job stands in Kueue (spec.queueName; scalerl_operator.kueue): until admitted the
+    job is held like a suspended one (phase Suspended, Suspended reason WaitingForKueue), and the
+    QueueAdmitted condition carries Kueue's reason and message."""
     gen = obj["metadata"].get("generation")
     prev = obj.get("status") or {}
     conds = prev.get("conditions")
@@ -215,13 +218,15 @@ def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple
         out.update(to_status(learner, store_uri=spec.store.uri, bound_k=k))
     start = prev.get("startTime")
     deadline = spec.active_deadline_seconds
+    held = spec.suspend or (queue is not None and not queue.admitted)
     if is_terminal(prev):
         return {**out, "phase": prev["phase"]}
     if learner.done:
         phase, why = c.PHASE_SUCCEEDED, (c.REASON_STEPS_COMPLETED, f"the learner finished at step {learner.step}")
-    elif spec.suspend:
+    elif held:
         phase, why = c.PHASE_SUSPENDED, (c.REASON_SUSPENDED, "spec.suspend: every role at 0, checkpoints kept" + (
-            f" (queue {spec.queue_name}: Kueue unsuspends on admission)" if spec.queue_name else ""))
+            f" (queue {spec.queue_name}: the Workload is inactive)" if spec.queue_name else "")) if spec.suspend else (
+            c.REASON_WAITING_FOR_KUEUE, f"every role at 0 until Kueue admits the job: {queue.message if queue else ''}")
         start = None  # as for a Job, the deadline counts from the last resume
     elif out["restarts"] > spec.failure_policy.max_restarts:
         phase, why = c.PHASE_FAILED, (c.REASON_MAX_RESTARTS_EXCEEDED, f"the learner restarted {out['restarts']} "
@@ -241,19 +246,22 @@ def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple
     ready = phase in (c.PHASE_RUNNING, c.PHASE_PENDING) and why[0] == c.REASON_ALL_ROLES_READY
     progressing = phase in (c.PHASE_RUNNING, c.PHASE_PENDING) and not ready
     degraded = phase == c.PHASE_RUNNING and not ready
-    susp_reason = c.REASON_SUSPENDED if spec.suspend else (
+    susp_reason = why[0] if held else (
         c.REASON_RESUMED if c.is_true(conds, c.SUSPENDED) else c.REASON_NOT_SUSPENDED)
     updates: list[tuple[str, bool, str, str]] = [
         (c.READY, ready, why[0], why[1]),
         (c.PROGRESSING, progressing, c.REASON_RECONCILING if progressing else c.REASON_RECONCILED, _summary(roles)),
         (c.DEGRADED, degraded, (why[0] if why[0] == c.REASON_UNSCHEDULABLE else c.REASON_REPLICAS_UNAVAILABLE)
          if degraded else c.REASON_ALL_ROLES_READY, why[1] if degraded else _summary(roles)),
-        (c.SUSPENDED, spec.suspend, susp_reason, why[1] if spec.suspend else "spec.suspend is false"),
+        (c.SUSPENDED, held, susp_reason, why[1] if held else "spec.suspend is false" + (
+            f" and Kueue admitted the job ({queue.message})" if queue else "")),
         (c.COMPLETE, phase == c.PHASE_SUCCEEDED, c.REASON_STEPS_COMPLETED if learner.done else c.REASON_RUNNING,
          why[1] if learner.done else "training"),
         (c.FAILED, phase == c.PHASE_FAILED, why[0] if phase == c.PHASE_FAILED else c.REASON_RUNNING,
          why[1] if phase == c.PHASE_FAILED else "no failure"),
     ]
+    if queue is not None:
+        updates.append((c.QUEUE_ADMITTED, queue.admitted, queue.reason, queue.message[:MAX_MESSAGE]))
     target = spec.roles.generator.autoscaling.target_starvation
     tol = spec.roles.generator.autoscaling.tolerance
     if learner.starvation is not None:
@@ -316,9 +324,14 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
     images = pinned_image_defaults(live, image_defaults(os.environ))  # those the children were created with
     if (problem := image_problem(spec, images)) is not None:
         return _fail(kube, obj, c.REASON_INVALID_SPEC, problem, now)
-    sizes = _Sizes(spec, prev, live)
+    # run: the spec the roles run by (suspended while Kueue holds the job)
+    queue, run = kueue.gate(kube, obj, spec, lambda: render(name, ns, spec, dict.fromkeys(ROLES, 0), images),
+                            finished=prev["phase"] if is_terminal(prev) else None, now=now)
+    sizes = _Sizes(run, prev, live)
     replicas = dict(sizes.decided)
-    children = render(name, ns, spec, replicas, images)
+    children = render(name, ns, run, replicas, images)
+    if queue is not None and queue.admitted:
+        kueue.place(children, queue.placement)
     kopf.adopt(children, owner=obj)  # type: ignore[arg-type]
     out = Outcome(phase=prev.get("phase", c.PHASE_PENDING))
     try:
@@ -336,7 +349,8 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
         if exc.status in (400, 422):  # the API server rejects what we rendered: the spec cannot be realised
             return _fail(kube, obj, c.REASON_CHILD_APPLY_FAILED, str(exc), now)
         raise
-    why = "suspended" if spec.suspend else f"job {prev['phase']}" if is_terminal(prev) else "spec change or resume"
+    why = ("suspended" if spec.suspend else f"Kueue: {queue.reason}" if run.suspend and queue else
+           f"job {prev['phase']}" if is_terminal(prev) else "spec change or resume")
     for role, b in sizes.observed.items():
         after = replicas[role]
         if b is not None and b != after:
@@ -346,10 +360,13 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
     sts = next(ch for ch in children if ch["kind"] == "StatefulSet")
     ready, want = roles["learner"]
     restarts, progress, stall = gang_pass(
-        kube, obj, spec, learner=learner, group_up=want > 0 and ready >= want, sts=live["learner"],
+        kube, obj, run, learner=learner, group_up=want > 0 and ready >= want, sts=live["learner"],
         spec_hash=sts["spec"]["template"]["metadata"]["annotations"][SPEC_HASH_ANNOTATION], now=now)
+    pods = job_pods(kube, ns, name)
+    if queue is not None:
+        kueue.release(kube, obj, queue, len(pods), now)
     patch = status_patch(obj, spec, roles=roles, learner=learner, now=now, restarts=restarts,
-                         devices=device_pool(spec, replicas), pending=unschedulable(job_pods(kube, ns, name)))
+                         devices=device_pool(spec, replicas), pending=unschedulable(pods), queue=queue)
     patch["learnerProgress"] = {"step": progress.step,
                                 "since": c.rfc3339_us(progress.since_s) if progress.since_s is not None else None}
     if spec.failure_policy.progress_deadline_seconds is not None:
@@ -357,7 +374,7 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
             patch["conditions"], c.LEARNER_STALLED, "True" if stall else "False",
             c.REASON_STEP_NOT_ADVANCING if stall else c.REASON_STEP_ADVANCING, stall or "the learner step advances",
             obj["metadata"].get("generation"), now)
-    patch["scaling"] = spec_replicas_status(spec, terminal=is_terminal(prev))
+    patch["scaling"] = spec_replicas_status(run, terminal=is_terminal(prev))
     write_status(kube, obj, patch)
     out.phase = patch["phase"]
     return out

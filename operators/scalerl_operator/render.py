@@ -29,7 +29,8 @@ were first created with are recorded on them (annotation `scalerl.dev/image-defa
 (`pinned_image_defaults`): upgrading the operator to a new image does not roll running jobs.
 Pod-template overrides (spec.podTemplate, roles.<role>.podTemplate; scalerl_operator.podtemplate)
 are merged into every pod template: labels, annotations, scheduling fields, volumes, env, mounts.
-With spec.queueName, every workload and pod template carries Kueue's queue label (`queue_labels`).
+With spec.queueName, Kueue's queue label goes on the job's Workload only (scalerl_operator.kueue), never on
+these children: Kueue's own pod/deployment/statefulset integrations would queue each of them again.
 
 Replica counts are an input (`replicas`), computed by `desired_replicas` from the spec and what the
 cluster runs now: an autoscaled pool keeps the size the autoscaler gave it.
@@ -372,12 +373,12 @@ def render(name: str, namespace: str, spec: RLJobSpec, replicas: dict[str, int],
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, namespace, child_name(name, "spec"), "spec"),
           "data": {"job.yaml": dump_spec(job), POOL_FILE: pool_json(device_pool(spec, replicas))}}
     roles: tuple[Role, ...] = ("curriculum", "generator", "verifier")
-    return queue_labels([cm,
+    return [cm,
             *(_deployment(name, namespace, role, spec, replicas[role], hashed, images) for role in roles),
             _service(name, namespace, "learner", spec, headless=True),
             _learner(name, namespace, spec, replicas["learner"], hashed, images),
             _service(name, namespace, "generator", spec), _service(name, namespace, "verifier", spec),
-            learner_pdb(name, namespace, spec)], spec.queue_name)
+            learner_pdb(name, namespace, spec)]
 
 
 def learner_pdb(job: str, ns: str, spec: RLJobSpec) -> dict[str, Any]:
@@ -389,17 +390,7 @@ def learner_pdb(job: str, ns: str, spec: RLJobSpec) -> dict[str, Any]:
                      "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
 
 
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-
-
-def queue_labels(children: list[dict[str, Any]], queue: str) -> list[dict[str, Any]]:
-    """spec.queueName → the Kueue queue label on every workload and its pod template (in place)."""
-    if queue:
-        for ch in children:
-            if ch["kind"] in ("Deployment", "StatefulSet"):
-                ch["metadata"]["labels"][QUEUE_LABEL] = queue
-                ch["spec"]["template"]["metadata"]["labels"][QUEUE_LABEL] = queue
-    return children
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # on the job's Workload (scalerl_operator.kueue)
 
 
 def parse_job_yaml(text: str) -> dict[str, Any]:

@@ -352,8 +352,8 @@ class RLJobSpec(K8sModel):
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     roles: Roles = Field(default_factory=Roles)
     queue_name: Annotated[str, StringConstraints(max_length=63, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$")] = Field(
-        "", description="Kueue LocalQueue: the kueue.x-k8s.io/queue-name label on every workload and pod template; "
-        "Kueue admits by unsuspending (spec.suspend). Empty = not queued.")
+        "", description="Kueue LocalQueue: the operator queues the job there as one Workload (learner nodes and "
+        "each pool's minimum) and runs its roles only while Kueue admits it. Empty = not queued.")
 
     @field_validator("job")
     @classmethod

@@ -3,8 +3,8 @@
 # (SCALERL_STOP_GRACE, default 20 s). Logs and data under build/infra/ are kept, so a later up.sh
 # continues with the same topics and buckets; build/infra.env is removed (it names running servers).
 #
-# Usage: scripts/infra/down.sh [--purge] [kafka|minio|k8s|cluster|prometheus|jaeger ...]
-#   k8s stops the Pod-running cluster too (its API server uses k8s's etcd).
+# Usage: scripts/infra/down.sh [--purge] [kafka|minio|k8s|cluster|prometheus|jaeger|kueue ...]
+#   k8s stops the Pod-running cluster too (its API server uses k8s's etcd); k8s and cluster stop kueue.
 #   --purge: also delete the data directories (build/infra/*/data, build/infra/k8s/etcd-data); logs
 #   are still kept.
 # shellcheck source=scripts/infra/lib.sh
@@ -15,19 +15,25 @@ services=()
 for arg in "$@"; do
     case "$arg" in
         --purge) purge=1 ;;
-        kafka | minio | k8s | cluster | prometheus | jaeger) services+=("$arg") ;;
+        kafka | minio | k8s | cluster | prometheus | jaeger | kueue) services+=("$arg") ;;
         -h | --help) sed -n '2,10p' "$0"; exit 0 ;;
-        *) die "unknown argument $arg (expected --purge, kafka, minio, k8s, cluster, prometheus, jaeger)" ;;
+        *) die "unknown argument $arg (expected --purge, kafka, minio, k8s, cluster, prometheus, jaeger, kueue)" ;;
     esac
 done
 ((${#services[@]})) || services=(kafka minio k8s prometheus jaeger)
 
 for svc in "${services[@]}"; do
+    if [[ "$svc" == kueue ]]; then
+        down_kueue
+        continue
+    fi
     if [[ "$svc" == cluster ]]; then
+        down_kueue
         down_cluster
         continue
     fi
     if [[ "$svc" == k8s ]]; then
+        down_kueue
         down_cluster
         down_k8s
         if ((purge)); then

@@ -445,6 +445,9 @@ source "$INFRA_DIR/k8s.sh"
 # The Pod-running cluster beside it: scheduler, controller-manager, kwok (scripts/infra/cluster.sh)
 # shellcheck source=scripts/infra/cluster.sh
 source "$INFRA_DIR/cluster.sh"
+# Kueue's controller manager on that cluster (scripts/infra/kueue.sh; not started by default)
+# shellcheck source=scripts/infra/kueue.sh
+source "$INFRA_DIR/kueue.sh"
 
 # ---- Prometheus + Jaeger v2 (scripts/infra/observability.sh) --------------------------------------
 
@@ -493,6 +496,7 @@ EOF
         fi
         k8s_env_lines
         cluster_env_lines
+        kueue_env_lines
         observability_env_lines
     } >"$tmp"
     chmod 600 "$tmp"

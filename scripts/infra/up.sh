@@ -7,14 +7,15 @@
 #     kube-scheduler, kube-controller-manager and kwok with fake GPU and CPU Nodes (needs k8s)
 #   - prometheus (the Debian package unpacked into the cache) and jaeger (Jaeger v2 built from source),
 #     see observability.sh
+#   - kueue: Kueue's controller manager on the cluster (kueue.sh; needs cluster; not in the default list)
 # then write build/infra.env (KAFKA_BOOTSTRAP; the SASL_SSL listener's KAFKA_SASL_BOOTSTRAP,
 # KAFKA_SASL_{MECHANISM,USERNAME,PASSWORD} and KAFKA_SSL_CAFILE (a self-signed test CA); S3_ENDPOINT,
 # S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION, KUBECONFIG, K8S_API, HELM_BIN, CLUSTER_KUBECONFIG, CLUSTER_API,
 # PROMETHEUS_URL, PROMETHEUS_FILE_SD, JAEGER_QUERY_URL, JAEGER_OTLP_GRPC, PIDs and log paths).
 # Idempotent: a server that is already running and healthy is reused.
 #
-# Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s|cluster|prometheus|jaeger ...]
-#   no service named: all six (cluster starts k8s too).  --build-only: fetch/build into the cache, start nothing.
+# Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s|cluster|prometheus|jaeger|kueue ...]
+#   no service named: all but kueue (cluster starts k8s too, kueue starts cluster).  --build-only: fetch/build into the cache, start nothing.
 # Env: SCALERL_CACHE (default ~/.cache/scalerl), SCALERL_KAFKA_READY_TIMEOUT (120),
 #      SCALERL_MINIO_READY_TIMEOUT (60), SCALERL_KAFKA_HEAP (-Xmx512m), SCALERL_KAFKA_JVM_OPTS,
 #      SCALERL_MAVEN_REPO (a Maven local repository other than ~/.m2/repository),
@@ -22,6 +23,7 @@
 #      SCALERL_CLUSTER_READY_TIMEOUT (120), SCALERL_KWOK_VERSION (v0.8.0; v0.7.0 with go < 1.26),
 #      SCALERL_CLUSTER_TOLERATION_S (2), SCALERL_CLUSTER_NODE_GRACE_S (20) (cluster.sh).
 #      SCALERL_{PROMETHEUS,JAEGER}_READY_TIMEOUT (60), SCALERL_JAEGER_VERSION (observability.sh).
+#      SCALERL_KUEUE_VERSION (v0.17.0), SCALERL_KUEUE_READY_TIMEOUT (90) (kueue.sh).
 # shellcheck source=scripts/infra/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -30,12 +32,13 @@ services=()
 for arg in "$@"; do
     case "$arg" in
         --build-only) build_only=1 ;;
-        kafka | minio | k8s | cluster | prometheus | jaeger) services+=("$arg") ;;
-        -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
-        *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s, cluster, prometheus, jaeger)" ;;
+        kafka | minio | k8s | cluster | prometheus | jaeger | kueue) services+=("$arg") ;;
+        -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+        *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s, cluster, prometheus, jaeger, kueue)" ;;
     esac
 done
 ((${#services[@]})) || services=(kafka minio k8s cluster prometheus jaeger)
+[[ " ${services[*]} " != *" kueue "* || " ${services[*]} " == *" cluster "* ]] || services+=(cluster)
 [[ " ${services[*]} " != *" cluster "* || " ${services[*]} " == *" k8s "* ]] || services+=(k8s)
 want() { [[ " ${services[*]} " == *" $1 "* ]]; }
 
@@ -48,6 +51,7 @@ want k8s && build_k8s
 want cluster && build_cluster
 want prometheus && build_prometheus
 want jaeger && build_jaeger
+want kueue && build_kueue
 if ((build_only)); then
     log "build done in $(elapsed "$T0")"
     exit 0
@@ -93,6 +97,7 @@ want jaeger && up_observability jaeger
 [[ -z "$jaeger_t0" ]] || wait_jaeger "$jaeger_t0"
 want k8s && up_k8s # etcd + kube-apiserver start while the JVM warms up
 want cluster && up_cluster
+want kueue && up_kueue
 [[ -z "$kafka_t0" ]] || wait_kafka "$kafka_t0"
 
 # Every service started so far (this run or an earlier one) is written; tests check the keys they need.

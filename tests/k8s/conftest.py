@@ -32,12 +32,20 @@ ServiceAccount (the ServiceAccount admission plugin is on), removed afterwards o
 `cluster_kube` / `cluster_bootstrap`: as `kube` / `bootstrap`, for the tests there. `cluster_operator`:
 the operator in-process, watching `cluster_namespace`, logged in as the chart's operator ServiceAccount
 (a TokenRequest token; the chart's namespaced Role and RoleBinding applied there).
+
+`operator_kubeconfig`: a kubeconfig of the chart's operator ServiceAccount (TokenRequest token), bound by
+the chart's namespaced Role in `cluster_namespace`, for an operator that runs with the chart's RBAC.
+`kueue_env` (session): Kueue's controller manager running against that cluster (scripts/infra/kueue.sh;
+started with `scripts/infra/up.sh kueue` when absent and SCALERL_INFRA_AUTOSTART allows, like `k8s`):
+its KUEUE_* values (`kueue.sh env`, which reads this checkout's state, so a manager started by
+`scripts/infra/kueue.sh up` is found even where build/infra.env was written elsewhere).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -46,7 +54,7 @@ from typing import Any
 
 import pytest
 
-from infra_session import ENV_FILE, read_env_file, running_servers, time_first_setup
+from infra_session import ENV_FILE, REPO, read_env_file, running_servers, time_first_setup
 
 UP_TIMEOUT_S = float(os.environ.get("SCALERL_INFRA_UP_TIMEOUT", "3000"))  # a cold kube-apiserver build
 FIELD_MANAGER = "scalerl-tests"
@@ -59,6 +67,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).resolve().parent
     time_first_setup(items, here, "k8s", UP_TIMEOUT_S + 300)
     time_first_setup(items, here, "cluster_env", UP_TIMEOUT_S + 300)  # scheduler, controller-manager, kwok
+    time_first_setup(items, here, "kueue_env", UP_TIMEOUT_S + 300)  # a cold build of Kueue's manager
 
 
 def k8s_request(api: Any, method: str, path: str, body: Any = None, *, query: dict[str, str] | None = None,
@@ -235,6 +244,32 @@ def cluster_crd(cluster: Any) -> dict[str, Any]:
     return apply_rljob_crd(cluster)
 
 
+def kueue_values(cluster_kubeconfig: str) -> dict[str, str]:
+    """KUEUE_* of the manager this checkout runs (`scripts/infra/kueue.sh env`; empty when none runs)."""
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "infra" / "kueue.sh"), "env"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "CLUSTER_KUBECONFIG": cluster_kubeconfig})
+    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+
+
+def _kueue_problem(values: dict[str, str]) -> str | None:
+    if (problem := _cluster_problem(values)) is not None:
+        return problem
+    kueue = kueue_values(values["CLUSTER_KUBECONFIG"])
+    if not kueue.get("KUEUE_PID"):
+        return "Kueue's controller manager is not running (scripts/infra/kueue.sh up)"
+    if Path(kueue["KUEUE_KUBECONFIG"]).resolve() != Path(values["CLUSTER_KUBECONFIG"]).resolve():
+        return f"Kueue watches {kueue['KUEUE_KUBECONFIG']}, not the test cluster {values['CLUSTER_KUBECONFIG']}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def kueue_env(cluster_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """Kueue's manager on the Pod-running cluster: cluster_env plus KUEUE_VERSION, KUEUE_LOG, ..."""
+    with running_servers("Kueue's controller manager", ("kueue",), _kueue_problem, UP_TIMEOUT_S) as values:
+        yield {**values, **kueue_values(values["CLUSTER_KUBECONFIG"])}
+
+
 @pytest.fixture
 def cluster_namespace(cluster: Any) -> Iterator[str]:
     """A fresh namespace on the Pod-running cluster, once its `default` ServiceAccount exists (pods are
@@ -259,6 +294,18 @@ def cluster_namespace(cluster: Any) -> Iterator[str]:
             time.sleep(0.2)
         else:
             raise AssertionError(f"pods of namespace {name} still there after {NAMESPACE_DRAIN_TIMEOUT_S:.0f}s")
+
+
+# ---- the operator as the chart's ServiceAccount -----------------------------------------------------
+
+@pytest.fixture
+def operator_kubeconfig(cluster_call: Callable[..., tuple[int, Any]], cluster_env: dict[str, str],
+                        cluster_crd: dict[str, Any], cluster_namespace: str, tmp_path: Path) -> Path:
+    """A kubeconfig holding a TokenRequest token of the chart's operator ServiceAccount, bound by the
+    chart's own Role/RoleBinding in the test namespace."""
+    from cluster_helpers import chart_operator_kubeconfig
+
+    return chart_operator_kubeconfig(cluster_call, cluster_env, cluster_namespace, tmp_path)
 
 
 NAMESPACED_COLLECTIONS = (
@@ -327,13 +374,10 @@ def cluster_bootstrap(cluster_env: dict[str, str]) -> str:
 
 
 @pytest.fixture
-def cluster_operator(cluster_call: Callable[..., tuple[int, Any]], cluster_env: dict[str, str],
-                     cluster_crd: dict[str, Any], cluster_namespace: str, tmp_path: Path,
+def cluster_operator(cluster_namespace: str, operator_kubeconfig: Path,
                      monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The operator in-process on the Pod-running cluster, as the chart's ServiceAccount."""
-    from cluster_helpers import chart_operator_kubeconfig
     from operator_helpers import operator
 
-    kubeconfig = chart_operator_kubeconfig(cluster_call, cluster_env, cluster_namespace, tmp_path)
-    with operator(cluster_namespace, str(kubeconfig), monkeypatch):
+    with operator(cluster_namespace, str(operator_kubeconfig), monkeypatch):
         yield

@@ -408,7 +408,8 @@ def test_namespaced_rbac_grants_exactly_what_the_operator_needs(k8s_call: Call, 
                ("create", "", "services", ""), ("patch", "", "configmaps", ""), ("get", "", "secrets", ""),
                ("list", "", "pods", ""), ("watch", "", "pods", ""), ("delete", "", "pods", ""),
                ("create", "policy", "poddisruptionbudgets", ""), ("create", "", "events", ""),
-               ("create", "coordination.k8s.io", "leases", "")]
+               ("create", "coordination.k8s.io", "leases", ""), ("create", "kueue.x-k8s.io", "workloads", ""),
+               ("watch", "kueue.x-k8s.io", "workloads", ""), ("patch", "kueue.x-k8s.io", "workloads", "status")]
     denied = [("list", "", "secrets", ""), ("update", "", "secrets", ""), ("create", "", "pods", ""),
               ("delete", "scalerl.dev", "rljobs", ""), ("create", "rbac.authorization.k8s.io", "roles", ""),
               ("create", "apps", "daemonsets", ""), ("delete", "coordination.k8s.io", "leases", "")]

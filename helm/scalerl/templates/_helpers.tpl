@@ -150,6 +150,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, update, patch, delete]
+# Kueue (spec.queueName): the operator creates and owns each queued job's Workload, releases an evicted
+# one's quota and finishes it (status).
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch, create, update, patch, delete]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [get, patch, update]
 # The S3 key pair named in spec.store.credentialsSecret (the roles get it as env from the Secret; the
 # operator only ever reads one by name, e.g. for store retention at deletion).
 - apiGroups: [""]
