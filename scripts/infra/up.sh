@@ -7,7 +7,7 @@
 #     kube-scheduler, kube-controller-manager and kwok with fake GPU and CPU Nodes (needs k8s)
 #   - prometheus (the Debian package unpacked into the cache) and jaeger (Jaeger v2 built from source),
 #     see observability.sh
-#   - kueue: Kueue's controller manager on the cluster (kueue.sh; needs cluster; not in the default list)
+#   - kueue: Kueue's controller manager on the cluster (kueue.sh; needs cluster)
 # then write build/infra.env (KAFKA_BOOTSTRAP; the SASL_SSL listener's KAFKA_SASL_BOOTSTRAP,
 # KAFKA_SASL_{MECHANISM,USERNAME,PASSWORD} and KAFKA_SSL_CAFILE (a self-signed test CA); S3_ENDPOINT,
 # S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION, KUBECONFIG, K8S_API, HELM_BIN, CLUSTER_KUBECONFIG, CLUSTER_API,
@@ -15,7 +15,7 @@
 # Idempotent: a server that is already running and healthy is reused.
 #
 # Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s|cluster|prometheus|jaeger|kueue ...]
-#   no service named: all but kueue (cluster starts k8s too, kueue starts cluster).  --build-only: fetch/build into the cache, start nothing.
+#   no service named: all of them (cluster starts k8s too, kueue starts cluster).  --build-only: fetch/build into the cache, start nothing.
 # Env: SCALERL_CACHE (default ~/.cache/scalerl), SCALERL_KAFKA_READY_TIMEOUT (120),
 #      SCALERL_MINIO_READY_TIMEOUT (60), SCALERL_KAFKA_HEAP (-Xmx512m), SCALERL_KAFKA_JVM_OPTS,
 #      SCALERL_MAVEN_REPO (a Maven local repository other than ~/.m2/repository),
@@ -37,7 +37,7 @@ for arg in "$@"; do
         *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s, cluster, prometheus, jaeger, kueue)" ;;
     esac
 done
-((${#services[@]})) || services=(kafka minio k8s cluster prometheus jaeger)
+((${#services[@]})) || services=(kafka minio k8s cluster kueue prometheus jaeger)
 [[ " ${services[*]} " != *" kueue "* || " ${services[*]} " == *" cluster "* ]] || services+=(cluster)
 [[ " ${services[*]} " != *" cluster "* || " ${services[*]} " == *" k8s "* ]] || services+=(k8s)
 want() { [[ " ${services[*]} " == *" $1 "* ]]; }
