@@ -62,8 +62,7 @@ _build_kwok() {
         log "kwok: building $KWOK_MODULE/cmd/kwok@$KWOK_VERSION with go install"
         go_install_to "$bin" "$KWOK_MODULE/cmd/kwok@$KWOK_VERSION" "-s -w"
     fi
-    src="$(GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod download -json "$KWOK_MODULE@$KWOK_VERSION" \
-        | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')" \
+    src="$(go_module_dir "$KWOK_MODULE@$KWOK_VERSION")" \
         || die "could not locate $KWOK_MODULE@$KWOK_VERSION in the module cache"
     mkdir -p "$(kwok_stages).tmp.$$"
     for s in "${KWOK_STAGES[@]}"; do

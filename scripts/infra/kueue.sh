@@ -57,8 +57,7 @@ _build_kueue() {
         log "kueue: building $KUEUE_MODULE/cmd/kueue@$KUEUE_VERSION with go install (cold: minutes)"
         go_install_to "$bin" "$KUEUE_MODULE/cmd/kueue@$KUEUE_VERSION" "-s -w"
     fi
-    src="$(GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod download -json "$KUEUE_MODULE@$KUEUE_VERSION" \
-        | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')" \
+    src="$(go_module_dir "$KUEUE_MODULE@$KUEUE_VERSION")" \
         || die "could not locate $KUEUE_MODULE@$KUEUE_VERSION in the module cache"
     [[ -d "$src/config/components/crd/bases" ]] || die "kueue $KUEUE_VERSION has no config/components/crd/bases"
     rm -rf "$(kueue_crds).tmp.$$"

@@ -134,6 +134,12 @@ with_build_lock() {
 
 # go_install_to BIN PKG@VERSION [LDFLAGS]: `go install` into a scratch GOBIN (niced: 2 shared cores),
 # then move the command to BIN.
+# The directory of MODULE@VERSION ($1) in the Go module cache, downloaded if absent, on stdout.
+go_module_dir() {
+    GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod download -json "$1" \
+        | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'
+}
+
 go_install_to() {
     local bin="$1" pkg="$2" ldflags="${3:-}" tmp cmd
     cmd="${pkg%@*}"
