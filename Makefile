@@ -115,9 +115,15 @@ lint: install-dev
 typecheck: install-dev
 	$(PY) -m mypy
 
-# Side by side in one run; the distributed part uses the real Kafka and MinIO that infra-up starts.
-bench: install infra-up
-	set -a; source build/infra.env; set +a; $(PY) bench/run_bench.py --out bench/results.json
+# Side by side in one run; the distributed part uses the real Kafka and MinIO that infra-up starts. The
+# models section (tiny vs real model; vLLM vs torch engine vs model.generate) runs in the vLLM environment,
+# the real model of examples/smollm2-addition.yaml from its folder in the cache (resolved by .venv).
+REAL_MODEL_FOLDER = $(PY) -c 'import sys; from scalerl.config import load_spec; from scalerl.model.sources import \
+	model_folder; m = load_spec(sys.argv[1], []).model; print(model_folder(m.path, m.dtype))' examples/smollm2-addition.yaml
+bench: install-dev install-vllm infra-up
+	set -a; source build/infra.env; set +a; $(PY) bench/run_bench.py --out bench/results.json && \
+	real=$$($(REAL_MODEL_FOLDER)) && $(VLLM_TEST_ENV) PYTHONPATH=services:operators:bench \
+	  "$$(cat $(VLLM_PY_FILE))" bench/model_bench.py --out bench/results.json --real-folder "$$real"
 
 # Python stubs of protos/ into the gitignored scalerl/rpc/gen (also done by install and on import).
 protos: install

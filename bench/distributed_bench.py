@@ -71,14 +71,16 @@ def bench_bus(groups: list[RolloutGroup], repeats: int) -> dict[str, Any]:
             "consume_msgs_per_s": n / c, "consume_mb_per_s": size / 1e6 / c}
 
 
-def bench_weight_swap(spec: JobSpec, model: Any, tok: Any, repeats: int) -> dict[str, Any]:
+def bench_weight_swap(spec: JobSpec, model: Any, tok: Any, repeats: int, engine: Any = None) -> dict[str, Any]:
+    """Publish (upload to MinIO + announce on Kafka) -> a generator role's engine holds the weights
+    (`engine`: the torch engine over `model` when None), seconds per swap."""
     name = f"bench-{uuid.uuid4().hex[:8]}"
     job = spec.model_copy(update={"name": name})
     bus = KafkaBus(os.environ["KAFKA_BOOTSTRAP"])
     ensure_job_topics(bus, job)
     store = S3Store.from_url(f"s3://{name}/weights")
     topics = TopicNames.of(job)
-    engine = TorchEngine(model, tok, seed=0)
+    engine = engine if engine is not None else TorchEngine(model, tok, seed=0)
     limits = job_limits(job, make_task(job), len(tok))
     role = GeneratorRole(job, engine, tok, bus, store, topics, limits, group=topics.group("generators"))
     role.policy = BackgroundConsumer(role.policy)

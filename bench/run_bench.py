@@ -82,9 +82,27 @@ def bench_generator(model, tok, prompts: list[list[int]], new_tokens: int, repea
             "hf_generate_tokens_per_s": tokens / hf_s, "ratio_ours_over_hf": hf_s / ours_s}
 
 
+def scored_groups(spec, task, model, tok, problems) -> list[ScoredGroup]:
+    """One group per problem, sampled by the torch engine with the spec's length rules and scored."""
+    from scalerl.generator.role import length_control
+    from scalerl.messages import PromptTask, RolloutGroup
+
+    G = spec.generation.group_size
+    prompts = [encode_prompt(tok, p.prompt) for p in problems for _ in range(G)]
+    comps = TorchEngine(model, tok, seed=1).generate(prompts, SamplingParams(), length_control(spec, tok))
+    verifier = make_verifier(spec, task)
+    return [verifier.score(RolloutGroup(PromptTask(p.id, 0, p.prompt, p.answer, G, spec.task.kind),
+                                        prompts[i * G], comps[i * G:(i + 1) * G]))
+            for i, p in enumerate(problems)]
+
+
 def bench_learner(spec, model, tok, groups: list[ScoredGroup], repeats: int) -> dict:
+    """Training tokens/s of one `Learner.step` over `groups` (median of `repeats` after a warm-up; the
+    zero-variance filter off, so the whole batch is timed)."""
     import copy
 
+    spec = spec.model_copy(deep=True)
+    spec.loss.zero_variance_filter = False
     times, tokens = [], 0.0
     for _ in range(repeats + 1):
         learner = Learner(spec, copy.deepcopy(model), pad_id=tok.pad_token_id)
@@ -129,19 +147,9 @@ def main() -> int:
         print(f"bench: generator vs model.generate ({len(prompts)} rows x {new_tokens} tokens)...", file=sys.stderr)
         gen = bench_generator(model, tok, prompts, new_tokens, args.repeats)
 
-        from scalerl.generator.role import length_control
-        from scalerl.messages import PromptTask, RolloutGroup
-
-        verifier = make_verifier(spec, task)
-        engine = TorchEngine(model, tok, seed=1)
-        comps = engine.generate(prompts, SamplingParams(), length_control(spec, tok))
-        groups = [verifier.score(RolloutGroup(PromptTask(p.id, 0, p.prompt, p.answer, G, "addition"),
-                                              prompts[i * G], comps[i * G:(i + 1) * G]))
-                  for i, p in enumerate(problems)]
+        groups = scored_groups(spec, task, model, tok, problems)
         print("bench: learner step...", file=sys.stderr)
-        spec_nofilter = spec.model_copy(deep=True)
-        spec_nofilter.loss.zero_variance_filter = False  # time the full batch
-        learn = bench_learner(spec_nofilter, model, tok, groups, args.repeats)
+        learn = bench_learner(spec, model, tok, groups, args.repeats)
         sweep = ks.bench_k_sweep(args.spec, args.overrides, work / "sft", args.mode_steps, work)
         print(f"bench: PPO-off-policy-8, {args.mode_steps} steps...", file=sys.stderr)
         ppo = ks.run_one(args.spec, args.overrides, work / "sft", args.mode_steps, work / "ppo-k8", mode="ppo", k=8)

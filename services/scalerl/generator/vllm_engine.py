@@ -31,6 +31,7 @@ How the contract maps onto vLLM:
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,13 +79,17 @@ class VLLMEngine(GenerationEngine):
         CPU_KV_CACHE_BYTES."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: step loop + direct worker access
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        # vLLM's INFO/WARNING lines and load bars are noise on a user's terminal (set the variable to see them);
+        # read when vllm is first imported, just below
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\..*)?$")
         if kv_cache_memory_bytes is None and not torch.cuda.is_available():
             gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
             kv_cache_memory_bytes = int(float(gib) * (1 << 30)) if gib else CPU_KV_CACHE_BYTES
         from vllm import LLM  # lazy: only the vLLM environment has it
 
         self.llm = LLM(model=str(model_path), dtype=dtype, seed=seed, skip_tokenizer_init=True,
-                       generation_config="vllm", logprobs_mode="raw_logprobs", max_logprobs=-1,
+                       generation_config="vllm", logprobs_mode="raw_logprobs", max_logprobs=-1, use_tqdm_on_load=False,
                        enable_prefix_caching=True, async_scheduling=False, enforce_eager=enforce_eager,
                        kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs)
         self.core = self.llm.llm_engine
