@@ -302,6 +302,23 @@ class _Sizes:
                                 applied=self.applied)[role]
 
 
+def _apply_children(kube: Kube, children: list[dict[str, Any]], spec: RLJobSpec, prefix: str,
+                    ensure_topics: EnsureTopics, sizes: _Sizes, live: dict[str, dict[str, Any] | None],
+                    replicas: dict[str, int]) -> None:
+    """Apply `children` in order, the Kafka topics after the ConfigMap (before the workloads that use
+    them); each workload on what it runs now (`apply_workload`): `live` and `replicas` are updated."""
+    for i, child in enumerate(children):
+        if i == 1:
+            data, single = topics(prefix)
+            ensure_topics(spec.bus.bootstrap, data, single, partitions(spec))
+        if child["kind"] in WORKLOADS.values():
+            role = child["metadata"]["labels"]["app.kubernetes.io/component"]
+            live[role] = apply_workload(kube, child, functools.partial(sizes.decide, role))
+            replicas[role] = child["spec"]["replicas"]
+        else:
+            kube.apply(child)
+
+
 def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure_topics: EnsureTopics,
               now: datetime | None = None) -> Outcome:
     """One full pass for `obj` (a fresh RLJob dict). `ensure_topics(bootstrap, data, single,
@@ -335,27 +352,16 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
     kopf.adopt(children, owner=obj)  # type: ignore[arg-type]
     out = Outcome(phase=prev.get("phase", c.PHASE_PENDING))
     try:
-        for i, child in enumerate(children):
-            if i == 1:  # after the ConfigMap, before the workloads that use the topics
-                data, single = topics(bus_prefix(name, ns))
-                ensure_topics(spec.bus.bootstrap, data, single, partitions(spec))
-            if child["kind"] in WORKLOADS.values():
-                role = child["metadata"]["labels"]["app.kubernetes.io/component"]
-                live[role] = apply_workload(kube, child, functools.partial(sizes.decide, role))
-                replicas[role] = child["spec"]["replicas"]
-            else:
-                kube.apply(child)
+        _apply_children(kube, children, spec, bus_prefix(name, ns), ensure_topics, sizes, live, replicas)
     except KubeError as exc:
         if exc.status in (400, 422):  # the API server rejects what we rendered: the spec cannot be realised
             return _fail(kube, obj, c.REASON_CHILD_APPLY_FAILED, str(exc), now)
         raise
     why = ("suspended" if spec.suspend else f"Kueue: {queue.reason}" if run.suspend and queue else
            f"job {prev['phase']}" if is_terminal(prev) else "spec change or resume")
-    for role, b in sizes.observed.items():
-        after = replicas[role]
-        if b is not None and b != after:
-            out.scaled[role] = (b, after)
-            kube.event(obj, "Normal", "Scaled", f"{role}: {b} -> {after} replicas ({why})", "Scale")
+    out.scaled = {r: (b, replicas[r]) for r, b in sizes.observed.items() if b is not None and b != replicas[r]}
+    for role, (b, after) in out.scaled.items():
+        kube.event(obj, "Normal", "Scaled", f"{role}: {b} -> {after} replicas ({why})", "Scale")
     roles = {r: _workload_replicas(o) or (0, replicas[r]) for r, o in live.items()}
     sts = next(ch for ch in children if ch["kind"] == "StatefulSet")
     ready, want = roles["learner"]
