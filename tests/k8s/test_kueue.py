@@ -146,8 +146,8 @@ def queue_status(kube: Kube, ns: str, job: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def kube(cluster: Any, cluster_crd: dict[str, Any]) -> Kube:
-    return Kube(cluster)
+def kube(cluster_kube: Kube) -> Kube:  # every test here works on the Pod-running cluster
+    return cluster_kube
 
 
 def test_the_quota_admits_one_job_the_other_waits_then_runs(
