@@ -216,6 +216,10 @@ class EvalConfig(_Strict):
     every_steps: int = Field(100, ge=1, description="Steps between evals (ScaleRL: 100).")
     samples_per_prompt: int = Field(16, ge=1, le=1024, description="k of mean@k (ScaleRL: 16).")
     temperature: float = Field(1.0, gt=0.0, description="Eval sampling temperature.")
+    prompts_per_batch: int | None = Field(None, ge=1, le=100_000, description=(
+        "Held-out prompts sampled together (× samples_per_prompt sequences); null = "
+        "generation.prompts_per_batch. On a CPU a decode step reads every weight once whatever the batch, "
+        "so a larger eval batch costs little more per step than a small one."))
 
 
 class SFTConfig(_Strict):
@@ -299,6 +303,11 @@ class JobSpec(_Strict):
                              "of one sample has zero reward variance, so every group is dropped); allowed: "
                              "group_size >= 2, or loss.zero_variance_filter: false")
         return self
+
+    @property
+    def eval_prompts_per_batch(self) -> int:
+        """Held-out prompts per eval batch: eval.prompts_per_batch, else generation.prompts_per_batch."""
+        return self.eval.prompts_per_batch or self.generation.prompts_per_batch
 
     @property
     def max_inflight_prompts(self) -> int:

@@ -244,7 +244,7 @@ def plan(args: argparse.Namespace) -> Plan:
         tree_calculator=not args.no_calculator, tree_resample=_int("--resample-rounds", args.resample_rounds, lo=0),
         tree_methods=tree_methods, tree_budgets=_ints("--tree-budget", args.tree_budget), tree_prune=tree_prune,
         tree_value_weight=value_weight,
-        prompts_per_batch=spec.generation.prompts_per_batch,
+        prompts_per_batch=spec.eval_prompts_per_batch,
         show_progress=not args.quiet)
     return Plan(spec=spec, run=run, refs=refs, opts=opts, tasks=args.tasks,
                 limit=_int("--limit", args.limit) if args.limit is not None else None, engine=args.engine,

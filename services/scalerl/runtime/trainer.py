@@ -269,7 +269,7 @@ class TrainerHost:
         res = evaluate_mean_at_k(
             self.eval_engine, self.tokenizer, self.eval_problems, self.verifier, k=spec.eval.samples_per_prompt,
             sampling=SamplingParams(spec.eval.temperature, spec.generation.top_p),
-            length=length_control(spec, self.tokenizer), prompts_per_batch=spec.generation.prompts_per_batch,
+            length=length_control(spec, self.tokenizer), prompts_per_batch=spec.eval_prompts_per_batch,
             on_batch=bar.update)
         bar.close()
         rec = {"step": self.learner.version, **self._compute_fields(),

@@ -89,3 +89,11 @@ def test_inflight_depth_scales_with_k():
         assert s.max_inflight_prompts == 6 * k
     assert spec_from_dict({"curriculum": {"max_inflight_prompts": 5}}).max_inflight_prompts == 5
     assert JobSpec().off_policy.embedded_generators is None  # 2 worker threads with the torch engine
+
+
+def test_eval_batch_defaults_to_the_rollout_batch_and_can_be_set_apart():
+    assert spec_from_dict({"generation": {"prompts_per_batch": 3}}).eval_prompts_per_batch == 3
+    spec = spec_from_dict({"generation": {"prompts_per_batch": 3}, "eval": {"prompts_per_batch": 32}})
+    assert (spec.eval_prompts_per_batch, spec.generation.prompts_per_batch) == (32, 3)
+    with pytest.raises(SpecError, match="eval.prompts_per_batch"):
+        spec_from_dict({"eval": {"prompts_per_batch": 0}})
