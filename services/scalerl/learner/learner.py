@@ -137,8 +137,8 @@ class Learner:
             if units == 0:
                 continue
             logp, entropy = sequence_logprobs(self.model, mb.input_ids, mb.attention_mask, mb.targets,
-                                              fp32_head=s.model.fp32_lm_head,
-                                              temperature=s.generation.temperature, with_entropy=True)
+                                              fp32_head=s.model.fp32_lm_head, temperature=s.generation.temperature,
+                                              with_entropy=True, where=mb.loss_mask)  # the head only where the loss is
             loss, st = policy_loss(logp, mb.logp_gen, mb.advantages, mb.loss_mask, mb.group_ids,
                                    loss_type=s.loss.type, aggregation=agg, clip_low=s.loss.ppo_clip_low,
                                    clip_high=s.loss.ppo_clip_high, cispo_eps_max=s.loss.cispo_eps_max)

@@ -62,8 +62,9 @@ def run_sft(model: Any, tokenizer: Any, pairs: list[tuple[str, str]], cfg: SFTCo
             tgt[i, :n] = torch.tensor(ids[1:])
             att[i, :n] = 1
             msk[i, start - 1:n] = True
-        logp, _ = sequence_logprobs(model, inp.to(device), att.to(device), tgt.to(device), fp32_head=fp32_head)
         m = msk.to(device)
+        logp, _ = sequence_logprobs(model, inp.to(device), att.to(device), tgt.to(device), fp32_head=fp32_head,
+                                    where=m)
         loss = -(logp * m).sum() / m.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()

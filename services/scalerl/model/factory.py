@@ -155,29 +155,43 @@ def lm_head_logits(model: Any, hidden: torch.Tensor, fp32_head: bool) -> torch.T
 
 def sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       targets: torch.Tensor, *, fp32_head: bool, temperature: float = 1.0,
-                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      with_entropy: bool = False,
+                      where: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Teacher-forced log-probs of `targets` under the model (the learner side of ρ).
 
     input_ids, attention_mask, targets: [N, L] (right-padded; targets[:, t] is the token that follows
     input_ids[:, t]). Returns logp: [N, L] float32 and, if asked, the per-position entropy [N, L]
-    (no grad). Logits are divided by `temperature`, as the generator's were when it sampled.
+    (no grad). Logits are divided by `temperature`, as the generator's were when it sampled. `where`
+    ([N, L] bool, e.g. the loss mask): only those positions go through the head; logp and entropy are
+    0 elsewhere (the prompt and the padding then cost the trunk alone).
     """
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     out = trunk_of(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                           use_cache=False)
     return head_logprobs(model, out.last_hidden_state, targets, fp32_head=fp32_head, temperature=temperature,
-                         with_entropy=with_entropy)
+                         with_entropy=with_entropy, where=where)
 
 
 def head_logprobs(model: Any, hidden: torch.Tensor, targets: torch.Tensor, *, fp32_head: bool,
                   temperature: float = 1.0, with_entropy: bool = False,
-                  chunk_elements: int = LOGIT_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
+                  where: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(targets) from the last hidden state, the head and log-softmax in token chunks.
 
     hidden: [N, L, H], targets: [N, L] -> logp [N, L] float32 (and entropy [N, L], no grad). A chunk holds
     at most `chunk_elements` logits (>= 1 token); with more than one chunk each runs under activation
-    checkpointing, so backward recomputes a chunk's logits instead of keeping all [N, L, V] alive."""
+    checkpointing, so backward recomputes a chunk's logits instead of keeping all [N, L, V] alive.
+    `where` ([N, L] bool): only those positions are computed, the others are 0."""
     N, L, H = hidden.shape
+    if where is not None:
+        idx = where.reshape(N * L).nonzero().squeeze(-1)  # [T]
+        logp_t, ent_t = head_logprobs(model, hidden.reshape(1, N * L, H)[:, idx], targets.reshape(1, N * L)[:, idx],
+                                      fp32_head=fp32_head, temperature=temperature, with_entropy=with_entropy,
+                                      chunk_elements=chunk_elements)
+        logp = hidden.new_zeros(N * L, dtype=torch.float32).index_copy(0, idx, logp_t.reshape(-1))
+        entropy = (logp.detach().new_zeros(N * L).index_copy(0, idx, ent_t.reshape(-1)).reshape(N, L)
+                   if ent_t is not None else None)
+        return logp.reshape(N, L), entropy
     vocab = model.get_output_embeddings().weight.shape[0]
     per_chunk = max(1, chunk_elements // vocab)
     flat_h, flat_t = hidden.reshape(N * L, H), targets.reshape(N * L)

@@ -115,3 +115,30 @@ def test_chunked_head_equals_single_pass(tokenizer, with_entropy):
         torch.testing.assert_close(ea, eb)
     else:
         assert ea is None and eb is None
+
+
+@pytest.mark.parametrize("elements", [10**9, 3 * 102])
+def test_the_head_on_selected_positions_equals_the_whole_head_there(tokenizer, elements):
+    """`where` computes the head only at the selected positions: there logp, entropy and the gradients of a
+    loss over them equal the whole-head pass; elsewhere logp and entropy are 0."""
+    model = _tied_model(tokenizer)
+    inp, mask, tgt = _batch(n=4, length=11)
+    where = torch.zeros_like(mask, dtype=torch.bool)
+    where[:, 5:9] = True
+    where[2, :] = False  # a row with nothing selected
+    hidden = trunk_of(model)(input_ids=inp, attention_mask=mask).last_hidden_state.detach()
+    weights = torch.linspace(0.1, 1.0, where.numel()).reshape(where.shape) * where
+    results = []
+    for sel in (None, where):
+        model.zero_grad(set_to_none=True)
+        h = hidden.clone().requires_grad_(True)
+        logp, ent = head_logprobs(model, h, tgt, fp32_head=True, temperature=0.7, with_entropy=True,
+                                  chunk_elements=elements, where=sel)
+        (logp * weights).sum().backward()
+        results.append((logp.detach(), ent, h.grad.clone(), model.lm_head.weight.grad.clone()))
+    (a, ea, ha, wa), (b, eb, hb, wb) = results
+    torch.testing.assert_close(b[where], a[where])
+    torch.testing.assert_close(eb[where], ea[where])
+    assert not b[~where].any() and not eb[~where].any()
+    torch.testing.assert_close(hb, ha)
+    torch.testing.assert_close(wb, wa)
