@@ -1,9 +1,10 @@
 # The vocabulary of the project: every target does its own set-up on a fresh machine.
 #   make run    install the runtime into .venv, then train the quickstart and print where the results are
-#   make test   install runtime + dev into .venv, start the real servers, run every test (build/junit.xml),
-#               then the tests that train again on other CPU kernels
+#   make test   install runtime + dev into .venv, build and start the real servers while the tests that need
+#               none run (and those that train run again on other CPU kernels), then the tests that need
+#               them (scripts/test_suite.sh; JUnit XML in build/)
 #   make install-vllm  build (once, cached in $$SCALERL_CACHE) the vLLM CPU environment; prints its python
-#               (make test runs the vLLM tests in it: build/junit-vllm.xml)
+#               (make test runs the vLLM tests in it: build/junit-vllm.xml, build/junit-vllm-infra.xml)
 #   make bench  side-by-side speed ratios -> bench/results.json
 #   make lint   ruff + mypy + import-linter contracts
 #   make lock   re-resolve requirements/*.lock from pyproject.toml (after changing a dependency)
@@ -78,23 +79,15 @@ lock-vllm: $(UV)
 run: install
 	$(PY) -m scalerl.cli run examples/quickstart.yaml --overwrite
 
-# The real Kafka broker and MinIO server are built (cached in $$SCALERL_CACHE, ~/.cache/scalerl) and
-# started first; the infrastructure tests fail, never skip, when CI is set and they cannot start.
-# The suite runs once with torch's default CPU kernels; the vLLM tests (tests/vllm_cpu) run in the vLLM
-# environment as a separate pytest process (never skipped: no tests collected fails too); then the tests
-# that train run again on other kernels (ALT_KERNELS above). Each pass writes JUnit XML.
-test: install-dev install-vllm infra-up
-	set -a; source build/infra.env; set +a; export $(VENV_PATH); \
-	$(PY) -m pytest -m "not gpu and not vllm" --junitxml=build/junit.xml $(PYTEST_ARGS); rc=$$?; \
-	echo "make: the vLLM tests, in $$(cat $(VLLM_PY_FILE))"; \
-	$(VLLM_TEST_ENV) "$$(cat $(VLLM_PY_FILE))" -m pytest -m vllm -p no:cacheprovider \
-	  --junitxml=build/junit-vllm.xml tests/vllm_cpu; vrc=$$?; [ $$rc -ne 0 ] || rc=$$vrc; \
-	if [ $$rc -eq 0 ]; then \
-	  alt=$$($(ALT_KERNELS)); echo "make: the tests that train, again with ATEN_CPU_CAPABILITY=$$alt"; \
-	  ATEN_CPU_CAPABILITY=$$alt $(PY) -m pytest -m "not gpu and not infra and not slow and not vllm" -p no:cacheprovider \
-	    --junitxml=build/junit-$$alt.xml $(RETRAIN_TESTS); rc=$$?; \
-	fi; \
-	bash scripts/infra/down.sh >/dev/null 2>&1 || true; exit $$rc
+# scripts/test_suite.sh runs every test: the servers (Kafka, MinIO, the API servers, Kueue, Prometheus,
+# Jaeger) are built into $$SCALERL_CACHE (~/.cache/scalerl) where it lacks them and started in the
+# background while the tests that need no server run (the main suite's, the vLLM environment's, and
+# the tests that train again on other kernels, ALT_KERNELS above); then the tests that need the servers
+# (they fail, never skip, when CI is set and the servers cannot start). Each pass writes JUnit XML into
+# build/; pytest's exit 5 (no tests collected) fails the run like any other status.
+test: install-dev install-vllm
+	export $(VENV_PATH); PY=$(PY) VLLM_PY="$$(cat $(VLLM_PY_FILE))" ALT_KERNELS=$$($(ALT_KERNELS)) \
+	  RETRAIN_TESTS="$(RETRAIN_TESTS)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test_suite.sh
 
 test-unit: install-dev
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

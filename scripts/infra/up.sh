@@ -24,6 +24,7 @@
 #      SCALERL_CLUSTER_TOLERATION_S (2), SCALERL_CLUSTER_NODE_GRACE_S (20) (cluster.sh).
 #      SCALERL_{PROMETHEUS,JAEGER}_READY_TIMEOUT (60), SCALERL_JAEGER_VERSION (observability.sh).
 #      SCALERL_KUEUE_VERSION (v0.17.0), SCALERL_KUEUE_READY_TIMEOUT (90) (kueue.sh).
+#      SCALERL_BUILD_LANES (2: two builds at once; 1: one after the other).
 # shellcheck source=scripts/infra/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -33,7 +34,7 @@ for arg in "$@"; do
     case "$arg" in
         --build-only) build_only=1 ;;
         kafka | minio | k8s | cluster | prometheus | jaeger | kueue) services+=("$arg") ;;
-        -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
         *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s, cluster, prometheus, jaeger, kueue)" ;;
     esac
 done
@@ -42,16 +43,28 @@ done
 [[ " ${services[*]} " != *" cluster "* || " ${services[*]} " == *" k8s "* ]] || services+=(k8s)
 want() { [[ " ${services[*]} " == *" $1 "* ]]; }
 
+lanes="${SCALERL_BUILD_LANES:-2}"
+[[ "$lanes" == 1 || "$lanes" == 2 ]] || { log "ERROR: SCALERL_BUILD_LANES=$lanes: expected 1 or 2"; exit 2; }
+
 T0="$(now)"
 mkdir -p "$STATE/kafka" "$STATE/minio"
 
-want kafka && build_kafka
-want minio && build_minio
-want k8s && build_k8s
-want cluster && build_cluster
-want prometheus && build_prometheus
-want jaeger && build_jaeger
-want kueue && build_kueue
+# What the cache lacks is built in two lanes at once (SCALERL_BUILD_LANES=1: one after the other). On 2
+# cores the compiles share the CPU either way; what the second lane buys is that one lane's module
+# downloads, `go mod tidy` and single-threaded links run beside the other's compiles.
+lane_servers() { want kafka && build_kafka; want minio && build_minio; want k8s && build_k8s; want cluster && build_cluster; return 0; }
+lane_observability() { want prometheus && build_prometheus; want jaeger && build_jaeger; want kueue && build_kueue; return 0; }
+if [[ "$lanes" == 1 ]]; then
+    lane_servers
+    lane_observability
+else
+    lane_servers & lane_a=$!
+    lane_observability & lane_b=$!
+    rc=0
+    wait "$lane_a" || rc=$?
+    wait "$lane_b" || rc=$?
+    ((rc == 0)) || die "a server build failed (see its lines above)"
+fi
 if ((build_only)); then
     log "build done in $(elapsed "$T0")"
     exit 0

@@ -35,6 +35,8 @@ from helm_helpers import CHART, REPO, OperatorProcess, free_port, operator_env, 
 
 import scalerl_operator.__main__ as operator_cli
 
+pytestmark = pytest.mark.infra  # the helm client and the API server come from scripts/infra
+
 ALL_ON = ["minio.enabled=true", "kafka.enabled=true", "otelCollector.enabled=true",
           "metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true",
           "otelCollector.tracesEndpoint=tempo.monitoring:4317"]
