@@ -71,6 +71,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gain_text(s: dict[str, object]) -> str:
+    """", gain +0.160 (95% interval +0.080 to +0.240, paired bootstrap over 32 held-out prompts)" or ""."""
+    gain, interval, level = s.get("gain"), s.get("gain_interval"), s.get("gain_level")
+    if not isinstance(gain, int | float):
+        return ""
+    text = f", gain {gain:+.3f}"
+    if isinstance(interval, list) and isinstance(level, int | float):
+        text += (f" ({level:.0%} interval {interval[0]:+.3f} to {interval[1]:+.3f}, paired bootstrap over "
+                 f"{s.get('gain_prompts')} held-out prompts)")
+    return text
+
+
 def _print_summary(out: Path, s: dict[str, object]) -> None:
     def f(key: str, fmt: str = "{:.3f}") -> str:
         v = s.get(key)
@@ -78,7 +90,7 @@ def _print_summary(out: Path, s: dict[str, object]) -> None:
 
     print(f"\nrun {s['name']}: {s['steps']} RL steps, {f('train_wall_s', '{:.0f}')} s of training "
           f"= {f('compute', '{:.4f}')} device-hours")
-    print(f"  held-out pass rate (mean@k): {f('initial_pass_rate')} -> {f('final_pass_rate')}")
+    print(f"  held-out pass rate (mean@k): {f('initial_pass_rate')} -> {f('final_pass_rate')}{_gain_text(s)}")
     if s.get("A") is not None:
         print(f"  fitted curve: A={f('A')} (asymptotic pass rate), B={f('B', '{:.2f}')} (exponent), "
               f"C_mid={f('C_mid', '{:.4f}')} device-hours")

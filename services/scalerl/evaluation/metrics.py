@@ -16,7 +16,8 @@ Definitions, for one problem with n sampled completions of which c are correct:
   `oracle_best_of_n` is its upper bound, a perfect verifier: correct if any candidate is.
 
 Per-problem values are averaged over problems; `bootstrap_ci` gives a percentile-bootstrap confidence
-interval for that average, resampling problems.
+interval for that average, resampling problems. `paired_gain` does the same for the change of a
+per-problem metric between two evaluations of the same problems (a run's step 0 and its last eval).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "mean_at_k",
     "normalize_answer",
     "oracle_best_of_n",
+    "paired_gain",
     "pass_at_k",
     "pass_at_k_curve",
 ]
@@ -240,3 +242,16 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray, n_resamples: int = 1000, 
     alpha = (1.0 - level) / 2.0
     lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
     return float(lo), float(hi)
+
+
+def paired_gain(before: Sequence[float], after: Sequence[float], n_resamples: int = 1000, seed: int = 0,
+                level: float = 0.95) -> tuple[float, float, float]:
+    """(mean gain, lo, hi): the mean over problems of after_i − before_i and its percentile-bootstrap
+    interval, resampling problems with their pair of values (paired: the problem-to-problem spread that
+    both evaluations share cancels). before, after: [n] per-problem values of the same problems, in the
+    same order. Raises ValueError when the lengths differ (or as `bootstrap_ci` does)."""
+    if len(before) != len(after):
+        raise ValueError(f"paired_gain needs the same problems: {len(before)} values before, {len(after)} after")
+    diff = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
+    lo, hi = bootstrap_ci(diff, n_resamples=n_resamples, seed=seed, level=level)
+    return float(diff.mean()) if diff.size else math.nan, lo, hi

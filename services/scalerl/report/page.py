@@ -28,6 +28,8 @@ _SUMMARY_LABELS = {
     "name": ("run", ""),
     "initial_pass_rate": ("initial pass rate (R0)", ""),
     "final_pass_rate": ("final pass rate", ""),
+    "gain": ("held-out gain, final − initial (same prompts)", ""),
+    "gain_interval": ("its interval (paired bootstrap over prompts, at fit.level)", ""),
     "steps": ("steps", ""),
     "compute": ("compute", " device-hours"),
     "compute_flops": ("compute (machine-independent)", " FLOPs"),
@@ -44,6 +46,8 @@ def _img(png: bytes, alt: str) -> str:
 def _fmt(v: Any) -> str:
     if v is None:
         return "—"
+    if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int | float) for x in v):
+        return f"[{_fmt(v[0])}, {_fmt(v[1])}]"  # an interval
     if isinstance(v, bool) or not isinstance(v, int | float):
         return str(v)
     return str(v) if isinstance(v, int) else tables.num(float(v))

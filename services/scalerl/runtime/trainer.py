@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from scalerl.bus import Bus, TopicNames
 from scalerl.config import JobSpec, dump_spec
 from scalerl.evaluation import evaluate_mean_at_k
+from scalerl.evaluation.metrics import paired_gain
 from scalerl.generator.engine import SamplingParams
 from scalerl.generator.role import length_control
 from scalerl.generator.torch_engine import TorchEngine
@@ -312,9 +313,21 @@ class TrainerHost:
             raise RuntimeError(f"resumed at step {self.learner.version} but {self.out.metrics_path} has no eval")
         return evals[0], evals[-1]
 
+    def _gain(self, first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+        """The held-out gain of the run, final − initial mean@k, with its paired bootstrap interval over
+        the held-out prompts (fit.bootstrap resamples at fit.level; no interval when that is 0)."""
+        before, after = first.get("prompt_pass_rates") or [], last.get("prompt_pass_rates") or []
+        same_prompts = len(before) == len(after) and first.get("heldout_set") == last.get("heldout_set")
+        if last is first or not before or not same_prompts:
+            return {"gain": None}
+        fit = self.spec.fit
+        gain, lo, hi = paired_gain(before, after, n_resamples=max(fit.bootstrap, 1), seed=fit.seed, level=fit.level)
+        return {"gain": gain, "gain_interval": [lo, hi] if fit.bootstrap else None, "gain_level": fit.level,
+                "gain_prompts": len(before)}
+
     def _summary(self, first: dict[str, Any], last: dict[str, Any], **extra: Any) -> dict[str, Any]:
         summary = {"name": self.spec.name, "initial_pass_rate": first["pass_rate"],
-                   "final_pass_rate": last["pass_rate"], "steps": self.learner.version,
+                   "final_pass_rate": last["pass_rate"], **self._gain(first, last), "steps": self.learner.version,
                    "compute": self.compute_device_hours(), "compute_unit": "device-hours",
                    "compute_flops": self.compute_flops(), "compute_flops_unit": "FLOPs", "n_params": self.n_params,
                    "devices": self.ledger.devices, "pool": None if self.pool is None else self.pool.to_dict(),

@@ -95,5 +95,5 @@ def test_eval_batch_defaults_to_the_rollout_batch_and_can_be_set_apart():
     assert spec_from_dict({"generation": {"prompts_per_batch": 3}}).eval_prompts_per_batch == 3
     spec = spec_from_dict({"generation": {"prompts_per_batch": 3}, "eval": {"prompts_per_batch": 32}})
     assert (spec.eval_prompts_per_batch, spec.generation.prompts_per_batch) == (32, 3)
-    with pytest.raises(SpecError, match="eval.prompts_per_batch"):
+    with pytest.raises(SpecError, match=r"eval\.prompts_per_batch"):
         spec_from_dict({"eval": {"prompts_per_batch": 0}})

@@ -6,6 +6,7 @@ import itertools
 import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 import scalerl.evaluation as evaluation
@@ -17,6 +18,7 @@ from scalerl.evaluation.metrics import (
     mean_at_k,
     normalize_answer,
     oracle_best_of_n,
+    paired_gain,
     pass_at_k,
     pass_at_k_curve,
 )
@@ -313,3 +315,18 @@ def test_package_exports():
                  "best_of_n", "oracle_best_of_n", "bootstrap_ci"):
         assert name in evaluation.__all__
         assert callable(getattr(evaluation, name))
+
+
+def test_paired_gain_is_the_mean_difference_with_a_paired_interval():
+    before = [0.0, 0.25, 0.5, 0.25, 0.0, 0.75, 0.5, 0.25]
+    after = [b + 0.25 for b in before]  # every prompt gains exactly 0.25: no spread, a point interval
+    assert paired_gain(before, after) == pytest.approx((0.25, 0.25, 0.25))
+    # Prompts differ a lot from each other but each gains about the same: the paired interval is narrow
+    # where an unpaired one (from the two means' own intervals) would overlap 0.
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0, 0.8, 64)
+    gain, lo, hi = paired_gain(base, base + rng.uniform(0.05, 0.15, 64), n_resamples=2000, seed=3)
+    assert 0.05 < lo < gain < hi < 0.15
+    assert bootstrap_ci(base)[1] > bootstrap_ci(base + 0.1)[0]  # unpaired intervals overlap
+    with pytest.raises(ValueError, match="same problems"):
+        paired_gain([0.1, 0.2], [0.3])
