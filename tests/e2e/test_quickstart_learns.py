@@ -33,6 +33,12 @@ def test_quickstart_runs_through(tmp_path):
     assert len(step_recs) == 100
     assert max(s.get("staleness_max") or 0 for s in step_recs) <= spec.off_policy.k
     assert summary["compute"] == pytest.approx(summary["train_wall_s"] / 3600)  # one device
+    # The gain is final − initial mean@k over the same prompts, its interval a paired bootstrap around it.
+    before, after = evals[0]["prompt_pass_rates"], evals[-1]["prompt_pass_rates"]
+    assert summary["gain"] == pytest.approx(sum(a - b for a, b in zip(after, before, strict=True)) / len(before))
+    assert summary["gain"] == pytest.approx(summary["final_pass_rate"] - summary["initial_pass_rate"])
+    lo, hi = summary["gain_interval"]
+    assert lo <= summary["gain"] <= hi and summary["gain_prompts"] == len(before)
     assert (tmp_path / "run" / "report.html").stat().st_size > 10_000
     assert (tmp_path / "run" / "curve.png").exists()
 
