@@ -24,6 +24,7 @@ pytestmark = [
 EXAMPLE = Path(__file__).parents[2] / "examples" / "smollm2-addition.yaml"
 OVERRIDES = ["train.steps=2", "task.eval_size=4", "eval.every_steps=2", "train.checkpoint_every=2",
              "generation.group_size=2", "generation.prompts_per_batch=2", "train.prompts_per_step=2",
+             "eval.samples_per_prompt=1",
              "loss.zero_variance_filter=false"]  # every step updates (all-equal groups get advantage 0)
 
 

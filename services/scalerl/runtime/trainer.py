@@ -147,7 +147,7 @@ class TrainerHost:
         if ckpt is not None:
             model, tok = load_model_and_tokenizer(spec.model, spec.seed, ckpt)
             return model.to(resolve_device(spec.model.device)), tok
-        bar = self.progress.bar("SFT", spec.sft.steps, unit="step")
+        bar = (self.progress if spec.sft.steps else Progress(enabled=False)).bar("SFT", spec.sft.steps, unit="step")
         model, tok, self.init_info = initial_model(
             spec, self.task, self.out.root, on_sft_step=lambda s, loss: bar.update(1, loss=f"{loss:.3f}"))
         bar.close()
