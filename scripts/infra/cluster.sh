@@ -77,12 +77,12 @@ build_cluster() {
     if [[ -x "$(kube_scheduler_bin)" && -x "$(kube_controller_manager_bin)" ]]; then
         log "kube-scheduler, kube-controller-manager: using cached binaries in $CACHE/bin"
     else
-        with_build_lock _build_kube kube-scheduler kube-controller-manager
+        with_build_lock kube _build_kube kube-scheduler kube-controller-manager
     fi
     if [[ -x "$(kwok_bin)" && -d "$(kwok_stages)" ]]; then
         log "kwok: using cached binary $(kwok_bin)"
     else
-        with_build_lock _build_kwok
+        with_build_lock kwok _build_kwok
     fi
 }
 

@@ -152,7 +152,7 @@ build_k8s() {
         if [[ -x "$("${b}_bin")" ]]; then
             log "${b//_/-}: using cached binary $("${b}_bin")"
         else
-            with_build_lock "_build_$b"
+            with_build_lock "${b%_apiserver}" "_build_$b" # kube-apiserver: key kube, as the scheduler's
         fi
     done
 }

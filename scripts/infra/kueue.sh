@@ -72,7 +72,7 @@ build_kueue() {
     if [[ -x "$(kueue_bin)" && -d "$(kueue_crds)" ]]; then
         log "kueue: using cached binary $(kueue_bin)"
     else
-        with_build_lock _build_kueue
+        with_build_lock kueue _build_kueue
     fi
 }
 

@@ -121,11 +121,16 @@ spawn() {
     die "could not start $1 (no pid file $pidfile); see $logfile"
 }
 
+# with_build_lock KEY CMD...: run CMD holding $CACHE/.build-KEY.lock, so that two processes (two
+# checkouts, or make and a test) never build the same thing into the cache at once; builds of different
+# KEYs (up.sh's two lanes) run side by side.
 with_build_lock() {
+    local lock="$CACHE/.build-$1.lock"
+    shift
     mkdir -p "$CACHE"
-    exec 9>"$CACHE/.build.lock"
+    exec 9>"$lock"
     if ! flock -n 9; then
-        log "another build holds $CACHE/.build.lock; waiting"
+        log "another build holds $lock; waiting"
         flock 9
     fi
     "$@"
@@ -208,7 +213,7 @@ build_kafka() {
     if [[ -f "$(kafka_home)/.complete" ]]; then
         log "kafka: using cached jars $(kafka_home)/libs"
     else
-        with_build_lock _build_kafka
+        with_build_lock kafka _build_kafka
     fi
 }
 
@@ -412,7 +417,7 @@ build_minio() {
     if [[ -x "$(minio_bin)" ]]; then
         log "minio: using cached binary $(minio_bin)"
     else
-        with_build_lock _build_minio
+        with_build_lock minio _build_minio
     fi
 }
 

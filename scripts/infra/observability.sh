@@ -97,7 +97,7 @@ build_prometheus() {
     if [[ -n "$(prometheus_bin)" ]]; then
         log "prometheus: using cached binary $(prometheus_bin)"
     else
-        with_build_lock _build_prometheus
+        with_build_lock prometheus _build_prometheus
     fi
 }
 
@@ -105,7 +105,7 @@ build_jaeger() {
     if [[ -x "$(jaeger_bin)" ]]; then
         log "jaeger: using cached binary $(jaeger_bin)"
     else
-        with_build_lock _build_jaeger
+        with_build_lock jaeger _build_jaeger
     fi
 }
 
