@@ -18,7 +18,7 @@ if not os.environ.get("CI"):  # in CI a missing client is an error, never a skip
     pytest.importorskip("minio", reason="the minio client is not installed")
 from minio import Minio  # noqa: E402
 
-from scalerl.store.s3 import S3Store  # noqa: E402
+from scalerl.store.s3 import MULTIPART_PART, S3Store  # noqa: E402
 
 BUCKET = "scalerl-it"
 
@@ -81,13 +81,24 @@ def test_bucket_is_created_and_sha256_is_stored(s3_env, unique: str) -> None:
     assert not raw.bucket_exists(bucket)
     s = open_store(f"s3://{bucket}/run/1")
     assert raw.bucket_exists(bucket)
-    data = os.urandom(6 * 1024 * 1024 + 3)  # above the multipart threshold: still one PUT
+    data = os.urandom(6 * 1024 * 1024 + 3)  # above S3's smallest part, below our multipart size: one PUT
     s.put_bytes("big.bin", data)
     stat = raw.stat_object(bucket, "run/1/big.bin")
     assert stat.size == len(data)
     assert stat.metadata["x-amz-meta-sha256"] == hashlib.sha256(data).hexdigest()
     assert "-" not in stat.etag, "expected a single PUT, not a multipart upload"
     assert s.get_bytes("big.bin") == data
+
+
+def test_weights_of_a_real_model_size_go_up_in_parts_with_their_checksum(store: S3Store, s3_env, unique) -> None:
+    """Above MULTIPART_PART (a real model's 270-540 MB) the object is a multipart upload (its ETag ends in
+    -<parts>), carries the sha256 of the whole, and reads back equal."""
+    data = os.urandom(2 * MULTIPART_PART + 12345)
+    store.put_bytes("policy/v1/model.safetensors", data)
+    stat = _raw_client(s3_env).stat_object(BUCKET, f"{unique}/policy/v1/model.safetensors")
+    assert stat.size == len(data) and stat.etag.endswith("-3"), stat.etag
+    assert stat.metadata["x-amz-meta-sha256"] == hashlib.sha256(data).hexdigest()
+    assert store.get_bytes("policy/v1/model.safetensors") == data
 
 
 def test_checksum_mismatch_is_detected(store: S3Store, s3_env, unique: str) -> None:

@@ -1,8 +1,10 @@
 """S3 store (MinIO or any S3 API) for distributed mode: `s3://bucket/prefix`.
 
-Objects live at `<prefix>/<key>` in the bucket. `put_bytes` is one PUT request (objects up to 5 GiB;
-larger ones go up as a multipart upload), and S3 makes an object visible only once that request
-completes, so a reader never sees half an object. Each object carries the sha256 of its bytes in its
+Objects live at `<prefix>/<key>` in the bucket. `put_bytes` is one PUT request up to 64 MiB; larger
+objects (a real model's weights: 270–540 MB for SmolLM2-135M) go up as a multipart upload of 64 MiB
+parts, sent a few at a time and each retried alone, read from the caller's one copy of the bytes. S3
+makes an object visible only once its PUT (or CompleteMultipartUpload) completes, so a reader never
+sees half an object. Each object carries the sha256 of its bytes in its
 user metadata (`x-amz-meta-sha256`); `get_bytes` verifies it when present and raises StoreError on a
 mismatch, as it does for a missing object.
 
@@ -26,9 +28,8 @@ from scalerl.store.base import Store, StoreError
 from scalerl.store.s3_settings import S3Settings, S3SettingsError, credentials_provider, s3_settings
 
 SHA256_META = "sha256"
-_SINGLE_PUT_MAX = 5 * 1024**3  # S3's limit for one PUT
-_MIN_PART = 5 * 1024**2
-_MULTIPART_PART = 512 * 1024**2
+_MIN_PART = 5 * 1024**2  # S3's smallest part (the minio client's smallest part_size)
+MULTIPART_PART = 64 * 1024**2  # objects above this go up as a multipart upload of parts this size
 _MISSING = ("NoSuchKey", "NoSuchObject", "NoSuchBucket", "NoSuchVersion")
 
 
@@ -112,7 +113,7 @@ class S3Store(Store):
     def put_bytes(self, key: str, data: bytes) -> str:
         name = self._name(key)
         n = len(data)
-        part_size = min(max(n, _MIN_PART), _SINGLE_PUT_MAX) if n <= _SINGLE_PUT_MAX else _MULTIPART_PART
+        part_size = max(n, _MIN_PART) if n <= MULTIPART_PART else MULTIPART_PART  # one part: a single PUT
         self.client.put_object(self.bucket, name, io.BytesIO(data), n, part_size=part_size,
                                content_type="application/octet-stream",
                                metadata={SHA256_META: hashlib.sha256(data).hexdigest()})
