@@ -22,13 +22,14 @@ if TYPE_CHECKING:
         mean_at_k,
         normalize_answer,
         oracle_best_of_n,
+        paired_gain,
         pass_at_k,
         pass_at_k_curve,
     )
     from scalerl.evaluation.scorer import Scorer, Scores
 
 _METRICS = ("best_of_n", "bootstrap_ci", "maj_at_k", "majority_vote", "mean_at_k", "normalize_answer",
-            "oracle_best_of_n", "pass_at_k", "pass_at_k_curve")
+            "oracle_best_of_n", "paired_gain", "pass_at_k", "pass_at_k_curve")
 _EXPORTS = {"EvalResult": "heldout", "evaluate_mean_at_k": "heldout", "Scorer": "scorer", "Scores": "scorer",
             **dict.fromkeys(_METRICS, "metrics")}
 __getattr__ = lazy_exports(__name__, _EXPORTS)
@@ -45,6 +46,7 @@ __all__ = [
     "mean_at_k",
     "normalize_answer",
     "oracle_best_of_n",
+    "paired_gain",
     "pass_at_k",
     "pass_at_k_curve",
 ]

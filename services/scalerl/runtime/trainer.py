@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from scalerl.bus import Bus, TopicNames
 from scalerl.config import JobSpec, dump_spec
-from scalerl.evaluation import evaluate_mean_at_k
-from scalerl.evaluation.metrics import paired_gain
+from scalerl.evaluation import evaluate_mean_at_k, paired_gain
 from scalerl.generator.engine import SamplingParams
 from scalerl.generator.role import length_control
 from scalerl.generator.torch_engine import TorchEngine
