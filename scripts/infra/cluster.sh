@@ -73,12 +73,16 @@ _build_kwok() {
     log "kwok: built, stages copied in $(elapsed "$t0") ($(du -sh "$bin" | cut -f1))"
 }
 
-build_cluster() {
+# The cluster's binaries: kube-scheduler + kube-controller-manager (in the API server's wrapper module)
+# and kwok (its own module); up.sh builds the two in different lanes.
+build_cluster_kube() {
     if [[ -x "$(kube_scheduler_bin)" && -x "$(kube_controller_manager_bin)" ]]; then
         log "kube-scheduler, kube-controller-manager: using cached binaries in $CACHE/bin"
     else
         with_build_lock kube _build_kube kube-scheduler kube-controller-manager
     fi
+}
+build_kwok() {
     if [[ -x "$(kwok_bin)" && -d "$(kwok_stages)" ]]; then
         log "kwok: using cached binary $(kwok_bin)"
     else
