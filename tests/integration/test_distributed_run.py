@@ -31,6 +31,8 @@ from scalerl.messages import PolicyVersion, ScoredGroup
 from scalerl.model.factory import model_vocab_size
 from scalerl.rpc.convert import decode_envelope
 from scalerl.runtime.launcher import LocalCluster
+from scalerl.store.base import open_store
+from scalerl.store.weights import highest_version
 from warm_start import mixed_reward_warm_start
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]
@@ -50,8 +52,8 @@ def sft_start(tmp_path_factory, addition_run_spec) -> str:
 
 
 @pytest.mark.timeout(900)
-def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_start, tmp_path, restart_kafka,
-                                                           addition_run_spec):
+def test_distributed_run_survives_kills_and_broker_restart(infra, s3_env, unique, sft_start, tmp_path,
+                                                           restart_kafka, addition_run_spec):
     spec = addition_run_spec(unique, sft_start, **RUN)
     out = tmp_path / "run"
     cluster = LocalCluster(spec, out, f"kafka://{infra.kafka_bootstrap}", f"s3://{unique}/job",
@@ -67,6 +69,7 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_st
         wait_step(cluster, out, 5)  # the step-4 checkpoint is in MinIO
         cluster.kill("learner-0")
         before_kill = _announced(bus, unique)  # versions 5.. of this learner die with it (lost lineage)
+        uploaded = highest_version(open_store(f"s3://{unique}/job"))  # its last upload may be unannounced
         cluster.start("learner", "learner-0")
         restart_kafka()
         assert cluster.wait_learner(timeout_s=480) == 0, cluster.tail("learner-0")
@@ -114,7 +117,7 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, unique, sft_st
     # again: exactly-once dead letters are checked by the run without kills below)
     origins = {r.headers["source_topic"].decode() for r in dlq}
     assert origins == {f"{unique}.rollouts", f"{unique}.scored"}
-    _check_versions(bus, unique, before_kill, steps, summary)
+    _check_versions(bus, unique, before_kill, uploaded, steps, summary)
     bus.delete_topics([f"{unique}.{k}" for k in ("prompts", "rollouts", "scored", "policy", "metrics", "dlq")])
     bus.close()
 
@@ -150,8 +153,8 @@ def _announced(bus: KafkaBus, unique: str) -> list[tuple[int, str, int]]:
     return out
 
 
-def _check_versions(bus: KafkaBus, unique: str, before_kill: list[tuple[int, str, int]], steps: list[dict],
-                    summary: dict) -> None:
+def _check_versions(bus: KafkaBus, unique: str, before_kill: list[tuple[int, str, int]], uploaded: int | None,
+                    steps: list[dict], summary: dict) -> None:
     """No version number announced with two different weights; the resumed learner's first announcement
     numbers past everything uploaded before the kill; staleness is never negative; every trained group
     with a token of the lost lineage was dropped (counted in dropped_lost_lineage)."""
@@ -160,7 +163,7 @@ def _check_versions(bus: KafkaBus, unique: str, before_kill: list[tuple[int, str
     for version, checksum, _ in announced:
         checksums.setdefault(version, set()).add(checksum)
     assert all(len(c) == 1 for c in checksums.values()), {v: c for v, c in checksums.items() if len(c) > 1}
-    high = max(v for v, _, _ in before_kill)
+    high = max([v for v, _, _ in before_kill] + ([uploaded] if uploaded is not None else []))
     resumed = announced[len(before_kill):]
     assert resumed and resumed[0][0] == high + 1 and resumed[0][2] == 4  # step 4's weights, a new number
     lost = {v for v, _, step in before_kill if step > 4}
