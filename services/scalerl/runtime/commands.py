@@ -106,6 +106,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def run_distributed(spec: JobSpec, out: Path, args: argparse.Namespace) -> int:
     from scalerl.runtime.launcher import LocalCluster, reset_job
 
+    logging.getLogger("kafka").setLevel(logging.ERROR)  # the launcher's own client: its chatter, not the user's
     bus, store, problem = check_urls(args, spec.runtime.bus, spec.runtime.store,
                                      f"file://{(out / 'store').resolve()}")
     if problem:
