@@ -49,11 +49,13 @@ def test_prompts_logprobs_and_interruption_with_the_real_tokenizer(spec, policy)
     from scalerl.generator.engine import SamplingParams
     from scalerl.generator.role import encode_prompt, length_control
     from scalerl.generator.torch_engine import TorchEngine
-    from scalerl.model.factory import heads_tied, sequence_logprobs
+    from scalerl.model.factory import embedding_rows, heads_tied, model_vocab_size, sequence_logprobs
     from scalerl.runtime.setup import make_task
 
     model, tok = policy
     assert heads_tied(model) and model.lm_head.weight.dtype == torch.float32
+    # what the roles without a model (curriculum, verifier) validate token ids against, from model.path alone
+    assert model_vocab_size(spec.model) == embedding_rows(model) == 49_152
     problems = make_task(spec).problems("eval")[:2]
     prompts = [encode_prompt(tok, p.prompt) for p in problems]
     for p, ids in zip(problems, prompts, strict=True):  # the chat template's own rendering
