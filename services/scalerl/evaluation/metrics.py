@@ -254,4 +254,4 @@ def paired_gain(before: Sequence[float], after: Sequence[float], n_resamples: in
         raise ValueError(f"paired_gain needs the same problems: {len(before)} values before, {len(after)} after")
     diff = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
     lo, hi = bootstrap_ci(diff, n_resamples=n_resamples, seed=seed, level=level)
-    return float(diff.mean()) if diff.size else math.nan, lo, hi
+    return float(diff.mean()), lo, hi

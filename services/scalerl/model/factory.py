@@ -190,7 +190,7 @@ def head_logprobs(model: Any, hidden: torch.Tensor, targets: torch.Tensor, *, fp
                                       fp32_head=fp32_head, temperature=temperature, with_entropy=with_entropy,
                                       chunk_elements=chunk_elements)
         logp = hidden.new_zeros(N * L, dtype=torch.float32).index_copy(0, idx, logp_t.reshape(-1))
-        entropy = (logp.detach().new_zeros(N * L).index_copy(0, idx, ent_t.reshape(-1)).reshape(N, L)
+        entropy = (hidden.new_zeros(N * L, dtype=torch.float32).index_copy(0, idx, ent_t.reshape(-1)).reshape(N, L)
                    if ent_t is not None else None)
         return logp.reshape(N, L), entropy
     vocab = model.get_output_embeddings().weight.shape[0]

@@ -320,9 +320,10 @@ class TrainerHost:
         if last is first or not before or not same_prompts:
             return {"gain": None}
         fit = self.spec.fit
-        gain, lo, hi = paired_gain(before, after, n_resamples=max(fit.bootstrap, 1), seed=fit.seed, level=fit.level)
-        return {"gain": gain, "gain_interval": [lo, hi] if fit.bootstrap else None, "gain_level": fit.level,
-                "gain_prompts": len(before)}
+        if not fit.bootstrap:  # no resampling asked for: the gain alone
+            return {"gain": last["pass_rate"] - first["pass_rate"], "gain_interval": None, "gain_prompts": len(before)}
+        gain, lo, hi = paired_gain(before, after, n_resamples=fit.bootstrap, seed=fit.seed, level=fit.level)
+        return {"gain": gain, "gain_interval": [lo, hi], "gain_level": fit.level, "gain_prompts": len(before)}
 
     def _summary(self, first: dict[str, Any], last: dict[str, Any], **extra: Any) -> dict[str, Any]:
         summary = {"name": self.spec.name, "initial_pass_rate": first["pass_rate"],
