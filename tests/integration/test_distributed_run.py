@@ -156,16 +156,17 @@ def _announced(bus: KafkaBus, unique: str) -> list[tuple[int, str, int]]:
 def _check_versions(bus: KafkaBus, unique: str, before_kill: list[tuple[int, str, int]], uploaded: int | None,
                     steps: list[dict], summary: dict) -> None:
     """No version number announced with two different weights; the resumed learner's first announcement
-    numbers past everything uploaded before the kill; staleness is never negative; every trained group
+    numbers past everything uploaded before the kill (`uploaded`: the store's highest version then, which
+    covers every announced one: weights are uploaded before they are announced); staleness is never negative; every trained group
     with a token of the lost lineage was dropped (counted in dropped_lost_lineage)."""
     announced = _announced(bus, unique)
     checksums: dict[int, set[str]] = {}
     for version, checksum, _ in announced:
         checksums.setdefault(version, set()).add(checksum)
     assert all(len(c) == 1 for c in checksums.values()), {v: c for v, c in checksums.items() if len(c) > 1}
-    high = max([v for v, _, _ in before_kill] + ([uploaded] if uploaded is not None else []))
+    assert uploaded is not None and uploaded >= max(v for v, _, _ in before_kill)
     resumed = announced[len(before_kill):]
-    assert resumed and resumed[0][0] == high + 1 and resumed[0][2] == 4  # step 4's weights, a new number
+    assert resumed and resumed[0][0] == uploaded + 1 and resumed[0][2] == 4  # step 4's weights, a new number
     lost = {v for v, _, step in before_kill if step > 4}
     assert lost, "the learner was killed after announcing versions past its checkpoint"
     assert all(r["staleness_mean"] is None or r["staleness_mean"] >= 0 for r in steps)
