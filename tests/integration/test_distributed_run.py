@@ -157,8 +157,9 @@ def _check_versions(bus: KafkaBus, unique: str, before_kill: list[tuple[int, str
                     steps: list[dict], summary: dict) -> None:
     """No version number announced with two different weights; the resumed learner's first announcement
     numbers past everything uploaded before the kill (`uploaded`: the store's highest version then, which
-    covers every announced one: weights are uploaded before they are announced); staleness is never negative; every trained group
-    with a token of the lost lineage was dropped (counted in dropped_lost_lineage)."""
+    covers every announced one: weights are uploaded before they are announced); staleness is never
+    negative; every trained group with a token of the lost lineage was dropped (counted in
+    dropped_lost_lineage)."""
     announced = _announced(bus, unique)
     checksums: dict[int, set[str]] = {}
     for version, checksum, _ in announced:
