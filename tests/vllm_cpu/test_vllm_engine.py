@@ -4,8 +4,8 @@ folder (run in the vLLM environment: `make install-vllm`; the main suite ignores
 - step 0: the log-probs vLLM records equal the learner's teacher-forced ones (|log ρ| <= 1e-4, fp32),
   at T = 0.7 with top_p = 1 and with top_p < 1;
 - after `load_weights`, samples (greedy) and log-probs equal a transformers forward of the new weights;
-- length rules (thinking budget, interruption + answer budget, budget forcing, forced-token records)
-  equal the torch engine's, greedy (deterministic) on the same weights;
+- length rules (thinking budget, interruption + answer budget, budget forcing, forced-token records, a
+  `</think>` of one token and of two) equal the torch engine's, greedy (deterministic) on the same weights;
 - weights swapped between decode steps: tokens' versions change at the swap.
 """
 
@@ -113,6 +113,9 @@ def scenarios(model: Any, tok: Any, ps: list[list[int]]) -> dict[str, LengthCont
     phrase = tuple(tok.encode("</think>!"))
     base = LengthControl(thinking_budget=16, answer_budget=5, think_close_ids=(close,), eos_id=eos)
     wait = tuple(tok.encode("Wait"))
+    # a </think> spelled as two tokens (SmolLM2's BPE spells it as several): row 0's greedy tokens 3-4,
+    # with the one-token spelling above as an alternative
+    multi = replace(base, think_close_ids=(paths[0][3], paths[0][4]), think_close_alts=((close,),))
     return {
         "budget_truncates": base,
         "interruption": replace(base, interruption_ids=phrase, window=(6, 12)),
@@ -120,6 +123,9 @@ def scenarios(model: Any, tok: Any, ps: list[list[int]]) -> dict[str, LengthCont
         "forcing_max": budget_forcing(base, max_thinking=8, answer_prefix_ids=tuple(tok.encode("A:"))),
         "forcing_min": budget_forcing(base, min_thinking=10, wait_ids=wait, max_waits=2),
         "forcing_both": budget_forcing(base, max_thinking=12, min_thinking=6, wait_ids=wait, max_waits=1),
+        "multi_close": multi,
+        "multi_close_interruption": replace(multi, interruption_ids=phrase, window=(6, 12)),
+        "multi_close_forcing_min": budget_forcing(multi, min_thinking=10, wait_ids=wait, max_waits=2),
     }
 
 
@@ -139,6 +145,8 @@ def test_length_rules_equal_torch_engine(engine: Any, policy: tuple[Any, Any, Pa
             assert max(abs(a - b) for a, b in zip(g.logprobs, r.logprobs, strict=True)) <= TOL, name
             assert g.versions == [engine.version] * len(g.token_ids), name
             reasons.add(g.finish_reason)
+        if name == "multi_close":  # row 0's thinking ended at its two-token </think> (position 4 at latest)
+            assert got[0].thinking_tokens <= 5, got[0]
         forced = [not m for c in got for m in c.loss_mask]
         if name.startswith(("interruption", "forcing")):
             assert any(forced), f"{name}: no forced token recorded"

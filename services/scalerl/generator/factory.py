@@ -28,10 +28,6 @@ def check_engine(spec: JobSpec) -> None:
         return
     if importlib.util.find_spec("vllm") is None:
         raise SpecError(VLLM_MISSING)
-    if spec.model.fp32_lm_head and spec.model.dtype != "float32":
-        raise SpecError("model.fp32_lm_head: with generation.engine 'vllm' the FP32 head needs model.dtype "
-                        "float32 (vLLM computes the head in the model's dtype); allowed: dtype float32, or "
-                        "engine torch")
 
 
 def make_engine(spec: JobSpec, model: Any, tokenizer: Any, *, seed: int, workdir: Path,
@@ -50,4 +46,4 @@ def make_engine(spec: JobSpec, model: Any, tokenizer: Any, *, seed: int, workdir
         save_model_and_tokenizer(model, tokenizer, model_folder)
     # On CPU, torch.compile's warm-up costs minutes for no decode speed-up on small batches: eager.
     return VLLMEngine(model_folder, tokenizer, seed=seed, dtype=spec.model.dtype,
-                      enforce_eager=not torch.cuda.is_available())
+                      enforce_eager=not torch.cuda.is_available(), fp32_head=spec.model.fp32_lm_head)

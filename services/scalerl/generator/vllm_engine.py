@@ -13,7 +13,9 @@ How the contract maps onto vLLM:
    Temperature 0 is greedy and records log-softmax(z) (T = 1), as the torch engine does.
 2. Length rules (LengthControl) are a per-row state machine identical to the torch engine's; each
    stretch of free sampling is one vLLM request continuing from prompt + tokens so far (prefix caching
-   keeps the continuation cheap): thinking stops at `</think>`, EOS, a stop id or the cut point; the
+   keeps the continuation cheap): thinking stops at `</think>`, EOS, a stop id or the cut point (a
+   one-token `</think>` is a vLLM stop id; one spelled as several BPE tokens, as SmolLM2's, is matched
+   on the row's tokens as they stream in and its request is aborted at the token that completes it); the
    answer phase gets `answer_budget` tokens after `</think>` or after the interruption phrase.
    Forced tokens (the interruption phrase, budget forcing's "Wait") are appended to the next request's
    prompt and their log-probs under the policy are that request's prompt log-probs (same scale, so
@@ -24,7 +26,10 @@ How the contract maps onto vLLM:
    `policy_source` is polled between engine steps, so new weights arrive while requests are in
    flight, with their KV cache kept (PipelineRL); each token carries the version of the step that
    sampled it.
-4. GPU clusters: `weight_transfer_config` with `start_weight_update` / `update_weights` (NCCL/IPC)
+4. FP32 head (ScaleRL §2.3): vLLM's own `head_dtype` (set through `hf_overrides`) computes the final
+   projection in fp32 from the model-dtype weight and hidden state, cast per step, which is what the
+   learner's FP32 head does (`model.fp32_lm_head`); the temperature scale then multiplies fp32 logits.
+5. GPU clusters: `weight_transfer_config` with `start_weight_update` / `update_weights` (NCCL/IPC)
    would replace step 3's copy from host memory; not wired here (needs GPUs).
 """
 
@@ -73,8 +78,9 @@ class _Row:
 class VLLMEngine(GenerationEngine):
     def __init__(self, model_path: str | Path, tokenizer: Any, *, seed: int = 0, version: int = 0,
                  dtype: str = "float32", kv_cache_memory_bytes: int | None = None, enforce_eager: bool = False,
-                 max_num_seqs: int = 256) -> None:
-        """`kv_cache_memory_bytes` None: on a GPU vLLM's memory-utilisation fraction; on CPU never a
+                 max_num_seqs: int = 256, fp32_head: bool = False) -> None:
+        """`fp32_head`: the lm_head projection in fp32 whatever `dtype` is (vLLM's `head_dtype`).
+        `kv_cache_memory_bytes` None: on a GPU vLLM's memory-utilisation fraction; on CPU never a
         fraction of RAM (vLLM would reserve 92% of it): `VLLM_CPU_KVCACHE_SPACE` GiB when set, else
         CPU_KV_CACHE_BYTES."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: step loop + direct worker access
@@ -91,7 +97,8 @@ class VLLMEngine(GenerationEngine):
         self.llm = LLM(model=str(model_path), dtype=dtype, seed=seed, skip_tokenizer_init=True,
                        generation_config="vllm", logprobs_mode="raw_logprobs", max_logprobs=-1, use_tqdm_on_load=False,
                        enable_prefix_caching=True, async_scheduling=False, enforce_eager=enforce_eager,
-                       kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs)
+                       kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs,
+                       hf_overrides={"head_dtype": "float32" if fp32_head else "model"})
         self.core = self.llm.llm_engine
         self.max_pos = int(self.core.model_config.max_model_len)
         self.vocab = int(self.core.model_config.get_vocab_size())
@@ -196,16 +203,25 @@ class VLLMEngine(GenerationEngine):
         live: dict[str, tuple[_Row, bool]] = {}  # request id -> (row, score only: its sample is dropped)
         for r in rows:
             self._submit(r, sampling, length, live)
+        multi_close = [seq for seq in length.close_sequences if len(seq) > 1]
         while live:
             for out in self.core.step():
+                if out.request_id not in live:  # aborted below on a multi-token </think>
+                    continue
                 row, score_only = live[out.request_id]
                 if out.prompt_logprobs is not None and row.pending:
                     self._resolve_forced(row, out.prompt_logprobs)
                 comp = out.outputs[0]
+                closed = False
                 if not score_only:
                     for tok, lp in zip(comp.token_ids, comp.logprobs or [], strict=True):
                         self._record(row, int(tok), float(lp[int(tok)].logprob), forced=False)
-                if out.finished:
+                        closed = row.phase == THINKING and _ends_with(row.ids, multi_close)
+                        if closed:
+                            break
+                if closed and not out.finished:
+                    self.core.abort_request([out.request_id])
+                if out.finished or closed:
                     del live[out.request_id]
                     if not score_only:
                         self._after_request(row, length)
@@ -272,7 +288,7 @@ class VLLMEngine(GenerationEngine):
             row.phase = DONE
             return
         row.n_think += n
-        if last in _close_ids(length):
+        if last in _close_ids(length) or (n and _ends_with(row.ids, length.close_sequences)):
             if length.forces_minimum and row.n_think - 1 < length.min_thinking and row.n_waits < length.max_waits:
                 self._replace_close_by_wait(row, length)
             else:
@@ -314,11 +330,11 @@ class VLLMEngine(GenerationEngine):
 
 
 def _close_ids(length: LengthControl) -> tuple[int, ...]:
-    """The ids that end thinking, each spelling of `</think>` being one token (a special token, as in
-    Qwen3-style tokenizers, or the char tokenizer). A `</think>` spelled as several BPE tokens (SmolLM2)
-    would need vLLM to stop on a token suffix: not supported by this engine yet, said plainly."""
-    seqs = length.close_sequences
-    if any(len(seq) != 1 for seq in seqs):
-        raise ValueError(f"generation.engine 'vllm': this tokenizer spells </think> as {[len(q) for q in seqs]} "
-                         "tokens; the vLLM engine needs a one-token </think> (a special token); use engine 'torch'")
-    return tuple(seq[0] for seq in seqs)
+    """The one-token spellings of `</think>` (a special token, as in Qwen3-style tokenizers, or the char
+    tokenizer): vLLM stops on them itself. Longer spellings are matched by `_ends_with` as tokens stream."""
+    return tuple(seq[0] for seq in length.close_sequences if len(seq) == 1)
+
+
+def _ends_with(ids: list[int], sequences: list[tuple[int, ...]] | tuple[tuple[int, ...], ...]) -> bool:
+    """`ids` ends with one of `sequences` (the torch engine's CloseMatcher, for one row)."""
+    return any(len(ids) >= len(seq) and tuple(ids[-len(seq):]) == seq for seq in sequences)
