@@ -17,7 +17,6 @@ percentiles, not single tokens. The section is merged into --out.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch
 
+from results_file import merge_sections
 from scalerl.config import ModelConfig
 from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
 from scalerl.generator.role import encode_prompt
@@ -96,12 +96,7 @@ def main() -> int:
             section[key] = row
             print(f"{key} model, bf16, step-0 |log ρ| mean/p99/max (nats): " + "; ".join(
                 f"{name} {r['mean']:.4f}/{r['p99']:.4f}/{r['max']:.4f}" for name, r in row.items()))
-    out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {}
-    results["bf16_head"] = section
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote the bf16_head section of {out}")
+    print(f"wrote the bf16_head section of {merge_sections(args.out, {'bf16_head': section})}")
     return 0
 
 

@@ -25,7 +25,6 @@ wall-clock based, noisy on a shared machine); `--axis` overrides, and the output
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
@@ -33,6 +32,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from results_file import merge_sections
 
 FRACTIONS = (0.25, 0.5)
 """Fractions of the run's final compute the forecast may see."""
@@ -303,10 +304,7 @@ def main() -> int:
     out = Path(args.out)
 
     def write(result: dict[str, Any]) -> None:
-        existing = json.loads(out.read_text()) if out.is_file() else {}
-        existing["forecast"] = result
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(existing, indent=2) + "\n")
+        merge_sections(out, {"forecast": result})
 
     write(run_section(args, args.overrides, on_partial=write))
     print(f"wrote {out} (key 'forecast')")

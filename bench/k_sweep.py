@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from results_file import merge_sections
 from scalerl.config import load_spec
 from scalerl.runtime.embedded import EmbeddedRun
 from scalerl.runtime.setup import initial_model, make_task, seed_everything
@@ -118,12 +119,7 @@ def main() -> int:
         _progress(ppo)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    path = Path(args.out)
-    results = json.loads(path.read_text()) if path.exists() else {}
-    results["k_sweep"] = sweep
-    results["pipeline_vs_sync"] = pipeline_vs_ppo(sweep["runs"]["k8"], ppo)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    path = merge_sections(args.out, {"k_sweep": sweep, "pipeline_vs_sync": pipeline_vs_ppo(sweep["runs"]["k8"], ppo)})
     print("\n".join(summary_lines(sweep)))
     print(f"wrote {path}")
     return 0

@@ -20,7 +20,6 @@ The section is merged into --out (what bench/run_bench.py wrote there is kept).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 import distributed_bench as db
+from results_file import merge_sections
 from run_bench import _median_time, bench_learner, scored_groups
 from scalerl.config import load_spec
 from scalerl.generator.engine import LengthControl, SamplingParams
@@ -133,12 +133,7 @@ def main() -> int:
             section[key] = row
             print(summary_line(key, row))
             del engine
-    out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {}
-    results["models"] = section
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote the models section of {out}")
+    print(f"wrote the models section of {merge_sections(args.out, {'models': section})}")
     return 0
 
 
