@@ -208,3 +208,22 @@ def test_next_token_probs_equal_torch_engine(engine: Any, policy: tuple[Any, Any
     got = engine.next_token_probs(prefixes, sampling)
     ref = TorchEngine(model, tok).next_token_probs(prefixes, sampling)
     assert got.shape == ref.shape and float((got - ref).abs().max()) <= 1e-5
+
+
+def test_building_the_engine_prints_nothing(policy: tuple[Any, Any, Path]) -> None:
+    """vLLM's INFO/WARNING lines stay off the user's terminal, those logged while vllm is imported too."""
+    import os
+    import subprocess
+    import sys
+
+    _, _, folder = policy
+    code = ("from scalerl.config import ModelConfig\n"
+            "from scalerl.model.factory import load_model_and_tokenizer\n"
+            "from scalerl.generator.vllm_engine import VLLMEngine\n"
+            f"_, tok = load_model_and_tokenizer(ModelConfig(path={str(folder)!r}), seed=0)\n"
+            f"VLLMEngine({str(folder)!r}, tok, kv_cache_memory_bytes=64 << 20, enforce_eager=True)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_LOGGING")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    noise = [line for line in (out.stdout + out.stderr).splitlines() if "vllm" in line.lower() or "Triton" in line]
+    assert not noise, noise

@@ -35,6 +35,7 @@ How the contract maps onto vLLM:
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -87,7 +88,10 @@ class VLLMEngine(GenerationEngine):
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         # vLLM's INFO/WARNING lines and load bars are noise on a user's terminal (set the variable to see them);
         # read when vllm is first imported, just below
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        level = os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        # some lines are logged while vllm is imported, before it applies that level (e.g. "Triton is
+        # installed, but doesn't include CPU backend"): the level is set on its logger first
+        logging.getLogger("vllm").setLevel(level.upper())
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\..*)?$")
         if kv_cache_memory_bytes is None and not torch.cuda.is_available():
             gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
