@@ -48,10 +48,12 @@ $(UV):
 
 # The registry's Linux torch wheel is its CUDA build: it cannot be imported without its CUDA
 # libraries (libcudart), so the CPU-only machine gets them too (~4 GB; downloaded once into uv's cache).
+# not `python -m scalerl.rpc.codegen`: importing the package imports the module first, and runpy warns
+CODEGEN = $(PY) -c 'import sys; from scalerl.rpc.codegen import main; sys.exit(main(sys.argv[1:]))'
 $(RUNTIME_STAMP): $(UV) pyproject.toml setup.py requirements/runtime.lock
 	$(UV) pip install --python $(PY) -r requirements/runtime.lock
 	$(UV) pip install --python $(PY) --no-deps -e .
-	$(PY) -m scalerl.rpc.codegen
+	$(CODEGEN)
 	@rm -f $(VENV)/.installed-runtime-*; touch $@
 
 $(DEV_STAMP): $(RUNTIME_STAMP) requirements/dev.lock requirements/models.lock
@@ -95,7 +97,7 @@ test-other-kernels: install-dev
 	ATEN_CPU_CAPABILITY=$$($(ALT_KERNELS)) $(PY) -m pytest -m "not gpu and not infra and not slow and not vllm" \
 	  $(RETRAIN_TESTS) $(PYTEST_ARGS)
 
-test-vllm: install-vllm
+test-vllm: install-dev install-vllm  # install-dev: scripts/vllm_python.sh resolves the real model with .venv
 	$(VLLM_RUN) -m pytest -m vllm --junitxml=build/junit-vllm.xml tests/vllm_cpu $(PYTEST_ARGS)
 
 
@@ -117,7 +119,7 @@ bench: install-dev install-vllm infra-up
 
 # Python stubs of protos/ into the gitignored scalerl/rpc/gen (also done by install and on import).
 protos: install
-	$(PY) -m scalerl.rpc.codegen --force
+	$(CODEGEN) --force
 
 # The Helm chart's copy of the RLJob CRD, regenerated from the operator's models (a test fails when stale).
 crd: install
