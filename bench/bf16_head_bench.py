@@ -31,7 +31,7 @@ from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingPa
 from scalerl.generator.role import encode_prompt
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.generator.vllm_engine import VLLMEngine
-from scalerl.model.factory import load_model_and_tokenizer, save_model_and_tokenizer, sequence_logprobs
+from scalerl.model.factory import completion_logprobs, load_model_and_tokenizer, save_model_and_tokenizer
 from scalerl.runtime.progress import quiet_third_party_bars
 
 TEMPERATURE = 0.7
@@ -44,11 +44,8 @@ def mismatch(model: Any, engine: GenerationEngine, prompts: list[list[int]], new
     rules = LengthControl(thinking_budget=new_tokens, answer_budget=1, think_close_ids=(never,), eos_id=never)
     gaps = []
     for prompt, comp in zip(prompts, engine.generate(prompts, SamplingParams(TEMPERATURE), rules), strict=True):
-        ids = torch.tensor([prompt + comp.token_ids])
-        with torch.no_grad():
-            logp, _ = sequence_logprobs(model, ids[:, :-1], torch.ones_like(ids[:, :-1]), ids[:, 1:],
-                                        fp32_head=True, temperature=TEMPERATURE)
-        gaps.append((logp[0, len(prompt) - 1:] - torch.tensor(comp.logprobs)).abs())
+        learner = completion_logprobs(model, prompt, comp.token_ids, temperature=TEMPERATURE)
+        gaps.append((learner - torch.tensor(comp.logprobs)).abs())
     gap = torch.cat(gaps).double()
     return {"mean": float(gap.mean()), "p99": float(gap.quantile(0.99)), "max": float(gap.max()),
             "tokens": int(gap.numel())}

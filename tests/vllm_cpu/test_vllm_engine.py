@@ -23,7 +23,7 @@ from scalerl.config import ModelConfig
 from scalerl.generator.engine import LengthControl, SamplingParams, budget_forcing
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.messages import Completion
-from scalerl.model.factory import load_model_and_tokenizer, save_model_and_tokenizer, sequence_logprobs
+from scalerl.model.factory import completion_logprobs, load_model_and_tokenizer, save_model_and_tokenizer
 
 pytestmark = pytest.mark.vllm
 TOL = 1e-4  # nats: |log ρ| bound in fp32 (the learner's and vLLM's kernels differ in summation order)
@@ -51,13 +51,10 @@ def prompts(tok: Any) -> list[list[int]]:
     return [tok.encode(s) for s in ("12+34=", "7*8=", "99-5=", "3+3+3=")]
 
 
-def learner_logprobs(model: Any, prompt: list[int], comp: Completion, temperature: float) -> torch.Tensor:
-    """Teacher-forced log-probs of the completion's tokens (the learner's side of ρ): [T]."""
-    ids = torch.tensor([prompt + comp.token_ids])
-    with torch.no_grad():
-        logp, _ = sequence_logprobs(model, ids[:, :-1], torch.ones_like(ids[:, :-1]), ids[:, 1:],
-                                    fp32_head=True, temperature=temperature)
-    return logp[0, len(prompt) - 1:]
+def max_gap(model: Any, prompt: list[int], comp: Completion, temperature: float) -> float:
+    """max |log ρ| of a completion: the learner's log-probs against the recorded ones (nats)."""
+    learner = completion_logprobs(model, prompt, comp.token_ids, temperature=temperature)
+    return float((learner - torch.tensor(comp.logprobs)).abs().max())
 
 
 def free_run(tok: Any, thinking: int = 40, answer: int = 8) -> LengthControl:
@@ -72,8 +69,7 @@ def test_step0_logprobs_match_learner(engine: Any, policy: tuple[Any, Any, Path]
     ps = prompts(tok)
     comps = engine.generate(ps, SamplingParams(0.7, top_p), free_run(tok))
     assert all(len(c.token_ids) == 40 and c.finish_reason == "length" for c in comps)
-    worst = max(float((learner_logprobs(model, p, c, 0.7) - torch.tensor(c.logprobs)).abs().max())
-                for p, c in zip(ps, comps, strict=True))
+    worst = max(max_gap(model, p, c, 0.7) for p, c in zip(ps, comps, strict=True))
     assert worst <= TOL, f"step-0 max |log ρ| = {worst:.2e} nats"
     # Sampling differs from greedy: the temperature is applied (not the argmax path every row).
     assert len({tuple(c.token_ids) for c in comps}) == len(comps)
@@ -88,7 +84,7 @@ def test_weight_update_matches_hf_forward_of_new_weights(engine: Any, policy: tu
         comps = engine.generate(ps, SamplingParams(0.7), free_run(tok, 24))
         assert {v for c in comps for v in c.versions} == {engine.version}
         for p, c in zip(ps, comps, strict=True):
-            assert float((learner_logprobs(new, p, c, 0.7) - torch.tensor(c.logprobs)).abs().max()) <= TOL
+            assert max_gap(new, p, c, 0.7) <= TOL
         greedy = engine.generate(ps, SamplingParams(0.0), free_run(tok, 24))
         ref = TorchEngine(new, tok, seed=0).generate(ps, SamplingParams(0.0), free_run(tok, 24))
         assert [c.token_ids for c in greedy] == [c.token_ids for c in ref]

@@ -9,7 +9,6 @@ the FP32 head brings vLLM's mean |log ρ| in bf16 close to the torch engine's; t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import torch.nn.functional as F
 
 from scalerl.config import ModelConfig
 from scalerl.generator.engine import LengthControl, SamplingParams
-from scalerl.model.factory import load_model_and_tokenizer, save_model_and_tokenizer, sequence_logprobs
+from scalerl.model.factory import completion_logprobs, load_model_and_tokenizer, save_model_and_tokenizer
 
 pytestmark = pytest.mark.vllm
 # nats: step-0 |log ρ| bound in bf16 on the tiny model. Two bf16 bodies with different kernels (vLLM's
@@ -39,14 +38,12 @@ def bf16_policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Pat
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["fp32-head", "bf16-head"])
-def bf16_engine(request: pytest.FixtureRequest, bf16_policy: tuple[Any, Any, Path]) -> Iterator[Any]:
+def bf16_engine(request: pytest.FixtureRequest, bf16_policy: tuple[Any, Any, Path]) -> Any:
     from scalerl.generator.vllm_engine import VLLMEngine
 
     _, tok, folder = bf16_policy
-    engine = VLLMEngine(folder, tok, seed=0, dtype="bfloat16", kv_cache_memory_bytes=64 << 20,
-                        enforce_eager=True, fp32_head=request.param)
-    yield engine
-    del engine
+    return VLLMEngine(folder, tok, seed=0, dtype="bfloat16", kv_cache_memory_bytes=64 << 20,
+                      enforce_eager=True, fp32_head=request.param)
 
 
 def head_projection(engine: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,13 +77,8 @@ def test_step0_logprobs_match_bf16_learner(bf16_engine: Any, bf16_policy: tuple[
     never = len(tok) + 7
     rules = LengthControl(thinking_budget=40, answer_budget=8, think_close_ids=(never,), eos_id=never)
     comps = bf16_engine.generate(ps, SamplingParams(0.7), rules)
-    worst = 0.0
-    for p, c in zip(ps, comps, strict=True):
-        ids = torch.tensor([p + c.token_ids])
-        with torch.no_grad():
-            logp, _ = sequence_logprobs(model, ids[:, :-1], torch.ones_like(ids[:, :-1]), ids[:, 1:],
-                                        fp32_head=True, temperature=0.7)
-        worst = max(worst, float((logp[0, len(p) - 1:] - torch.tensor(c.logprobs)).abs().max()))
+    worst = max(float((completion_logprobs(model, p, c.token_ids, temperature=0.7) - torch.tensor(c.logprobs))
+                      .abs().max()) for p, c in zip(ps, comps, strict=True))
     assert worst <= BF16_TOL, f"bf16 step-0 max |log ρ| = {worst:.2e} nats"
 
 
@@ -103,4 +95,3 @@ def test_factory_passes_model_fp32_lm_head(bf16_policy: tuple[Any, Any, Path], t
                                   f"model.fp32_lm_head={str(fp32_head).lower()}"])
     engine = make_engine(spec, model, tok, seed=0, workdir=tmp_path, model_folder=folder)
     assert engine.core.model_config.head_dtype == (torch.float32 if fp32_head else torch.bfloat16)
-    del engine

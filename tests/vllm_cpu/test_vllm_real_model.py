@@ -20,7 +20,7 @@ from scalerl.generator.engine import LengthControl, SamplingParams, budget_forci
 from scalerl.generator.role import encode_prompt, length_control
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.messages import Completion
-from scalerl.model.factory import load_model_and_tokenizer, sequence_logprobs
+from scalerl.model.factory import completion_logprobs, load_model_and_tokenizer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 EXAMPLE = Path(__file__).parents[2] / "examples" / "smollm2-addition.yaml"
@@ -53,11 +53,8 @@ def engine(real: tuple[Any, Any, Any, list[list[int]]]) -> Any:
 
 def learner_gap(model: Any, prompt: list[int], comp: Completion, temperature: float) -> float:
     """max |log ρ| over every recorded token (forced ones too: both engines record the policy's)."""
-    ids = torch.tensor([prompt + comp.token_ids])
-    with torch.no_grad():
-        logp, _ = sequence_logprobs(model, ids[:, :-1], torch.ones_like(ids[:, :-1]), ids[:, 1:],
-                                    fp32_head=True, temperature=temperature)
-    return float((logp[0, len(prompt) - 1:] - torch.tensor(comp.logprobs)).abs().max())
+    learner = completion_logprobs(model, prompt, comp.token_ids, temperature=temperature)
+    return float((learner - torch.tensor(comp.logprobs)).abs().max())
 
 
 def test_step0_logprobs_with_the_example_rules(engine: Any, real: tuple[Any, Any, Any, list[list[int]]]) -> None:

@@ -207,7 +207,7 @@ class VLLMEngine(GenerationEngine):
         live: dict[str, tuple[_Row, bool]] = {}  # request id -> (row, score only: its sample is dropped)
         for r in rows:
             self._submit(r, sampling, length, live)
-        multi_close = [seq for seq in length.close_sequences if len(seq) > 1]
+        multi_close = tuple(seq for seq in length.close_sequences if len(seq) > 1)
         while live:
             for out in self.core.step():
                 if out.request_id not in live:  # aborted below on a multi-token </think>
@@ -218,9 +218,10 @@ class VLLMEngine(GenerationEngine):
                 comp = out.outputs[0]
                 closed = False
                 if not score_only:
+                    watch = multi_close if row.phase == THINKING else ()
                     for tok, lp in zip(comp.token_ids, comp.logprobs or [], strict=True):
                         self._record(row, int(tok), float(lp[int(tok)].logprob), forced=False)
-                        closed = row.phase == THINKING and _ends_with(row.ids, multi_close)
+                        closed = _ends_with(row.ids, watch)
                         if closed:
                             break
                 if closed and not out.finished:
@@ -292,7 +293,7 @@ class VLLMEngine(GenerationEngine):
             row.phase = DONE
             return
         row.n_think += n
-        if last in _close_ids(length) or (n and _ends_with(row.ids, length.close_sequences)):
+        if n and _ends_with(row.ids, length.close_sequences):
             if length.forces_minimum and row.n_think - 1 < length.min_thinking and row.n_waits < length.max_waits:
                 self._replace_close_by_wait(row, length)
             else:
@@ -339,6 +340,6 @@ def _close_ids(length: LengthControl) -> tuple[int, ...]:
     return tuple(seq[0] for seq in length.close_sequences if len(seq) == 1)
 
 
-def _ends_with(ids: list[int], sequences: list[tuple[int, ...]] | tuple[tuple[int, ...], ...]) -> bool:
+def _ends_with(ids: list[int], sequences: tuple[tuple[int, ...], ...]) -> bool:
     """`ids` ends with one of `sequences` (the torch engine's CloseMatcher, for one row)."""
     return any(len(ids) >= len(seq) and tuple(ids[-len(seq):]) == seq for seq in sequences)

@@ -173,6 +173,17 @@ def sequence_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch
                          with_entropy=with_entropy, where=where)
 
 
+@torch.no_grad()
+def completion_logprobs(model: Any, prompt_ids: list[int], completion_ids: list[int], *, fp32_head: bool = True,
+                        temperature: float = 1.0) -> torch.Tensor:
+    """The learner's log-probs of one completion's tokens after its prompt (what a generator's recorded
+    log-probs are compared with: log ρ = this − recorded). Returns [len(completion_ids)] float32."""
+    ids = torch.tensor([prompt_ids + completion_ids])
+    logp, _ = sequence_logprobs(model, ids[:, :-1], torch.ones_like(ids[:, :-1]), ids[:, 1:],
+                                fp32_head=fp32_head, temperature=temperature)
+    return logp[0, len(prompt_ids) - 1:]
+
+
 def head_logprobs(model: Any, hidden: torch.Tensor, targets: torch.Tensor, *, fp32_head: bool,
                   temperature: float = 1.0, with_entropy: bool = False,
                   chunk_elements: int = LOGIT_CHUNK_ELEMENTS,
