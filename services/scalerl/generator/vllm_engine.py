@@ -29,8 +29,11 @@ How the contract maps onto vLLM:
 4. FP32 head (ScaleRL §2.3): vLLM's own `head_dtype` (set through `hf_overrides`) computes the final
    projection in fp32 from the model-dtype weight and hidden state, cast per step, which is what the
    learner's FP32 head does (`model.fp32_lm_head`); the temperature scale then multiplies fp32 logits.
-5. GPU clusters: `weight_transfer_config` with `start_weight_update` / `update_weights` (NCCL/IPC)
-   would replace step 3's copy from host memory; not wired here (needs GPUs).
+5. Weight transfer without the host copy of step 3: `weight_transfer=` names a backend of vLLM's
+   weight-transfer seam (`weight_transfer_config`); `connect_weight_transfer` joins the learner's group
+   and `receive_weights` runs vLLM's start/update/finish calls. Our `scalerl_broadcast` (torch.distributed
+   gloo/NCCL broadcast from the learner, `generator/vllm_weight_transfer.py`) is tested on CPU; vLLM's
+   `nccl` / `ipc` take the same calls on GPUs.
 """
 
 from __future__ import annotations
@@ -79,8 +82,10 @@ class _Row:
 class VLLMEngine(GenerationEngine):
     def __init__(self, model_path: str | Path, tokenizer: Any, *, seed: int = 0, version: int = 0,
                  dtype: str = "float32", kv_cache_memory_bytes: int | None = None, enforce_eager: bool = False,
-                 max_num_seqs: int = 256, fp32_head: bool = False) -> None:
+                 max_num_seqs: int = 256, fp32_head: bool = False, weight_transfer: str | None = None) -> None:
         """`fp32_head`: the lm_head projection in fp32 whatever `dtype` is (vLLM's `head_dtype`).
+        `weight_transfer`: a backend of vLLM's weight-transfer seam (`scalerl_broadcast`, or vLLM's `nccl` /
+        `ipc` on GPUs) for `connect_weight_transfer` / `receive_weights`; None: weights only by `load_weights`.
         `kv_cache_memory_bytes` None: on a GPU vLLM's memory-utilisation fraction; on CPU never a
         fraction of RAM (vLLM would reserve 92% of it): `VLLM_CPU_KVCACHE_SPACE` GiB when set, else
         CPU_KV_CACHE_BYTES."""
@@ -98,11 +103,18 @@ class VLLMEngine(GenerationEngine):
             kv_cache_memory_bytes = int(float(gib) * (1 << 30)) if gib else CPU_KV_CACHE_BYTES
         from vllm import LLM  # lazy: only the vLLM environment has it
 
+        transfer: dict[str, Any] = {}
+        if weight_transfer is not None:
+            from scalerl.generator import vllm_weight_transfer
+
+            if weight_transfer == vllm_weight_transfer.BACKEND:
+                vllm_weight_transfer.register()
+            transfer["weight_transfer_config"] = {"backend": weight_transfer}
         self.llm = LLM(model=str(model_path), dtype=dtype, seed=seed, skip_tokenizer_init=True,
                        generation_config="vllm", logprobs_mode="raw_logprobs", max_logprobs=-1, use_tqdm_on_load=False,
                        enable_prefix_caching=True, async_scheduling=False, enforce_eager=enforce_eager,
                        kv_cache_memory_bytes=kv_cache_memory_bytes, max_num_seqs=max_num_seqs,
-                       hf_overrides={"head_dtype": "float32" if fp32_head else "model"})
+                       hf_overrides={"head_dtype": "float32" if fp32_head else "model"}, **transfer)
         self.core = self.llm.llm_engine
         self.max_pos = int(self.core.model_config.max_model_len)
         self.vocab = int(self.core.model_config.get_vocab_size())
@@ -119,9 +131,25 @@ class VLLMEngine(GenerationEngine):
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         weights = [(k, v.detach().cpu()) for k, v in state_dict.items()]
         self.core.collective_rpc(lambda worker: worker.model_runner.reload_weights(weights_iterator=iter(weights)))
+        self._weights_changed(version)
+
+    def _weights_changed(self, version: int) -> None:
         if not self._in_flight:  # new requests prefill under the new weights; in flight the cache is kept
             self.core.reset_prefix_cache()
         self.version = version
+
+    def connect_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        """Join the learner's weight-transfer group (vLLM's `init_weight_transfer_engine`; blocks until the
+        group is complete). `init_info` is the backend's: see `generator/vllm_weight_transfer.py`."""
+        self.core.collective_rpc("init_weight_transfer_engine", args=(init_info,))
+
+    def receive_weights(self, update_info: dict[str, Any], version: int) -> None:
+        """Take one update the learner is sending through the weight-transfer group (vLLM's
+        `start_weight_update`, `update_weights`, `finish_weight_update`); then `version` is the policy's."""
+        self.core.collective_rpc("start_weight_update")
+        self.core.collective_rpc("update_weights", args=(update_info,))
+        self.core.collective_rpc("finish_weight_update")
+        self._weights_changed(version)
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=False))
