@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from results_file import merge_sections
+from scalerl.runtime.progress import quiet_third_party_bars
 
 FRACTIONS = (0.25, 0.5)
 """Fractions of the run's final compute the forecast may see."""
@@ -301,6 +302,7 @@ def main() -> int:
                     help="spec override, as for `scalerl run`")
     add_arguments(ap)
     args = ap.parse_args()
+    quiet_third_party_bars()  # transformers' deprecation notices and load bars, as the CLI does
     out = Path(args.out)
 
     def write(result: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from results_file import merge_sections
 from scalerl.config import load_spec
 from scalerl.runtime.embedded import EmbeddedRun
+from scalerl.runtime.progress import quiet_third_party_bars
 from scalerl.runtime.setup import initial_model, make_task, seed_everything
 
 KS = (1, 2, 4, 8)
@@ -102,6 +103,7 @@ def main() -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--init", default=None, help="an SFT'd model folder to start from (default: run the spec's SFT)")
     args = ap.parse_args()
+    quiet_third_party_bars()  # transformers' deprecation notices and load bars, as the CLI does
     spec = load_spec(args.spec, args.overrides)
     seed_everything(spec.seed)
     work = Path(tempfile.mkdtemp(prefix="scalerl-ksweep-"))

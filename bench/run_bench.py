@@ -37,6 +37,7 @@ from scalerl.generator.role import encode_prompt
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.learner.learner import Learner
 from scalerl.messages import ScoredGroup
+from scalerl.runtime.progress import quiet_third_party_bars
 from scalerl.runtime.setup import initial_model, make_task, make_verifier, seed_everything
 
 
@@ -131,6 +132,7 @@ def main() -> int:
     ap.add_argument("--skip-forecast", action="store_true", help="leave out the forecast section (several minutes)")
     forecast_bench.add_arguments(ap)
     args = ap.parse_args()
+    quiet_third_party_bars()  # transformers' deprecation notices and load bars, as the CLI does
 
     spec = load_spec(args.spec, args.overrides)
     seed_everything(spec.seed)
