@@ -10,7 +10,11 @@ Per model, on the same prompts (the model's own example job: its task, phrasing 
   sampled by the torch engine with the job's length rules and scored (bench/run_bench.py's measurement);
 - publish → swap (with KAFKA_BOOTSTRAP and S3_* set, as `make bench` does): the learner's upload of the
   weights to MinIO and announcement on Kafka until a generator role's vLLM engine has reloaded them
-  (bench/distributed_bench.py's measurement, the vLLM engine in the role).
+  (bench/distributed_bench.py's measurement, the vLLM engine in the role);
+- weight transfer: seconds per update for the vLLM engine's `load_weights` from a state dict in host
+  memory (the store path's last step, after the download) and for a broadcast from a learner process in
+  the project's environment through vLLM's weight-transfer calls (`scalerl_broadcast` over gloo: the
+  learner's send, the transfer and vLLM's layerwise reload), median of --repeats after a warm-up.
 The section is merged into --out (what bench/run_bench.py wrote there is kept).
 
     PY=.venv/bin/python scripts/vllm_python.sh bench/model_bench.py --out bench/results.json \\
@@ -21,8 +25,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +43,9 @@ from scalerl.generator.engine import LengthControl, SamplingParams
 from scalerl.generator.role import encode_prompt
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.generator.vllm_engine import VLLMEngine
+from scalerl.generator.vllm_weight_transfer import BACKEND
 from scalerl.model.factory import load_model_and_tokenizer, save_model_and_tokenizer
+from scalerl.model.weight_broadcast import update_info
 from scalerl.runtime.progress import quiet_third_party_bars
 from scalerl.runtime.setup import make_task
 
@@ -59,7 +68,8 @@ def bench_engines(model: Any, tok: Any, folder: Path, prompts: list[list[int]], 
     for the swap measurement."""
     never = 10**9  # outside every vocabulary: no row stops early
     length = LengthControl(thinking_budget=new_tokens - 1, answer_budget=1, think_close_ids=(never,), eos_id=never)
-    vllm = VLLMEngine(folder, tok, seed=0, dtype="float32", kv_cache_memory_bytes=KV_CACHE_BYTES, enforce_eager=True)
+    vllm = VLLMEngine(folder, tok, seed=0, dtype="float32", kv_cache_memory_bytes=KV_CACHE_BYTES, enforce_eager=True,
+                      weight_transfer=BACKEND)
     torch_engine = TorchEngine(model, tok, fp32_head=True, seed=0)
     out: dict[str, Any] = {"rows": len(prompts), "new_tokens": new_tokens,
                            "parameters": sum(p.numel() for p in model.parameters())}
@@ -78,12 +88,43 @@ def bench_engines(model: Any, tok: Any, folder: Path, prompts: list[list[int]], 
     return out, vllm
 
 
+def bench_weight_transfer(engine: VLLMEngine, model: Any, repeats: int, work: Path) -> dict[str, Any]:
+    """Seconds per weight update into `engine`: `load_weights` from host memory vs a broadcast from a
+    learner process (`python -m scalerl.model.weight_broadcast` in the project's environment)."""
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    load_s = _median_time(lambda: engine.load_weights(state, engine.version + 1), repeats)
+    path = work / "state.pt"
+    torch.save(state, path)
+    learner = subprocess.Popen([os.environ.get("SCALERL_LEARNER_PYTHON", sys.executable), "-m",
+                                "scalerl.model.weight_broadcast", "--rounds", str(repeats + 1), str(path)],
+                               stdout=subprocess.PIPE, text=True)
+    assert learner.stdout is not None
+    try:
+        port = int(learner.stdout.readline().split()[0])
+        engine.connect_weight_transfer({"address": "127.0.0.1", "port": port, "world_size": 2, "rank": 1})
+        info, times = update_info(state), []
+        for _ in range(repeats + 1):  # the first is the warm-up
+            t0 = time.perf_counter()
+            engine.receive_weights(info, engine.version + 1)
+            times.append(time.perf_counter() - t0)
+        learner.wait(timeout=120)
+    finally:
+        learner.kill()
+    broadcast_s = statistics.median(times[1:])
+    return {"weights_mb": sum(t.numel() * t.element_size() for t in state.values()) / 1e6,
+            "load_weights_s_median": load_s, "broadcast_s_median": broadcast_s,
+            "ratio_broadcast_over_load_weights": broadcast_s / load_s}
+
+
 def summary_line(key: str, row: dict[str, Any]) -> str:
     line = (f"{key} model ({row['parameters'] / 1e6:.1f}M params): vLLM {row['vllm_tokens_per_s']:.0f} tok/s, "
             f"torch engine {row['torch_engine_tokens_per_s']:.0f} tok/s, model.generate "
             f"{row['hf_generate_tokens_per_s']:.0f} tok/s -> vLLM/torch {row['ratio_vllm_over_torch_engine']:.2f}x, "
             f"vLLM/generate {row['ratio_vllm_over_hf_generate']:.2f}x; learner "
             f"{row['learner']['train_tokens_per_s']:.0f} train tok/s ({row['learner']['step_s']:.2f} s/step)")
+    wt = row["weight_transfer"]
+    line += (f"; weights ({wt['weights_mb']:.1f} MB) load_weights {wt['load_weights_s_median'] * 1000:.0f} ms, "
+             f"broadcast {wt['broadcast_s_median'] * 1000:.0f} ms")
     if (swap := row.get("publish_to_swap")) is not None:
         line += (f"; publish -> vLLM swap {swap['publish_to_swap_s_median'] * 1000:.0f} ms median "
                  f"({swap['weights_mb']:.1f} MB)")
@@ -108,7 +149,8 @@ def main() -> int:
         jobs.append(("real", load_spec(args.real_spec, [f"model.path={args.real_folder}"]), Path(args.real_folder)))
     section: dict[str, Any] = {"units": {
         "tokens_per_s": "generated (or, for the learner, trained) tokens per wall second",
-        "publish_to_swap_s": "seconds from the upload's start until the generator's engine holds the weights"}}
+        "publish_to_swap_s": "seconds from the upload's start until the generator's engine holds the weights",
+        "load_weights_s / broadcast_s": "seconds per weight update into the vLLM engine (see the docstring)"}}
     with tempfile.TemporaryDirectory(prefix="scalerl-model-bench-") as work:
         for key, spec, folder in jobs:
             torch.set_num_threads(spec.runtime.threads or torch.get_num_threads())
@@ -124,6 +166,8 @@ def main() -> int:
             print(f"bench: {key} model: vLLM vs torch engine vs model.generate ({len(prompts)} rows x "
                   f"{args.new_tokens} tokens)...", file=sys.stderr)
             row, engine = bench_engines(model, tok, folder, prompts, args.new_tokens, args.repeats)
+            print(f"bench: {key} model: weight transfer, load_weights vs broadcast...", file=sys.stderr)
+            row["weight_transfer"] = bench_weight_transfer(engine, model, args.repeats, Path(work))
             print(f"bench: {key} model: learner step over {len(problems)} groups of {G}...", file=sys.stderr)
             row["learner"] = bench_learner(spec, model, tok, scored_groups(spec, task, model, tok, problems),
                                            args.repeats)

@@ -29,15 +29,6 @@ from scalerl.model.weight_broadcast import update_info
 
 pytestmark = pytest.mark.vllm
 TOL = 1e-4  # nats, as tests/vllm_cpu/test_vllm_engine.py
-LEARNER = """
-import sys, torch
-from scalerl.model.weight_broadcast import BroadcastEndpoint, WeightBroadcaster
-sender = WeightBroadcaster(BroadcastEndpoint("127.0.0.1", 0, world_size=2, timeout_s=120))
-print(sender.port, torch.__version__, flush=True)
-for path in sys.argv[1:]:
-    sender.send(torch.load(path))
-print("sent", len(sys.argv) - 1, flush=True)
-"""
 
 
 def perturbed(model: Any, seed: int) -> Any:
@@ -76,7 +67,8 @@ def test_learner_broadcasts_through_vllms_weight_transfer_calls(tmp_path: Path) 
     assert [c.token_ids for c in engine.generate(ps, SamplingParams(0.0), free_run(tok))] == greedy(model, tok, ps)
 
     learner_py = os.environ.get("SCALERL_LEARNER_PYTHON", sys.executable)
-    learner = subprocess.Popen([learner_py, "-c", LEARNER, *(str(tmp_path / f"round{i}.pt") for i in range(2))],
+    learner = subprocess.Popen([learner_py, "-m", "scalerl.model.weight_broadcast",
+                                *(str(tmp_path / f"round{i}.pt") for i in range(2))],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert learner.stdout is not None

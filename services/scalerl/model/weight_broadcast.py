@@ -127,3 +127,34 @@ class WeightBroadcaster:
         self.connect()
         for tensor in state_dict.values():
             self.group.broadcast(tensor.detach().to(self.device).contiguous(), 0).wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m scalerl.model.weight_broadcast [--rounds N] STATE_DICT.pt...`: a learner's end on its own
+    (tests, benchmarks, checking a generator's connection): prints the port it serves, waits for one
+    generator, then broadcasts each saved state dict `--rounds` times in turn and prints "sent K"."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m scalerl.model.weight_broadcast", description=main.__doc__)
+    ap.add_argument("state_dicts", nargs="+", help="files written by torch.save(model.state_dict(), ...)")
+    ap.add_argument("--address", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0, help="0: the OS picks one (printed)")
+    ap.add_argument("--rounds", type=int, default=1, help="times each file is sent, in turn")
+    ap.add_argument("--timeout-s", type=float, default=120.0)
+    args = ap.parse_args(argv)
+    try:
+        endpoint = BroadcastEndpoint(args.address, args.port, world_size=2, timeout_s=args.timeout_s)
+    except ValueError as e:
+        ap.exit(2, f"{ap.prog}: error: --{e}\n")
+    sender = WeightBroadcaster(endpoint)
+    print(sender.port, torch.__version__, flush=True)
+    states = [torch.load(path) for path in args.state_dicts]
+    for _ in range(args.rounds):
+        for state in states:
+            sender.send(state)
+    print("sent", args.rounds * len(states), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
