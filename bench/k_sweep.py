@@ -8,7 +8,7 @@ older than k, RL steps per hour of training wall time, and the pass-rate gain pe
 machine (shared with other work), so they vary with its load; when the evaluation records carry a
 machine-independent `compute_flops`, the gain per 1e15 FLOPs is reported beside it.
 
-Standalone: `python bench/k_sweep.py [--spec examples/quickstart.yaml] [--steps 60]` runs the SFT warm
+Standalone: `python bench/k_sweep.py [--spec examples/quickstart.yaml] [--steps 100]` runs the SFT warm
 start, the sweep and PPO-off-policy-8, and writes the keys `k_sweep` and `pipeline_vs_sync` into
 bench/results.json, keeping its other keys.
 """
@@ -46,7 +46,8 @@ def run_one(spec_path: str, overrides: list[str], sft_dir: Path, steps: int, out
     gain = s["final_pass_rate"] - s["initial_pass_rate"]
     row = {"mode": mode, "k": k, "steps": s["steps"], "train_wall_s": s["train_wall_s"],
            "steps_per_hour": s["steps"] / (s["train_wall_s"] / 3600), "initial_pass_rate": s["initial_pass_rate"],
-           "final_pass_rate": s["final_pass_rate"], "compute_device_hours": s["compute"],
+           "final_pass_rate": s["final_pass_rate"], "gain": gain, "gain_interval": s.get("gain_interval"),
+           "gain_level": s.get("gain_level"), "compute_device_hours": s["compute"],
            "pass_rate_gain_per_device_hour": gain / s["compute"], "dropped_stale": s["dropped_stale"],
            "in_flight_swaps": s["in_flight_swaps"], "generator_workers": s.get("generator_workers", 1),
            "token_age": s["token_age"]}
@@ -62,7 +63,14 @@ def _progress(row: dict[str, Any]) -> None:
     print(f"bench:   {row['mode']}-{row['k']}: token age mean {age['mean'] or 0:.2f} max {age['max']} versions, "
           f"hist {age['hist']}; dropped {row['dropped_stale']} groups; {row['steps_per_hour']:.0f} steps/h; "
           f"gain {row['pass_rate_gain_per_device_hour']:.2f} pass-rate/device-hour "
-          f"({row['initial_pass_rate']:.3f} -> {row['final_pass_rate']:.3f})", file=sys.stderr, flush=True)
+          f"({row['initial_pass_rate']:.3f} -> {row['final_pass_rate']:.3f}{_interval(row)})",
+          file=sys.stderr, flush=True)
+
+
+def _interval(row: dict[str, Any]) -> str:
+    """", gain +0.027 [-0.010, +0.061]": the gain and its paired-bootstrap interval over held-out prompts."""
+    lo_hi = row.get("gain_interval")
+    return f", gain {row['gain']:+.3f} [{lo_hi[0]:+.3f}, {lo_hi[1]:+.3f}]" if lo_hi else ""
 
 
 def bench_k_sweep(spec_path: str, overrides: list[str], sft_dir: Path, steps: int, work: Path,
@@ -91,7 +99,8 @@ def summary_lines(sweep: dict[str, Any]) -> list[str]:
         age = row["token_age"]
         out.append(f"k={row['k']}: token age mean {age['mean'] or 0:.2f}, max {age['max']} versions, "
                    f"{100 * (age['share_age_ge_1'] or 0):.0f}% of tokens >= 1 version old; dropped "
-                   f"{row['dropped_stale']}; gain/device-hour {row['pass_rate_gain_per_device_hour']:.2f}")
+                   f"{row['dropped_stale']}; gain/device-hour {row['pass_rate_gain_per_device_hour']:.2f}"
+                   f"{_interval(row)}")
     return out
 
 
@@ -99,7 +108,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench/results.json")
     ap.add_argument("--spec", default="examples/quickstart.yaml")
-    ap.add_argument("--steps", type=int, default=60, help="RL steps per run")
+    ap.add_argument("--steps", type=int, default=100, help="RL steps per run")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--init", default=None, help="an SFT'd model folder to start from (default: run the spec's SFT)")
     args = ap.parse_args()

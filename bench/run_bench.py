@@ -123,7 +123,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results.json")
     ap.add_argument("--spec", default="examples/quickstart.yaml")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--mode-steps", type=int, default=60, help="RL steps per run in the k sweep and the PPO run")
+    ap.add_argument("--mode-steps", type=int, default=100, help="RL steps per run in the k sweep and the PPO run")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="spec override, as for `scalerl run` (e.g. model.dtype=bfloat16)")
     ap.add_argument("--dist-steps", type=int, default=30, help="RL steps in the distributed vs embedded run")
