@@ -11,13 +11,13 @@ folder (run in the vLLM environment: `make install-vllm`; the main suite ignores
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from vllm_helpers import TOL, perturbed
 
 from scalerl.config import ModelConfig
 from scalerl.generator.engine import LengthControl, SamplingParams, budget_forcing
@@ -26,7 +26,6 @@ from scalerl.messages import Completion
 from scalerl.model.factory import completion_logprobs, load_model_and_tokenizer, save_model_and_tokenizer
 
 pytestmark = pytest.mark.vllm
-TOL = 1e-4  # nats: |log ρ| bound in fp32 (the learner's and vLLM's kernels differ in summation order)
 
 
 @pytest.fixture(scope="module")
@@ -147,15 +146,6 @@ def test_length_rules_equal_torch_engine(engine: Any, policy: tuple[Any, Any, Pa
         if name.startswith(("interruption", "forcing")):
             assert any(forced), f"{name}: no forced token recorded"
     assert {"stop", "length"} <= reasons  # interrupted rows are checked by their forced tokens above
-
-
-def perturbed(model: Any, seed: int) -> Any:
-    new = copy.deepcopy(model)
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(seed)
-        for p in new.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    return new
 
 
 def kept_cache_logprobs(old: Any, new: Any, prompt: list[int], toks: list[int], k: int, T: float) -> torch.Tensor:

@@ -11,7 +11,6 @@ log-probs equal a transformers forward of them.
 
 from __future__ import annotations
 
-import copy
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from vllm_helpers import TOL, perturbed
 
 from scalerl.config import ModelConfig
 from scalerl.generator.engine import LengthControl, SamplingParams
@@ -28,16 +28,6 @@ from scalerl.model.factory import completion_logprobs, load_model_and_tokenizer,
 from scalerl.model.weight_broadcast import update_info
 
 pytestmark = pytest.mark.vllm
-TOL = 1e-4  # nats, as tests/vllm_cpu/test_vllm_engine.py
-
-
-def perturbed(model: Any, seed: int) -> Any:
-    new = copy.deepcopy(model)
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(seed)
-        for p in new.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    return new
 
 
 def free_run(tok: Any, n: int = 24) -> LengthControl:
