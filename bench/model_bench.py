@@ -42,8 +42,7 @@ from scalerl.config import load_spec
 from scalerl.generator.engine import LengthControl, SamplingParams
 from scalerl.generator.role import encode_prompt
 from scalerl.generator.torch_engine import TorchEngine
-from scalerl.generator.vllm_engine import VLLMEngine
-from scalerl.generator.vllm_weight_transfer import BACKEND
+from scalerl.generator.vllm_engine import BROADCAST_BACKEND, VLLMEngine
 from scalerl.model.factory import load_model_and_tokenizer, save_model_and_tokenizer
 from scalerl.model.weight_broadcast import update_info
 from scalerl.runtime.progress import quiet_third_party_bars
@@ -69,7 +68,7 @@ def bench_engines(model: Any, tok: Any, folder: Path, prompts: list[list[int]], 
     never = 10**9  # outside every vocabulary: no row stops early
     length = LengthControl(thinking_budget=new_tokens - 1, answer_budget=1, think_close_ids=(never,), eos_id=never)
     vllm = VLLMEngine(folder, tok, seed=0, dtype="float32", kv_cache_memory_bytes=KV_CACHE_BYTES, enforce_eager=True,
-                      weight_transfer=BACKEND)
+                      weight_transfer=BROADCAST_BACKEND)
     torch_engine = TorchEngine(model, tok, fp32_head=True, seed=0)
     out: dict[str, Any] = {"rows": len(prompts), "new_tokens": new_tokens,
                            "parameters": sum(p.numel() for p in model.parameters())}

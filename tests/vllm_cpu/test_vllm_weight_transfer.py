@@ -40,8 +40,7 @@ def greedy(model: Any, tok: Any, ps: list[list[int]]) -> list[list[int]]:
 
 
 def test_learner_broadcasts_through_vllms_weight_transfer_calls(tmp_path: Path) -> None:
-    from scalerl.generator.vllm_engine import VLLMEngine
-    from scalerl.generator.vllm_weight_transfer import BACKEND
+    from scalerl.generator.vllm_engine import BROADCAST_BACKEND, VLLMEngine
 
     cfg = ModelConfig(tiny={"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 2,
                             "max_positions": 256})
@@ -53,7 +52,7 @@ def test_learner_broadcasts_through_vllms_weight_transfer_calls(tmp_path: Path) 
         torch.save(m.state_dict(), tmp_path / f"round{i}.pt")
     ps = [tok.encode(s) for s in ("12+34=", "7*8=", "99-5=")]
     engine = VLLMEngine(tmp_path / "hf", tok, seed=0, kv_cache_memory_bytes=64 << 20, enforce_eager=True,
-                        weight_transfer=BACKEND)
+                        weight_transfer=BROADCAST_BACKEND)
     assert [c.token_ids for c in engine.generate(ps, SamplingParams(0.0), free_run(tok))] == greedy(model, tok, ps)
 
     learner_py = os.environ.get("SCALERL_LEARNER_PYTHON", sys.executable)

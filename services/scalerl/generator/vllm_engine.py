@@ -55,6 +55,9 @@ THINKING, ANSWER, DONE = "thinking", "answer", "done"
 # holds ~260k tokens in it: 4 layers × K,V × 128 floats × 4 B = 4 KiB a token; a 0.5B model with 24 layers,
 # 2 KV heads of 64 dims in fp32: 24 KiB a token, ~44k tokens).
 CPU_KV_CACHE_BYTES = 1 << 30
+BROADCAST_BACKEND = "scalerl_broadcast"
+"""Our weight-transfer backend's name in vLLM's registry (`generator/vllm_weight_transfer.py`, which imports
+vllm: it is imported once the engine has quieted vLLM's logging)."""
 
 
 @dataclass
@@ -107,7 +110,7 @@ class VLLMEngine(GenerationEngine):
         if weight_transfer is not None:
             from scalerl.generator import vllm_weight_transfer
 
-            if weight_transfer == vllm_weight_transfer.BACKEND:
+            if weight_transfer == BROADCAST_BACKEND:
                 vllm_weight_transfer.register()
             transfer["weight_transfer_config"] = {"backend": weight_transfer}
         self.llm = LLM(model=str(model_path), dtype=dtype, seed=seed, skip_tokenizer_init=True,

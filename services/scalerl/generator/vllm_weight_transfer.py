@@ -27,9 +27,8 @@ from typing import Any
 from vllm.distributed.weight_transfer import WeightTransferEngine, WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.base import WeightTransferInitInfo, WeightTransferUpdateInfo
 
+from scalerl.generator.vllm_engine import BROADCAST_BACKEND as BACKEND
 from scalerl.model.weight_broadcast import BroadcastEndpoint, join_group, open_store, receive_tensors
-
-BACKEND = "scalerl_broadcast"
 
 
 @dataclass
