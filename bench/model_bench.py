@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ from scalerl.generator.role import encode_prompt
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.generator.vllm_engine import BROADCAST_BACKEND, VLLMEngine
 from scalerl.model.factory import load_model_and_tokenizer, save_model_and_tokenizer
-from scalerl.model.weight_broadcast import update_info
+from scalerl.model.weight_broadcast import start_learner_process, update_info
 from scalerl.runtime.progress import quiet_third_party_bars
 from scalerl.runtime.setup import make_task
 
@@ -94,12 +93,9 @@ def bench_weight_transfer(engine: VLLMEngine, model: Any, repeats: int, work: Pa
     load_s = _median_time(lambda: engine.load_weights(state, engine.version + 1), repeats)
     path = work / "state.pt"
     torch.save(state, path)
-    learner = subprocess.Popen([os.environ.get("SCALERL_LEARNER_PYTHON", sys.executable), "-m",
-                                "scalerl.model.weight_broadcast", "--rounds", str(repeats + 1), str(path)],
-                               stdout=subprocess.PIPE, text=True)
-    assert learner.stdout is not None
+    learner, port, _ = start_learner_process(os.environ.get("SCALERL_LEARNER_PYTHON", sys.executable), [path],
+                                             rounds=repeats + 1)
     try:
-        port = int(learner.stdout.readline().split()[0])
         engine.connect_weight_transfer({"address": "127.0.0.1", "port": port, "world_size": 2, "rank": 1})
         info, times = update_info(state), []
         for _ in range(repeats + 1):  # the first is the warm-up

@@ -12,7 +12,6 @@ log-probs equal a transformers forward of them.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from scalerl.config import ModelConfig
 from scalerl.generator.engine import LengthControl, SamplingParams
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.model.factory import completion_logprobs, load_model_and_tokenizer, save_model_and_tokenizer
-from scalerl.model.weight_broadcast import update_info
+from scalerl.model.weight_broadcast import start_learner_process, update_info
 
 pytestmark = pytest.mark.vllm
 
@@ -55,14 +54,10 @@ def test_learner_broadcasts_through_vllms_weight_transfer_calls(tmp_path: Path) 
                         weight_transfer=BROADCAST_BACKEND)
     assert [c.token_ids for c in engine.generate(ps, SamplingParams(0.0), free_run(tok))] == greedy(model, tok, ps)
 
-    learner_py = os.environ.get("SCALERL_LEARNER_PYTHON", sys.executable)
-    learner = subprocess.Popen([learner_py, "-m", "scalerl.model.weight_broadcast",
-                                *(str(tmp_path / f"round{i}.pt") for i in range(2))],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    learner, port, learner_torch = start_learner_process(os.environ.get("SCALERL_LEARNER_PYTHON", sys.executable),
+                                                         [tmp_path / f"round{i}.pt" for i in range(2)])
     try:
-        assert learner.stdout is not None
-        port, learner_torch = learner.stdout.readline().split()
-        engine.connect_weight_transfer({"address": "127.0.0.1", "port": int(port), "world_size": 2, "rank": 1})
+        engine.connect_weight_transfer({"address": "127.0.0.1", "port": port, "world_size": 2, "rank": 1})
         for version, new in enumerate(rounds, start=1):
             engine.receive_weights(update_info(new.state_dict()), version)
             assert engine.version == version

@@ -107,11 +107,11 @@ class VLLMEngine(GenerationEngine):
         from vllm import LLM  # lazy: only the vLLM environment has it
 
         transfer: dict[str, Any] = {}
-        if weight_transfer is not None:
-            from scalerl.generator import vllm_weight_transfer
+        if weight_transfer == BROADCAST_BACKEND:
+            from scalerl.generator.vllm_weight_transfer import register
 
-            if weight_transfer == BROADCAST_BACKEND:
-                vllm_weight_transfer.register()
+            register()
+        if weight_transfer is not None:
             transfer["weight_transfer_config"] = {"backend": weight_transfer}
         self.llm = LLM(model=str(model_path), dtype=dtype, seed=seed, skip_tokenizer_init=True,
                        generation_config="vllm", logprobs_mode="raw_logprobs", max_logprobs=-1, use_tqdm_on_load=False,

@@ -21,7 +21,7 @@ lifecycle `reload_weights` runs, which works on the CPU backend's prepacked line
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from vllm.distributed.weight_transfer import WeightTransferEngine, WeightTransferEngineFactory
@@ -85,9 +85,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
     def receive_weights(self, update_info: BroadcastUpdateInfo) -> None:
         if self.group is None:
             raise RuntimeError("receive_weights before init_weight_transfer_engine: no broadcast group")
-        info: dict[str, list[Any]] = {"names": update_info.names, "dtype_names": update_info.dtype_names,
-                                      "shapes": update_info.shapes}
-        for name, tensor in receive_tensors(self.group, info, self.device):
+        for name, tensor in receive_tensors(self.group, asdict(update_info), self.device):
             self.model.load_weights([(name, tensor)])
 
     def shutdown(self) -> None:

@@ -20,8 +20,10 @@ Checked across torch versions: the learner's environment (torch 2.15) sends to t
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator, Mapping
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,7 +62,7 @@ class BroadcastEndpoint:
 def open_store(endpoint: BroadcastEndpoint) -> TCPStore:
     """The rendezvous store: served by rank 0 (returns at once), joined by the others (at most `timeout_s`)."""
     return TCPStore(endpoint.address, endpoint.port, endpoint.world_size, is_master=endpoint.rank == 0,
-                         timeout=datetime.timedelta(seconds=endpoint.timeout_s), wait_for_workers=False)
+                    timeout=datetime.timedelta(seconds=endpoint.timeout_s), wait_for_workers=False)
 
 
 def join_group(endpoint: BroadcastEndpoint, store: TCPStore) -> Any:
@@ -127,6 +129,20 @@ class WeightBroadcaster:
         self.connect()
         for tensor in state_dict.values():
             self.group.broadcast(tensor.detach().to(self.device).contiguous(), 0).wait()
+
+
+def start_learner_process(python: str, state_dicts: Sequence[str | Path],
+                          rounds: int = 1) -> tuple[subprocess.Popen[str], int, str]:
+    """`python -m scalerl.model.weight_broadcast --rounds R FILES...` as its own process (stdout and stderr
+    piped); returns it, the port it serves (127.0.0.1) and its torch version, read from its first line."""
+    proc = subprocess.Popen([python, "-m", __name__, "--rounds", str(rounds), *map(str, state_dicts)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    first = proc.stdout.readline().split()
+    if len(first) != 2:
+        proc.kill()
+        raise RuntimeError(f"the learner process exited before serving: {proc.communicate()[1].strip()}")
+    return proc, int(first[0]), first[1]
 
 
 def main(argv: list[str] | None = None) -> int:
