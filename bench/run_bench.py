@@ -8,7 +8,10 @@
    and SFT start, trained for the same number of steps. Reported: the per-token age distribution, RL
    steps per hour of training wall time, and pass-rate gain per device-hour ((final − initial mean@k) /
    training device-hours); PipelineRL-8 vs PPO-off-policy-8 side by side.
-4. forecast (`forecast_bench.py`): ≥ 3 seeds of `examples/forecast.yaml`; the saturating curve fitted on
+4. step probe (`step_probe.py`): from the SFT start, the pass rate after one update along the objective's
+   gradient, along a random direction of the same length, and after AdamW's first update at several
+   learning rates: how large one update may be before the pass rate falls.
+5. forecast (`forecast_bench.py`): ≥ 3 seeds of `examples/forecast.yaml`; the saturating curve fitted on
    the first 25% / 50% of each run's compute predicts its final pass rate. Reported: prediction error,
    interval, coverage, fitted A vs the final measurement.
 
@@ -31,6 +34,7 @@ import torch
 
 import forecast_bench
 import k_sweep as ks
+import step_probe
 from scalerl.config import load_spec
 from scalerl.generator.engine import LengthControl, SamplingParams
 from scalerl.generator.role import encode_prompt
@@ -152,6 +156,9 @@ def main() -> int:
         groups = scored_groups(spec, task, model, tok, problems)
         print("bench: learner step...", file=sys.stderr)
         learn = bench_learner(spec, model, tok, groups, args.repeats)
+        print("bench: step probe (one update along the gradient, a random direction, AdamW's first step)...",
+              file=sys.stderr)
+        probe = step_probe.probe(spec, model, tok, task, prompts=64, samples=32, seed=spec.seed)
         sweep = ks.bench_k_sweep(args.spec, args.overrides, work / "sft", args.mode_steps, work)
         print(f"bench: PPO-off-policy-8, {args.mode_steps} steps...", file=sys.stderr)
         ppo = ks.run_one(args.spec, args.overrides, work / "sft", args.mode_steps, work / "ppo-k8", mode="ppo", k=8)
@@ -171,7 +178,7 @@ def main() -> int:
                   "pass_rate_gain_per_device_hour": "(final - initial held-out mean@k) / device-hours",
                   "token_age": "learner version at train time - version that sampled the token (versions)"},
         "generator": gen, "learner": learn, "k_sweep": sweep, "pipeline_vs_sync": modes, "distributed": dist,
-        "forecast": forecast,
+        "step_probe": probe, "forecast": forecast,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
@@ -183,6 +190,9 @@ def main() -> int:
           f"steps/h -> ratio {modes['steps_per_hour_ratio_pipeline_over_ppo']:.2f}x; gain/device-hour "
           f"{p['pass_rate_gain_per_device_hour']:.2f} vs {q['pass_rate_gain_per_device_hour']:.2f}")
     print("\n".join(f"k sweep:   {line}" for line in ks.summary_lines(sweep)))
+    print(f"step probe: largest AdamW first-update lr that does not lower the pass rate "
+          f"{probe['largest_safe_adam_lr']} (of {', '.join(format(x, 'g') for x in step_probe.ADAM_LRS)}); "
+          f"table in {args.out}['step_probe']")
     if dist:
         b, w, d = dist["bus"], dist["weight_swap"], dist["distributed_vs_embedded"]
         print(f"kafka:     {b['produce_msgs_per_s']:.0f} groups/s ({b['produce_mb_per_s']:.1f} MB/s) produced, "
