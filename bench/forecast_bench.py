@@ -153,6 +153,8 @@ def analyse_runs(runs: Mapping[int, Sequence[Record]], *, axis: str, early_steps
         per_seed[str(seed)] = {"forecasts": rows, "full_fit_A": full.get("A"),
                                "full_fit_A_ci": [full.get("A_lo"), full.get("A_hi")],
                                "initial_pass_rate": eval_records(records)[0]["pass_rate"],
+                               "evals": [[int(r["step"]), float(r[axis]), float(r["pass_rate"])]
+                                         for r in eval_records(records)],
                                "final_pass_rate": rows[0]["measured"]}
     aggregate = {str(f): summarise([s["forecasts"][i] for s in per_seed.values()]) for i, f in enumerate(FRACTIONS)}
     return {"per_seed": per_seed, "aggregate": aggregate}
@@ -185,6 +187,55 @@ def format_table(result: Mapping[str, Any]) -> str:
                     f"mean abs {_fmt(agg['mean_abs_error'])} | {agg['covered']}/{agg['with_interval']} | "
                     f"mean {_fmt(agg['mean_A'])} |")
     return "\n".join(head)
+
+
+def forecast_png(result: Mapping[str, Any]) -> bytes:
+    """One panel per seed: the evals against compute (log x; the early regime hollow), each fraction's
+    fitted curve drawn to the run's end from its cut-off (dotted line), its forecast with the 95% interval
+    at the final compute, and the final measurement."""
+    import io
+
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from scalerl.scaling import sigmoid
+    from scalerl.scaling.compute import axis_label
+
+    seeds = list(result["per_seed"].items())
+    fig = Figure(figsize=(4.2 * len(seeds), 3.8), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(seeds), sharey=True, squeeze=False)[0]
+    colors = {0.25: "C1", 0.5: "C2"}
+    for ax, (seed, s) in zip(axes, seeds, strict=True):
+        steps, x, y = (np.array(col, dtype=float) for col in zip(*s["evals"], strict=True))
+        early = steps < result["early_steps_left_out"]
+        pos = x > 0
+        ax.scatter(x[pos & ~early], y[pos & ~early], s=14, color="C0", zorder=3, label="eval")
+        ax.scatter(x[pos & early], y[pos & early], s=14, facecolors="none", edgecolors="C0", zorder=3,
+                   label="early regime (left out)")
+        end = float(x.max())
+        for i, r in enumerate(s["forecasts"]):
+            color = colors.get(r["fraction"], f"C{3 + i}")
+            ax.axvline(r["fit_until"], color=color, ls=":", lw=1)
+            if r.get("predicted") is None:
+                continue
+            grid = np.geomspace(x[pos].min(), end, 200)
+            ax.plot(grid, sigmoid(grid, A=r["A"], B=r["B"], C_mid=r["C_mid"], R0=r["R0"]), color=color, lw=1.3,
+                    label=f"fit on first {r['fraction']:.0%}")
+            if r.get("lo") is not None:
+                xe = end * (1.04 + 0.05 * i)
+                ax.errorbar([xe], [r["predicted"]], yerr=[[r["predicted"] - r["lo"]], [r["hi"] - r["predicted"]]],
+                            color=color, fmt="s", ms=4, capsize=3)
+        ax.scatter([end], [s["final_pass_rate"]], s=40, marker="*", color="k", zorder=4, label="final measured")
+        ax.set_xscale("log")
+        ax.set_xlabel(axis_label(result["axis"]))
+        ax.set_title(f"seed {seed}", fontsize=10)
+    axes[0].set_ylabel("held-out pass rate")
+    axes[0].legend(fontsize=7, loc="lower right")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
 
 
 # -- the runs (training; the only I/O) ---------------------------------------------------------------
@@ -277,6 +328,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--forecast-bootstrap", type=int, default=200, metavar="N", help="bootstrap resamples")
     ap.add_argument("--forecast-init", default=None, metavar="DIR",
                     help="SFT model folder to start every seed from (default: run SFT once)")
+    ap.add_argument("--forecast-plot", default=None, metavar="PNG",
+                    help="also draw each run with its 25%%/50%% fits and forecasts to this PNG")
 
 
 def run_section(args: argparse.Namespace, overrides: Sequence[str],
@@ -285,12 +338,19 @@ def run_section(args: argparse.Namespace, overrides: Sequence[str],
     if not Path(args.forecast_spec).is_file():
         print(f"--forecast-spec: {args.forecast_spec} is not a file; give a job spec YAML", file=sys.stderr)
         raise SystemExit(2)
+    plot = Path(args.forecast_plot) if args.forecast_plot else None
+    if plot is not None and (plot.suffix.lower() != ".png" or not plot.parent.is_dir()):
+        print(f"--forecast-plot: {plot} must be a .png path in an existing folder", file=sys.stderr)
+        raise SystemExit(2)
     print(f"bench: forecast from the first 25%/50% of {len(args.forecast_seeds)} runs of {args.forecast_spec}...",
           file=sys.stderr, flush=True)
     result = bench_forecast(args.forecast_spec, overrides, args.forecast_seeds, axis=args.forecast_axis,
                             n_bootstrap=args.forecast_bootstrap, init_checkpoint=args.forecast_init,
                             on_partial=on_partial)
     print(format_table(result))
+    if plot is not None:
+        plot.write_bytes(forecast_png(result))
+        print(f"wrote {plot}")
     print(f"forecast section: {result['wall_s']:.0f} s wall")
     return result
 

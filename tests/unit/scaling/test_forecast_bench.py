@@ -117,3 +117,18 @@ def test_analyse_runs_and_table_over_seeds() -> None:
     table = fb.format_table({**res, "axis": "compute"})
     assert "compute axis: compute (device-hours)" in table
     assert table.count("| 0 | first") == 2 and table.count("| all | first") == 2
+    assert res["per_seed"]["0"]["evals"][3] == [30, 1.5, pytest.approx(runs[0][3]["pass_rate"])]
+
+
+def test_forecast_plot_draws_every_seed(tmp_path: Path) -> None:
+    """The PNG is written from the result alone (evals kept in it), with and without bootstrap intervals."""
+    c = np.arange(0, 21) * 0.5
+    y = sigmoid(c, A=0.8, B=2.0, C_mid=3.0, R0=0.3)
+    recs = [{"kind": "eval", "step": 10 * i, "compute": float(ci), "pass_rate": float(yi),
+             "prompt_pass_rates": [float(yi)] * 3 + [float(yi) - 0.1, float(yi) + 0.1]}
+            for i, (ci, yi) in enumerate(zip(c, y, strict=True))]
+    for n_bootstrap in (0, 20):
+        res = fb.analyse_runs({0: recs, 1: recs[:15], 2: recs}, axis="compute", early_steps=20,
+                              n_bootstrap=n_bootstrap)
+        png = fb.forecast_png({**res, "axis": "compute", "early_steps_left_out": 20})
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
