@@ -198,12 +198,13 @@ def forecast_png(result: Mapping[str, Any]) -> bytes:
     import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
     from scalerl.scaling import sigmoid
     from scalerl.scaling.compute import axis_label
 
     seeds = list(result["per_seed"].items())
-    fig = Figure(figsize=(4.2 * len(seeds), 3.8), dpi=110, layout="constrained")
+    fig = Figure(figsize=(4.2 * len(seeds), 4.0), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(seeds), sharey=True, squeeze=False)[0]
     colors = {0.25: "C1", 0.5: "C2"}
@@ -229,10 +230,12 @@ def forecast_png(result: Mapping[str, Any]) -> bytes:
                             color=color, fmt="s", ms=4, capsize=3)
         ax.scatter([end], [s["final_pass_rate"]], s=40, marker="*", color="k", zorder=4, label="final measured")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(axis_label(result["axis"]))
         ax.set_title(f"seed {seed}", fontsize=10)
     axes[0].set_ylabel("held-out pass rate")
-    axes[0].legend(fontsize=7, loc="lower right")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
@@ -245,7 +248,8 @@ Runs = dict[int, list[dict[str, Any]]]
 def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], work: Path,
                init_checkpoint: str | None = None,
                on_run: Callable[[Runs, dict[str, Any]], None] | None = None) -> tuple[Runs, dict[str, Any]]:
-    """One RL run per seed from one SFT start; returns ({seed: its records}, timing). Prints progress and
+    """One RL run per seed from one start (`init_checkpoint`, else one SFT shared by every seed when the spec
+    asks for SFT, else the spec's own model); returns ({seed: its records}, timing). Prints progress and
     calls `on_run(runs so far, timing)` after each run."""
     from scalerl.config import load_spec
     from scalerl.runtime.embedded import EmbeddedRun
@@ -254,12 +258,14 @@ def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], w
 
     t0 = time.perf_counter()
     base = load_spec(spec_path, list(overrides))
-    if init_checkpoint is None:
+    if init_checkpoint is None and base.model.init_checkpoint is None and base.sft.steps > 0:
         print(f"forecast: SFT warm start ({base.sft.steps} steps), shared by every seed...", file=sys.stderr,
               flush=True)
         seed_everything(base.seed)
         initial_model(base, make_task(base), work)
-        init_checkpoint = str(work / "sft")
+        if (work / "sft" / "config.json").is_file():  # not when the task has no gold solutions
+            init_checkpoint = str(work / "sft")
+    start = [f"model.init_checkpoint={init_checkpoint}"] if init_checkpoint else []  # else the spec's own start
     sft_s = time.perf_counter() - t0
     runs: Runs = {}
     run_s: list[float] = []
@@ -267,7 +273,7 @@ def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], w
               "eval_every_steps": base.eval.every_steps, "data_seed": base.task.data_seed,
               "init_checkpoint": init_checkpoint}
     for i, seed in enumerate(seeds):
-        spec = load_spec(spec_path, [*overrides, f"seed={seed}", f"model.init_checkpoint={init_checkpoint}"])
+        spec = load_spec(spec_path, [*overrides, f"seed={seed}", *start])
         t1 = time.perf_counter()
         summary = EmbeddedRun(spec, work / f"seed{seed}", show_progress=sys.stderr.isatty()).run()
         run_s.append(time.perf_counter() - t1)
