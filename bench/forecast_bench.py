@@ -320,20 +320,24 @@ def _seeds(text: str) -> list[int]:
         seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--seeds: {text!r} is not a comma-separated list of integers") from None
-    if len(seeds) < 3 or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise argparse.ArgumentTypeError(f"--seeds: give at least 3 distinct integers >= 0, got {text!r}")
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"--seeds: give distinct integers >= 0, got {text!r}")
     return seeds
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--forecast-spec", default="examples/forecast.yaml", help="job spec of the forecast runs")
     ap.add_argument("--forecast-seeds", type=_seeds, default=[0, 1, 2], metavar="S1,S2,S3",
-                    help="run seeds (at least 3; one task.data_seed for all)")
+                    help="run seeds (one task.data_seed for all; the section's claim is over >= 3, "
+                         "fewer is a spot check, e.g. of a model too slow for three runs)")
     ap.add_argument("--forecast-axis", choices=["auto", *AXES], default="auto",
                     help="compute axis (auto: compute_flops when the records have it, else compute)")
     ap.add_argument("--forecast-bootstrap", type=int, default=200, metavar="N", help="bootstrap resamples")
     ap.add_argument("--forecast-init", default=None, metavar="DIR",
                     help="SFT model folder to start every seed from (default: run SFT once)")
+    ap.add_argument("--forecast-work", default=None, metavar="DIR",
+                    help="keep every run in DIR/seed<S> (metrics.jsonl, report.html; `scalerl fit` reads it); "
+                         "default: a temporary folder, removed at the end")
     ap.add_argument("--forecast-plot", default=None, metavar="PNG",
                     help="also draw each run with its 25%%/50%% fits and forecasts to this PNG")
 
@@ -345,14 +349,21 @@ def run_section(args: argparse.Namespace, overrides: Sequence[str],
         print(f"--forecast-spec: {args.forecast_spec} is not a file; give a job spec YAML", file=sys.stderr)
         raise SystemExit(2)
     plot = Path(args.forecast_plot) if args.forecast_plot else None
+    work = Path(args.forecast_work) if args.forecast_work else None
+    if work is not None and ((work.exists() and (not work.is_dir() or any(work.iterdir())))
+                             or not work.parent.is_dir()):
+        print(f"--forecast-work: {work} must be a new or empty folder in an existing folder", file=sys.stderr)
+        raise SystemExit(2)
     if plot is not None and (plot.suffix.lower() != ".png" or not plot.parent.is_dir()):
         print(f"--forecast-plot: {plot} must be a .png path in an existing folder", file=sys.stderr)
         raise SystemExit(2)
+    if work is not None:
+        work.mkdir(exist_ok=True)
     print(f"bench: forecast from the first 25%/50% of {len(args.forecast_seeds)} runs of {args.forecast_spec}...",
           file=sys.stderr, flush=True)
     result = bench_forecast(args.forecast_spec, overrides, args.forecast_seeds, axis=args.forecast_axis,
-                            n_bootstrap=args.forecast_bootstrap, init_checkpoint=args.forecast_init,
-                            on_partial=on_partial)
+                            n_bootstrap=args.forecast_bootstrap, work=work,
+                            init_checkpoint=args.forecast_init, on_partial=on_partial)
     print(format_table(result))
     if plot is not None:
         plot.write_bytes(forecast_png(result))
@@ -363,7 +374,8 @@ def run_section(args: argparse.Namespace, overrides: Sequence[str],
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="bench/results.json", help="results file; the section goes under 'forecast'")
+    ap.add_argument("--out", default="bench/results.json", help="results file")
+    ap.add_argument("--section", default="forecast", help="the key of the results file the section goes under")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="spec override, as for `scalerl run`")
     add_arguments(ap)
@@ -372,10 +384,10 @@ def main() -> int:
     out = Path(args.out)
 
     def write(result: dict[str, Any]) -> None:
-        merge_sections(out, {"forecast": result})
+        merge_sections(out, {args.section: result})
 
     write(run_section(args, args.overrides, on_partial=write))
-    print(f"wrote {out} (key 'forecast')")
+    print(f"wrote {out} (key {args.section!r})")
     return 0
 
 

@@ -132,3 +132,32 @@ def test_forecast_plot_draws_every_seed(tmp_path: Path) -> None:
                               n_bootstrap=n_bootstrap)
         png = fb.forecast_png({**res, "axis": "compute", "early_steps_left_out": 20})
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_seed_list_and_output_paths_are_checked_before_any_training(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Seeds: distinct non-negative integers (one is a spot check); --forecast-work: a new or empty folder;
+    each refusal is one line naming the flag, exit 2, before a model is built."""
+    import argparse
+
+    assert fb._seeds("0") == [0] and fb._seeds("3,1,2") == [3, 1, 2]
+    for bad in ("", "0,0", "-1", "a,b"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--seeds"):
+            fb._seeds(bad)
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: x\n")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    (tmp_path / "file").write_text("")
+    for work, plot in ((tmp_path / "full", None), (tmp_path / "file", None), (tmp_path / "no" / "w", None),
+                       (None, tmp_path / "plot.svg")):
+        args = argparse.Namespace(forecast_spec=str(spec), forecast_seeds=[0], forecast_axis="auto",
+                                  forecast_bootstrap=0, forecast_init=None,
+                                  forecast_work=str(work) if work else None,
+                                  forecast_plot=str(plot) if plot else None)
+        with pytest.raises(SystemExit) as e:
+            fb.run_section(args, [])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("--forecast-work" if work else "--forecast-plot"), err
