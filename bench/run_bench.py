@@ -122,6 +122,10 @@ def bench_learner(spec, model, tok, groups: list[ScoredGroup], repeats: int) -> 
             "train_tokens_per_s": tokens / step_s}
 
 
+SKIPPABLE = ("k_sweep", "step_probe", "forecast")
+"""The sections `--skip` may leave out: each trains for several minutes or more."""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench/results.json")
@@ -133,7 +137,9 @@ def main() -> int:
     ap.add_argument("--dist-steps", type=int, default=30, help="RL steps in the distributed vs embedded run")
     ap.add_argument("--new-tokens", type=int, default=40, help="tokens generated per row in the generator bench")
     ap.add_argument("--prompts", type=int, default=0, help="prompts in the generator bench (0: prompts_per_step)")
-    ap.add_argument("--skip-forecast", action="store_true", help="leave out the forecast section (several minutes)")
+    ap.add_argument("--skip", action="append", default=[], choices=SKIPPABLE, metavar="SECTION",
+                    help=f"leave out a long section (repeatable; one of {', '.join(SKIPPABLE)}): k_sweep "
+                         "includes the PPO-off-policy run; its result is null in the file")
     forecast_bench.add_arguments(ap)
     args = ap.parse_args()
     quiet_third_party_bars()  # transformers' deprecation notices and load bars, as the CLI does
@@ -156,15 +162,20 @@ def main() -> int:
         groups = scored_groups(spec, task, model, tok, problems)
         print("bench: learner step...", file=sys.stderr)
         learn = bench_learner(spec, model, tok, groups, args.repeats)
-        print("bench: step probe (one update along the gradient, a random direction, AdamW's first step)...",
-              file=sys.stderr)
-        probe = step_probe.probe(spec, model, tok, task, prompts=64, samples=32, seed=spec.seed)
-        sweep = ks.bench_k_sweep(args.spec, args.overrides, work / "sft", args.mode_steps, work)
-        print(f"bench: PPO-off-policy-8, {args.mode_steps} steps...", file=sys.stderr)
-        ppo = ks.run_one(args.spec, args.overrides, work / "sft", args.mode_steps, work / "ppo-k8", mode="ppo", k=8)
-        modes = ks.pipeline_vs_ppo(sweep["runs"]["k8"], ppo)
+        probe = sweep = modes = forecast = None
+        if "step_probe" not in args.skip:
+            print("bench: step probe (one update along the gradient, a random direction, AdamW's first step)...",
+                  file=sys.stderr)
+            probe = step_probe.probe(spec, model, tok, task, prompts=64, samples=32, seed=spec.seed)
+        if "k_sweep" not in args.skip:
+            sweep = ks.bench_k_sweep(args.spec, args.overrides, work / "sft", args.mode_steps, work)
+            print(f"bench: PPO-off-policy-8, {args.mode_steps} steps...", file=sys.stderr)
+            ppo = ks.run_one(args.spec, args.overrides, work / "sft", args.mode_steps, work / "ppo-k8",
+                             mode="ppo", k=8)
+            modes = ks.pipeline_vs_ppo(sweep["runs"]["k8"], ppo)
         dist = run_distributed_benches(args, spec, model, tok, [g.rollout for g in groups], work)
-        forecast = None if args.skip_forecast else forecast_bench.run_section(args, args.overrides)
+        if "forecast" not in args.skip:
+            forecast = forecast_bench.run_section(args, args.overrides)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -178,21 +189,25 @@ def main() -> int:
                   "pass_rate_gain_per_device_hour": "(final - initial held-out mean@k) / device-hours",
                   "token_age": "learner version at train time - version that sampled the token (versions)"},
         "generator": gen, "learner": learn, "k_sweep": sweep, "pipeline_vs_sync": modes, "distributed": dist,
-        "step_probe": probe, "forecast": forecast,
+        "step_probe": probe, "forecast": forecast, "skipped": sorted(set(args.skip)),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(f"generator: ours {gen['ours_tokens_per_s']:.0f} tok/s vs model.generate "
           f"{gen['hf_generate_tokens_per_s']:.0f} tok/s -> ratio {gen['ratio_ours_over_hf']:.2f}x")
     print(f"learner:   {learn['train_tokens_per_s']:.0f} train tok/s ({learn['step_s']:.2f} s/step)")
-    p, q = modes["pipeline"], modes["ppo"]
-    print(f"modes:     PipelineRL {p['steps_per_hour']:.0f} steps/h vs PPO-off-policy {q['steps_per_hour']:.0f} "
-          f"steps/h -> ratio {modes['steps_per_hour_ratio_pipeline_over_ppo']:.2f}x; gain/device-hour "
-          f"{p['pass_rate_gain_per_device_hour']:.2f} vs {q['pass_rate_gain_per_device_hour']:.2f}")
-    print("\n".join(f"k sweep:   {line}" for line in ks.summary_lines(sweep)))
-    print(f"step probe: largest AdamW first-update lr that does not lower the pass rate "
-          f"{probe['largest_safe_adam_lr']} (of {', '.join(format(x, 'g') for x in step_probe.ADAM_LRS)}); "
-          f"table in {args.out}['step_probe']")
+    if modes is not None and sweep is not None:
+        p, q = modes["pipeline"], modes["ppo"]
+        print(f"modes:     PipelineRL {p['steps_per_hour']:.0f} steps/h vs PPO-off-policy {q['steps_per_hour']:.0f} "
+              f"steps/h -> ratio {modes['steps_per_hour_ratio_pipeline_over_ppo']:.2f}x; gain/device-hour "
+              f"{p['pass_rate_gain_per_device_hour']:.2f} vs {q['pass_rate_gain_per_device_hour']:.2f}")
+        print("\n".join(f"k sweep:   {line}" for line in ks.summary_lines(sweep)))
+    if probe is not None:
+        print(f"step probe: largest AdamW first-update lr that does not lower the pass rate "
+              f"{probe['largest_safe_adam_lr']} (of {', '.join(format(x, 'g') for x in step_probe.ADAM_LRS)}); "
+              f"table in {args.out}['step_probe']")
+    if args.skip:
+        print(f"skipped:   {', '.join(sorted(set(args.skip)))} (null in {args.out})")
     if dist:
         b, w, d = dist["bus"], dist["weight_swap"], dist["distributed_vs_embedded"]
         print(f"kafka:     {b['produce_msgs_per_s']:.0f} groups/s ({b['produce_mb_per_s']:.1f} MB/s) produced, "
