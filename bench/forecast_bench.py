@@ -37,7 +37,7 @@ from results_file import merge_sections
 from scalerl.runtime.progress import quiet_third_party_bars
 
 FRACTIONS = (0.25, 0.5)
-"""Fractions of the run's final compute the forecast may see."""
+"""Fractions of the run's final compute the forecast may see (the default; `--forecast-fractions`)."""
 EARLY_FRACTION = 0.1
 """Evals before this fraction of the planned RL steps are the early regime, left out of every fit."""
 AXES = ("compute_flops", "compute")
@@ -143,12 +143,12 @@ def forecast_row(records: Sequence[Record], *, axis: str, fraction: float, early
 
 
 def analyse_runs(runs: Mapping[int, Sequence[Record]], *, axis: str, early_steps: int,
-                 n_bootstrap: int = 200) -> dict[str, Any]:
+                 n_bootstrap: int = 200, fractions: Sequence[float] = FRACTIONS) -> dict[str, Any]:
     """Per seed and per fraction (plus the full run's A), and the aggregate per fraction."""
     per_seed: dict[str, Any] = {}
     for seed, records in runs.items():
         rows = [forecast_row(records, axis=axis, fraction=f, early_steps=early_steps, n_bootstrap=n_bootstrap)
-                for f in FRACTIONS]
+                for f in fractions]
         full = forecast_row(records, axis=axis, fraction=1.0, early_steps=early_steps, n_bootstrap=n_bootstrap)
         per_seed[str(seed)] = {"forecasts": rows, "full_fit_A": full.get("A"),
                                "full_fit_A_ci": [full.get("A_lo"), full.get("A_hi")],
@@ -156,7 +156,7 @@ def analyse_runs(runs: Mapping[int, Sequence[Record]], *, axis: str, early_steps
                                "evals": [[int(r["step"]), float(r[axis]), float(r["pass_rate"])]
                                          for r in eval_records(records)],
                                "final_pass_rate": rows[0]["measured"]}
-    aggregate = {str(f): summarise([s["forecasts"][i] for s in per_seed.values()]) for i, f in enumerate(FRACTIONS)}
+    aggregate = {str(f): summarise([s["forecasts"][i] for s in per_seed.values()]) for i, f in enumerate(fractions)}
     return {"per_seed": per_seed, "aggregate": aggregate}
 
 
@@ -235,7 +235,7 @@ def forecast_png(result: Mapping[str, Any]) -> bytes:
         ax.set_title(f"seed {seed}", fontsize=10)
     axes[0].set_ylabel("held-out pass rate")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 2 * len(seeds)), fontsize=8)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
@@ -250,14 +250,19 @@ def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], w
                on_run: Callable[[Runs, dict[str, Any]], None] | None = None) -> tuple[Runs, dict[str, Any]]:
     """One RL run per seed from one start (`init_checkpoint`, else one SFT shared by every seed when the spec
     asks for SFT, else the spec's own model); returns ({seed: its records}, timing). Prints progress and
-    calls `on_run(runs so far, timing)` after each run."""
-    from scalerl.config import load_spec
+    calls `on_run(runs so far, timing)` after each run. A run already finished in `work/seed<S>` (its
+    summary.json written, its spec.yaml the one this run would write) is read, not trained again, and so
+    is an SFT start in `work/sft`: an interrupted bench resumes, and kept runs can be re-analysed."""
+    from scalerl.config import dump_spec, load_spec
     from scalerl.runtime.embedded import EmbeddedRun
     from scalerl.runtime.outputs import RunOutputs
     from scalerl.runtime.setup import initial_model, make_task, seed_everything
 
     t0 = time.perf_counter()
     base = load_spec(spec_path, list(overrides))
+    if init_checkpoint is None and (work / "sft" / "config.json").is_file():
+        init_checkpoint = str(work / "sft")
+        print(f"forecast: reusing the SFT start in {init_checkpoint}", file=sys.stderr, flush=True)
     if init_checkpoint is None and base.model.init_checkpoint is None and base.sft.steps > 0:
         print(f"forecast: SFT warm start ({base.sft.steps} steps), shared by every seed...", file=sys.stderr,
               flush=True)
@@ -269,16 +274,30 @@ def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], w
     sft_s = time.perf_counter() - t0
     runs: Runs = {}
     run_s: list[float] = []
+    reused: list[int] = []
     timing = {"sft_wall_s": sft_s, "run_wall_s": run_s, "steps": base.train.steps,
               "eval_every_steps": base.eval.every_steps, "data_seed": base.task.data_seed,
-              "init_checkpoint": init_checkpoint}
+              "init_checkpoint": init_checkpoint, "reused_seeds": reused}
     for i, seed in enumerate(seeds):
         spec = load_spec(spec_path, [*overrides, f"seed={seed}", *start])
+        run_dir = work / f"seed{seed}"
+        if (run_dir / "summary.json").is_file():
+            if (run_dir / "spec.yaml").read_text() != dump_spec(spec):
+                raise SystemExit(f"--forecast-work: {run_dir} holds a run of another spec; give a new folder")
+            print(f"forecast: seed {seed} ({i + 1}/{len(seeds)}) already run in {run_dir}; reading it",
+                  file=sys.stderr, flush=True)
+            reused.append(seed)
+            runs[seed] = RunOutputs(run_dir).read(run_dir / "metrics.jsonl")
+            if on_run is not None:
+                on_run(runs, timing)
+            continue
+        if run_dir.exists():
+            raise SystemExit(f"--forecast-work: {run_dir} holds an unfinished run; remove it to train it again")
         t1 = time.perf_counter()
         summary = EmbeddedRun(spec, work / f"seed{seed}", show_progress=sys.stderr.isatty()).run()
         run_s.append(time.perf_counter() - t1)
         runs[seed] = RunOutputs(work / f"seed{seed}").read(work / f"seed{seed}" / "metrics.jsonl")
-        eta = (len(seeds) - i - 1) * sum(run_s) / len(run_s)
+        eta = (len(seeds) - len(runs)) * sum(run_s) / len(run_s)
         print(f"forecast: seed {seed} ({i + 1}/{len(seeds)}) {summary['steps']} steps in {run_s[-1]:.0f} s wall "
               f"({summary['steps'] / run_s[-1] * 3600:.0f} steps/hour incl. evals); pass rate "
               f"{summary['initial_pass_rate']:.3f} -> {summary['final_pass_rate']:.3f}; ETA {eta:.0f} s",
@@ -290,8 +309,9 @@ def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], w
 
 def bench_forecast(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], *, axis: str = "auto",
                    n_bootstrap: int = 200, work: Path | None = None, init_checkpoint: str | None = None,
+                   fractions: Sequence[float] = FRACTIONS,
                    on_partial: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Train the runs, forecast each from its first 25% / 50%, and return the JSON-able result
+    """Train the runs, forecast each from its first `fractions` of compute, and return the JSON-able result
     (`on_partial` gets the result over the runs finished so far, after each run, with complete=False)."""
     t0 = time.perf_counter()
 
@@ -300,10 +320,11 @@ def bench_forecast(spec_path: str, overrides: Sequence[str], seeds: Sequence[int
         heldout = {str(s): sorted({str(r.get("heldout_set")) for r in eval_records(recs)}) for s, recs in runs.items()}
         early_steps = math.ceil(EARLY_FRACTION * timing["steps"])
         return {"spec": spec_path, "overrides": list(overrides), "seeds": list(seeds), "complete": False,
-                "axis": used, "axis_unit": AXIS_UNITS[used], "fractions": list(FRACTIONS),
+                "axis": used, "axis_unit": AXIS_UNITS[used], "fractions": list(fractions),
                 "early_steps_left_out": early_steps, "n_bootstrap": n_bootstrap, "level": LEVEL,
                 "heldout_sets": heldout, **timing,
-                **analyse_runs(runs, axis=used, early_steps=early_steps, n_bootstrap=n_bootstrap),
+                **analyse_runs(runs, axis=used, early_steps=early_steps, n_bootstrap=n_bootstrap,
+                               fractions=fractions),
                 "wall_s": time.perf_counter() - t0}
 
     def partial(runs: Runs, timing: dict[str, Any]) -> None:
@@ -325,6 +346,16 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
+def _fractions(text: str) -> list[float]:
+    try:
+        fractions = sorted({float(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--fractions: {text!r} is not a comma-separated list of numbers") from None
+    if not fractions or not all(0.0 < f < 1.0 for f in fractions):
+        raise argparse.ArgumentTypeError(f"--fractions: give numbers in (0, 1), got {text!r}")
+    return fractions
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--forecast-spec", default="examples/forecast.yaml", help="job spec of the forecast runs")
     ap.add_argument("--forecast-seeds", type=_seeds, default=[0, 1, 2], metavar="S1,S2,S3",
@@ -335,9 +366,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--forecast-bootstrap", type=int, default=200, metavar="N", help="bootstrap resamples")
     ap.add_argument("--forecast-init", default=None, metavar="DIR",
                     help="SFT model folder to start every seed from (default: run SFT once)")
+    ap.add_argument("--forecast-fractions", type=_fractions, default=list(FRACTIONS), metavar="F1,F2",
+                    help="fit on the evals up to these fractions of each run's final compute (default 0.25,0.5)")
     ap.add_argument("--forecast-work", default=None, metavar="DIR",
-                    help="keep every run in DIR/seed<S> (metrics.jsonl, report.html; `scalerl fit` reads it); "
-                         "default: a temporary folder, removed at the end")
+                    help="keep every run in DIR/seed<S> (metrics.jsonl, report.html; `scalerl fit` reads it) and "
+                         "read, not retrain, the runs already finished there; default: a temporary folder")
     ap.add_argument("--forecast-plot", default=None, metavar="PNG",
                     help="also draw each run with its 25%%/50%% fits and forecasts to this PNG")
 
@@ -350,19 +383,20 @@ def run_section(args: argparse.Namespace, overrides: Sequence[str],
         raise SystemExit(2)
     plot = Path(args.forecast_plot) if args.forecast_plot else None
     work = Path(args.forecast_work) if args.forecast_work else None
-    if work is not None and ((work.exists() and (not work.is_dir() or any(work.iterdir())))
-                             or not work.parent.is_dir()):
-        print(f"--forecast-work: {work} must be a new or empty folder in an existing folder", file=sys.stderr)
+    if work is not None and ((work.exists() and not work.is_dir()) or not work.parent.is_dir()):
+        print(f"--forecast-work: {work} must be a folder (new, or of an earlier run of this bench) in an "
+              "existing folder", file=sys.stderr)
         raise SystemExit(2)
     if plot is not None and (plot.suffix.lower() != ".png" or not plot.parent.is_dir()):
         print(f"--forecast-plot: {plot} must be a .png path in an existing folder", file=sys.stderr)
         raise SystemExit(2)
     if work is not None:
         work.mkdir(exist_ok=True)
-    print(f"bench: forecast from the first 25%/50% of {len(args.forecast_seeds)} runs of {args.forecast_spec}...",
+    shown = "/".join(f"{f:.0%}" for f in args.forecast_fractions)
+    print(f"bench: forecast from the first {shown} of {len(args.forecast_seeds)} runs of {args.forecast_spec}...",
           file=sys.stderr, flush=True)
     result = bench_forecast(args.forecast_spec, overrides, args.forecast_seeds, axis=args.forecast_axis,
-                            n_bootstrap=args.forecast_bootstrap, work=work,
+                            n_bootstrap=args.forecast_bootstrap, work=work, fractions=args.forecast_fractions,
                             init_checkpoint=args.forecast_init, on_partial=on_partial)
     print(format_table(result))
     if plot is not None:

@@ -134,26 +134,27 @@ def test_forecast_plot_draws_every_seed(tmp_path: Path) -> None:
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
-def test_seed_list_and_output_paths_are_checked_before_any_training(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    """Seeds: distinct non-negative integers (one is a spot check); --forecast-work: a new or empty folder;
-    each refusal is one line naming the flag, exit 2, before a model is built."""
+def test_seed_list_fractions_and_output_paths_are_checked_before_any_training(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Seeds: distinct non-negative integers (one is a spot check); fractions in (0, 1); --forecast-work: a
+    folder; each refusal is one line naming the flag, exit 2, before a model is built."""
     import argparse
 
     assert fb._seeds("0") == [0] and fb._seeds("3,1,2") == [3, 1, 2]
     for bad in ("", "0,0", "-1", "a,b"):
         with pytest.raises(argparse.ArgumentTypeError, match="--seeds"):
             fb._seeds(bad)
+    assert fb._fractions("0.75,0.25,0.5") == [0.25, 0.5, 0.75]
+    for bad in ("", "0", "1", "0.5,x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--fractions"):
+            fb._fractions(bad)
 
     spec = tmp_path / "spec.yaml"
     spec.write_text("name: x\n")
-    (tmp_path / "full").mkdir()
-    (tmp_path / "full" / "x").write_text("")
     (tmp_path / "file").write_text("")
-    for work, plot in ((tmp_path / "full", None), (tmp_path / "file", None), (tmp_path / "no" / "w", None),
-                       (None, tmp_path / "plot.svg")):
+    for work, plot in ((tmp_path / "file", None), (tmp_path / "no" / "w", None), (None, tmp_path / "plot.svg")):
         args = argparse.Namespace(forecast_spec=str(spec), forecast_seeds=[0], forecast_axis="auto",
-                                  forecast_bootstrap=0, forecast_init=None,
+                                  forecast_bootstrap=0, forecast_init=None, forecast_fractions=[0.5],
                                   forecast_work=str(work) if work else None,
                                   forecast_plot=str(plot) if plot else None)
         with pytest.raises(SystemExit) as e:
@@ -161,3 +162,36 @@ def test_seed_list_and_output_paths_are_checked_before_any_training(tmp_path: Pa
         assert e.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("--forecast-work" if work else "--forecast-plot"), err
+
+
+def test_finished_runs_in_the_work_folder_are_read_not_trained(tmp_path: Path) -> None:
+    """A kept run (summary.json + the spec.yaml this run would write) and a kept SFT start are reused: nothing
+    trains (a training run here would take minutes and write more files); a run of another spec or an
+    unfinished one stops the bench with a line naming --forecast-work."""
+    import json
+
+    from scalerl.config import dump_spec, load_spec
+
+    spec_path = str(Path(__file__).resolve().parents[3] / "examples" / "quickstart.yaml")
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "config.json").write_text("{}")
+    start = f"model.init_checkpoint={tmp_path / 'sft'}"
+    recs = _records(5, flops=True)
+    for seed in (3, 4):
+        run = tmp_path / f"seed{seed}"
+        run.mkdir()
+        (run / "spec.yaml").write_text(dump_spec(load_spec(spec_path, [f"seed={seed}", start])))
+        (run / "summary.json").write_text("{}")
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    seen: list[int] = []
+    runs, timing = fb.train_runs(spec_path, [], [3, 4], tmp_path, on_run=lambda r, _t: seen.append(len(r)))
+    assert sorted(runs) == [3, 4] and timing["reused_seeds"] == [3, 4] and seen == [1, 2]
+    assert [r["pass_rate"] for r in fb.eval_records(runs[3])] == [r["pass_rate"] for r in fb.eval_records(recs)]
+    assert timing["init_checkpoint"] == str(tmp_path / "sft") and timing["run_wall_s"] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed3", "seed4", "sft"]
+
+    with pytest.raises(SystemExit, match="--forecast-work: .*another spec"):
+        fb.train_runs(spec_path, ["optim.lr=0.001"], [3], tmp_path)
+    (tmp_path / "seed5").mkdir()
+    with pytest.raises(SystemExit, match="--forecast-work: .*unfinished"):
+        fb.train_runs(spec_path, [], [5], tmp_path)
