@@ -2,6 +2,7 @@
 
     scalerl fit runs/quick                      # a run folder or a metrics file (JSONL, JSON list, CSV)
     scalerl fit metrics.jsonl --max-compute 50 --predict 100,200 --plot curve.png
+    scalerl fit runs/quick --max-compute-fraction 0.5   # fit the first half, check it on the second
     scalerl fit wandb_export.csv --x gpu_hours --y eval/pass_rate --json
     scalerl fit runs/quick --axis flops         # the machine-independent axis (compute_flops)
     scalerl compare runs/a runs/b runs/c --plot compare.png
@@ -47,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="C1,C2,...",
         help="compute values to forecast (default: last observed × 1, 2, 4)",
     )
+    fit.add_argument("--max-compute-fraction", type=_open_fraction, default=None, metavar="F",
+                     help="fit only points up to F × the run's largest compute; later points become a held-out "
+                     "check (e.g. 0.5: does the first half forecast the second?)")
     fit.add_argument("--points", action="store_true", help="also print every eval point with its residual")
     fit.set_defaults(func=lazy_handler("scalerl.scaling.handlers", "fit_command"))
 
@@ -96,6 +100,16 @@ def _compute_list(text: str) -> list[float]:
     if not values or any(not v > 0 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: give positive compute values, e.g. 100,200,400")
     return values
+
+
+def _open_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a fraction in (0, 1)") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a fraction in (0, 1), e.g. 0.5")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -59,6 +59,17 @@ def _fit_options(args: argparse.Namespace, run: Path) -> dict[str, Any]:
     return {**opts, "min_compute": args.min_compute, "max_compute": args.max_compute}
 
 
+def _window_end(args: argparse.Namespace, curve: Curve) -> float | None:
+    """The fit window's end: --max-compute, or --max-compute-fraction × the curve's largest compute."""
+    fraction = getattr(args, "max_compute_fraction", None)
+    if fraction is None:
+        return args.max_compute  # type: ignore[no-any-return]
+    if args.max_compute is not None:
+        raise FitError(f"--max-compute {args.max_compute:g} and --max-compute-fraction {fraction:g} both set "
+                       "the end of the fit window; give one.")
+    return float(fraction * curve.compute.max())
+
+
 def _load_curve(path: Path, x: str, y: str) -> tuple[Path, Curve]:
     src, curve, _ = _load_run(path, x, y)
     return src, curve
@@ -93,7 +104,8 @@ def _fit(args: argparse.Namespace) -> int:
     x = _x_column(args)
     src, curve = _load_curve(args.file, x, args.y)
     with _about(src):
-        a = analyse_curve(curve, r0=args.r0, predict=args.predict, **_fit_options(args, src))
+        opts = {**_fit_options(args, src), "max_compute": _window_end(args, curve)}
+        a = analyse_curve(curve, r0=args.r0, predict=args.predict, **opts)
     if args.plot is not None:
         png = plots.fit_png(curve, a, title=f"{run_name(args.file)}: pass rate vs {axis_label(x)}", x=x)
         args.plot.write_bytes(png)

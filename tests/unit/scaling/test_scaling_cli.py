@@ -128,6 +128,29 @@ def test_fit_bad_predict_is_an_argparse_error(make_run, capsys) -> None:
     assert e.value.code == 2
 
 
+def test_max_compute_fraction_is_max_compute_at_that_share_of_the_largest(make_run, capsys) -> None:
+    """--max-compute-fraction F gives the same fit and held-out check as --max-compute F × the run's largest
+    compute (read here from the file, not from the code under test); with --max-compute too it is an error."""
+    run = make_run("f")
+    largest = max(json.loads(line)["compute"] for line in (run / "metrics.jsonl").read_text().splitlines())
+    rc, by_fraction, err = run_cli(["fit", str(run), "--json", "--bootstrap", "20", "--max-compute-fraction", "0.5"],
+                                   capsys)
+    assert rc == 0, err
+    rc, by_value, err = run_cli(["fit", str(run), "--json", "--bootstrap", "20", "--max-compute",
+                                 repr(0.5 * largest)], capsys)
+    assert rc == 0, err
+    a, b = json.loads(by_fraction), json.loads(by_value)
+    assert a["window"]["max_compute"] == pytest.approx(0.5 * largest) and a["holdout"]["n_points"] > 0
+    assert (a["A"], a["B"], a["C_mid"], a["holdout"]) == (b["A"], b["B"], b["C_mid"], b["holdout"])
+
+    rc, out, err = run_cli(["fit", str(run), "--max-compute-fraction", "0.5", "--max-compute", "10"], capsys)
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "--max-compute-fraction" in err
+    for bad in ("1", "0", "half"):
+        with pytest.raises(SystemExit) as e:
+            run_cli(["fit", str(run), "--max-compute-fraction", bad], capsys)
+        assert e.value.code == 2
+
+
 def test_compare_json_and_plot(make_run, tmp_path, capsys) -> None:
     a = make_run("loo-dapo", A=0.605, B=1.6, seed=1)
     b = make_run("scalerl", A=0.610, B=2.4, seed=2)
