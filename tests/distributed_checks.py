@@ -35,6 +35,25 @@ def wait_step(cluster: LocalCluster, out: Path, step: int, timeout_s: float = 24
     pytest.fail(f"no step {step} within {timeout_s:.0f} s:\n{cluster.tail('learner-0')}")
 
 
+def wait_rollouts_from(cluster: LocalCluster, bus: Any, topic: str, generator_id: str,
+                       timeout_s: float = 300) -> None:
+    """Until `topic` holds a rollout group that `generator_id` generated: a generator that starts late (a
+    loaded machine, a slow engine) joins the consumer group after the others have taken every partition,
+    so "it has run" is waited for, not assumed. Fails at once when the learner process exits."""
+    from scalerl.messages import RolloutGroup
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        records = [r for r in bus.read_raw(topic) if not r.value.startswith(b"\x00")]
+        if any(decode_envelope(r.value, RolloutGroup).generator_id == generator_id for r in records):
+            return
+        learner = cluster.procs["learner-0"].popen
+        assert learner.poll() is None, (f"the learner finished ({learner.returncode}) before {generator_id} "
+                                        f"generated a group:\n{cluster.tail(generator_id)}")
+        time.sleep(1.0)
+    pytest.fail(f"{generator_id} generated no group within {timeout_s:.0f} s:\n{cluster.tail(generator_id)}")
+
+
 def assert_committed_have_output(bus: Any, topic: str, group: str, out_topic: str, key_in: Callable[[Any], str],
                                  key_out: Callable[[Any], str]) -> None:
     """Nothing lost: every record of `topic` below `group`'s committed offsets has an output on

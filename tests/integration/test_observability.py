@@ -36,10 +36,11 @@ pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "helm" / "scalerl" / "files" / "dashboards"
 NAMESPACE = "scalerl-it"
-# An evaluation after every step (the fit needs 4 points past step 0) on at most STEPS steps: the run is
-# stopped as soon as every panel has data. A smaller bootstrap keeps each refit short; 0 would leave A's
-# interval (the forecast band) out.
-RUN = {"steps": 40, "off_policy": {"mode": "pipeline", "k": 2}, "checkpoint_every": 40, "eval_every": 1,
+# An evaluation after every step (the fit needs 4 points past step 0 and one above R0) on at most 200 steps:
+# the run is stopped as soon as every panel has data, so the bound only has to outlast the panels' wait
+# (with 40, a run whose steps trained nothing finished first). A smaller bootstrap keeps each refit short;
+# 0 would leave A's interval (the forecast band) out.
+RUN = {"steps": 200, "off_policy": {"mode": "pipeline", "k": 2}, "checkpoint_every": 200, "eval_every": 1,
        "partitions": 1}
 ROLE_SPANS = ("curriculum.issue", "generator.generate", "verifier.score", "learner.consume")
 PANELS_DEADLINE_S = 420.0

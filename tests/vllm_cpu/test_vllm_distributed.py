@@ -17,7 +17,7 @@ import signal
 
 import pytest
 
-from distributed_checks import assert_committed_have_output, steps_of, wait_step
+from distributed_checks import assert_committed_have_output, steps_of, wait_rollouts_from, wait_step
 from infra_session import QUIET_KAFKA
 from scalerl.bus.kafka import KafkaBus
 from scalerl.messages import RolloutGroup
@@ -44,6 +44,8 @@ def test_vllm_generators_survive_a_sigkill_in_a_distributed_run(infra, unique, t
     try:
         cluster.start_all()
         wait_step(cluster, out, 2, timeout_s=400)
+        # until generator-0 has generated (it may have joined after generator-1 took both partitions)
+        wait_rollouts_from(cluster, bus, f"{unique}.rollouts", "generator-0")
         cluster.kill("generator-0")  # SIGKILL mid-run; not restarted
         assert cluster.wait_learner(timeout_s=600) == 0, cluster.tail("learner-0")
         codes = cluster.stop_all()
