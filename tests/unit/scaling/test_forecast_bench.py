@@ -190,8 +190,8 @@ def test_finished_runs_in_the_work_folder_are_read_not_trained(tmp_path: Path) -
     assert timing["init_checkpoint"] == str(tmp_path / "sft") and timing["run_wall_s"] == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seed3", "seed4", "sft"]
 
-    with pytest.raises(SystemExit, match="--forecast-work: .*another spec"):
+    with pytest.raises(SystemExit, match=r"--forecast-work: .*another spec"):
         fb.train_runs(spec_path, ["optim.lr=0.001"], [3], tmp_path)
     (tmp_path / "seed5").mkdir()
-    with pytest.raises(SystemExit, match="--forecast-work: .*unfinished"):
+    with pytest.raises(SystemExit, match=r"--forecast-work: .*unfinished"):
         fb.train_runs(spec_path, [], [5], tmp_path)
