@@ -260,7 +260,10 @@ def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], w
 
     t0 = time.perf_counter()
     base = load_spec(spec_path, list(overrides))
+    sft_spec = work / "sft.spec.yaml"  # the spec whose SFT start work/sft is
     if init_checkpoint is None and (work / "sft" / "config.json").is_file():
+        if not sft_spec.is_file() or sft_spec.read_text() != dump_spec(base):
+            raise SystemExit(f"--forecast-work: {work / 'sft'} is the SFT start of another spec; give a new folder")
         init_checkpoint = str(work / "sft")
         print(f"forecast: reusing the SFT start in {init_checkpoint}", file=sys.stderr, flush=True)
     if init_checkpoint is None and base.model.init_checkpoint is None and base.sft.steps > 0:
@@ -270,6 +273,7 @@ def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], w
         initial_model(base, make_task(base), work)
         if (work / "sft" / "config.json").is_file():  # not when the task has no gold solutions
             init_checkpoint = str(work / "sft")
+            sft_spec.write_text(dump_spec(base))
     start = [f"model.init_checkpoint={init_checkpoint}"] if init_checkpoint else []  # else the spec's own start
     sft_s = time.perf_counter() - t0
     runs: Runs = {}
@@ -294,9 +298,9 @@ def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], w
         if run_dir.exists():
             raise SystemExit(f"--forecast-work: {run_dir} holds an unfinished run; remove it to train it again")
         t1 = time.perf_counter()
-        summary = EmbeddedRun(spec, work / f"seed{seed}", show_progress=sys.stderr.isatty()).run()
+        summary = EmbeddedRun(spec, run_dir, show_progress=sys.stderr.isatty()).run()
         run_s.append(time.perf_counter() - t1)
-        runs[seed] = RunOutputs(work / f"seed{seed}").read(work / f"seed{seed}" / "metrics.jsonl")
+        runs[seed] = RunOutputs(run_dir).read(run_dir / "metrics.jsonl")
         eta = (len(seeds) - len(runs)) * sum(run_s) / len(run_s)
         print(f"forecast: seed {seed} ({i + 1}/{len(seeds)}) {summary['steps']} steps in {run_s[-1]:.0f} s wall "
               f"({summary['steps'] / run_s[-1] * 3600:.0f} steps/hour incl. evals); pass rate "
@@ -347,12 +351,14 @@ def _seeds(text: str) -> list[int]:
 
 
 def _fractions(text: str) -> list[float]:
+    from scalerl.scaling.commands import open_fraction  # `scalerl fit --max-compute-fraction`'s own check
+
     try:
-        fractions = sorted({float(s) for s in text.split(",") if s.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--fractions: {text!r} is not a comma-separated list of numbers") from None
-    if not fractions or not all(0.0 < f < 1.0 for f in fractions):
-        raise argparse.ArgumentTypeError(f"--fractions: give numbers in (0, 1), got {text!r}")
+        fractions = sorted({open_fraction(s) for s in text.split(",") if s.strip()})
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"--fractions: {e}") from None
+    if not fractions:
+        raise argparse.ArgumentTypeError(f"--fractions: give fractions in (0, 1), e.g. 0.25,0.5; got {text!r}")
     return fractions
 
 

@@ -196,7 +196,7 @@ def main() -> int:
     print(f"generator: ours {gen['ours_tokens_per_s']:.0f} tok/s vs model.generate "
           f"{gen['hf_generate_tokens_per_s']:.0f} tok/s -> ratio {gen['ratio_ours_over_hf']:.2f}x")
     print(f"learner:   {learn['train_tokens_per_s']:.0f} train tok/s ({learn['step_s']:.2f} s/step)")
-    if modes is not None and sweep is not None:
+    if sweep is not None and modes is not None:  # both, or neither (--skip k_sweep)
         p, q = modes["pipeline"], modes["ppo"]
         print(f"modes:     PipelineRL {p['steps_per_hour']:.0f} steps/h vs PPO-off-policy {q['steps_per_hour']:.0f} "
               f"steps/h -> ratio {modes['steps_per_hour_ratio_pipeline_over_ppo']:.2f}x; gain/device-hour "

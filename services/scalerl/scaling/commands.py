@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="C1,C2,...",
         help="compute values to forecast (default: last observed × 1, 2, 4)",
     )
-    fit.add_argument("--max-compute-fraction", type=_open_fraction, default=None, metavar="F",
+    fit.add_argument("--max-compute-fraction", type=open_fraction, default=None, metavar="F",
                      help="fit only points up to F × the run's largest compute; later points become a held-out "
                      "check (e.g. 0.5: does the first half forecast the second?)")
     fit.add_argument("--points", action="store_true", help="also print every eval point with its residual")
@@ -102,7 +102,8 @@ def _compute_list(text: str) -> list[float]:
     return values
 
 
-def _open_fraction(text: str) -> float:
+def open_fraction(text: str) -> float:
+    """`text` as a fraction in the open interval (0, 1), else an argparse error saying what is allowed."""
     try:
         value = float(text)
     except ValueError:

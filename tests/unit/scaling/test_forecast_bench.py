@@ -175,6 +175,7 @@ def test_finished_runs_in_the_work_folder_are_read_not_trained(tmp_path: Path) -
     spec_path = str(Path(__file__).resolve().parents[3] / "examples" / "quickstart.yaml")
     (tmp_path / "sft").mkdir()
     (tmp_path / "sft" / "config.json").write_text("{}")
+    (tmp_path / "sft.spec.yaml").write_text(dump_spec(load_spec(spec_path, [])))  # the spec that made it
     start = f"model.init_checkpoint={tmp_path / 'sft'}"
     recs = _records(5, flops=True)
     for seed in (3, 4):
@@ -188,10 +189,12 @@ def test_finished_runs_in_the_work_folder_are_read_not_trained(tmp_path: Path) -
     assert sorted(runs) == [3, 4] and timing["reused_seeds"] == [3, 4] and seen == [1, 2]
     assert [r["pass_rate"] for r in fb.eval_records(runs[3])] == [r["pass_rate"] for r in fb.eval_records(recs)]
     assert timing["init_checkpoint"] == str(tmp_path / "sft") and timing["run_wall_s"] == []
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed3", "seed4", "sft"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed3", "seed4", "sft", "sft.spec.yaml"]
 
     with pytest.raises(SystemExit, match=r"--forecast-work: .*another spec"):
         fb.train_runs(spec_path, ["optim.lr=0.001"], [3], tmp_path)
     (tmp_path / "seed5").mkdir()
     with pytest.raises(SystemExit, match=r"--forecast-work: .*unfinished"):
         fb.train_runs(spec_path, [], [5], tmp_path)
+    with pytest.raises(SystemExit, match=r"--forecast-work: .*SFT start of another spec"):
+        fb.train_runs(spec_path, ["sft.steps=10"], [3], tmp_path)  # another SFT: its start is not reused
