@@ -116,16 +116,24 @@ class Bus(ABC):
         """Append `value` (a message from `scalerl.messages`) to `topic`."""
 
     @abstractmethod
-    def consumer(self, topics: list[str], group: str, *, dead_letters: bool = True) -> Consumer:
+    def consumer(self, topics: list[str], group: str, *, dead_letters: bool = True,
+                 sole_owner: bool = False) -> Consumer:
         """Join consumer group `group` on `topics`; starts from the group's committed offsets.
         `dead_letters`: this group owns the dead letters of `topics` (`scalerl.bus.dlq.DLQ_OWNERS`): a
         record that does not decode is copied to the dead-letter topic; otherwise it is only skipped.
-        (The memory bus passes objects, never bytes: nothing there fails to decode.)"""
+        (The memory bus passes objects, never bytes: nothing there fails to decode.)
+        `sole_owner`: the group's only member, whose own positions (restored by `seek` or read so far) always
+        win over the group's committed offsets, after every rebalance too (the learner: its positions live
+        in its checkpoints)."""
 
     def reader(self, topics: list[str], *, dead_letters: bool = False, role: str = "reader") -> Consumer:
         """Every record of `topics` from the beginning, for this reader alone (commits nothing);
         `dead_letters` / `role` as for `consumer` (role: who is named in the dead-letter headers)."""
         return self.consumer(topics, group=f"{role}-{uuid.uuid4().hex}", dead_letters=dead_letters)
+
+    def partitions(self, topic: str) -> list[int]:
+        """The partition ids of `topic` (one partition, 0, unless the transport has more)."""
+        return [0]
 
     def ensure_topics(self, topics: list[str], partitions: int = 1) -> None:  # noqa: B027
         """Create the topics if the transport needs it (Kafka); a no-op in memory."""

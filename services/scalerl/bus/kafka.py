@@ -6,17 +6,26 @@ bytes (`scalerl.rpc.convert.encode_envelope`; `decode_envelope` also reads the l
 (str, bytes) pairs: `schema` (messages.SCHEMA_VERSION) plus whatever the caller passes (traceparent,
 policy version, ...). Batches are compressed with zstd, else lz4, else gzip (whichever codec is
 installed). `publish` is asynchronous; `flush()` returns once every published record is acknowledged
-by all in-sync replicas, and raises if any of them failed.
+by all in-sync replicas, and raises if any of them failed. A failed send is never forgotten: it stays
+pending and the next `flush()` sends it again (in publish order), so a flush retried after an outage
+succeeds only once everything published has been delivered. A send that can never succeed (a non-retriable
+error, e.g. a record larger than the topic allows) is reported once, by `UndeliverableRecord` naming its
+topic and key, and then dropped.
 
 Consumer: a group member (`subscribe`, group-managed assignment) with `enable_auto_commit=False` and
-`auto_offset_reset="earliest"`; it starts from the group's committed offsets.
+`auto_offset_reset="earliest"`; it starts from the group's committed offsets. `max.poll.interval.ms` is
+`max_batch_s` (default one hour, not Kafka's 5 minutes): a role does its work between two polls, and a
+generator batch longer than the interval would leave the group, fail its commit and regenerate the same
+prompts forever. A dead process still leaves within the session timeout (heartbeats run in the background).
 - A record whose bytes do not decode (any error from `decode_envelope`) is skipped: its offset counts as
   consumed and `poll` never raises on bad data. A consumer that owns its topics' dead letters
   (`dead_letters=True`, the default for a group; see `scalerl.bus.dlq.DLQ_OWNERS`) first copies it, raw,
   to the job's dead-letter topic (`<prefix>.dlq`, prefix = the topic name before its last ".") with the
   headers of `scalerl.bus.dlq.DLQ_HEADERS` (reason "undecodable: ...", role = the group) and flushes;
   any other consumer only skips it; both count it (`undecodable`). Records read from the dead-letter topic
-  itself are never re-routed.
+  itself are never re-routed. Positions move past a polled batch only once it is handed over: when the
+  dead-letter flush raises, the batch's partitions are sought back to their first record and `poll`
+  raises, so the next poll returns the same records again (good ones included) and nothing is skipped.
 - `seek()` works at any time. Choice: we keep group-managed assignment (so several generators can
   share a topic) and route seeks through a rebalance listener: a seek for a partition this member
   owns is applied at once; a seek for a partition it does not own yet (e.g. right after creation,
@@ -26,6 +35,13 @@ Consumer: a group member (`subscribe`, group-managed assignment) with `enable_au
 - `positions()` are those of the records returned so far (and of seeks), plus the current fetch
   position of owned partitions nothing was returned from yet; partitions revoked by a rebalance are
   dropped (their new owner starts from the committed offset: at-least-once, downstream dedups).
+- A **sole owner** (`sole_owner=True`: the learner, the only member of its group, whose positions live in its
+  checkpoints) never lets the group's committed offsets decide where it reads: on every assignment, after
+  a rebalance or a membership lost across a broker restart as well as the first one, each partition it
+  has a position for (restored by `seek`, or read so far) continues from that position. Its positions
+  survive revocation. (Otherwise a resumed learner that loses membership before its first commit would jump
+  to the dead learner's commits, past groups it never trained, and in steady state a rebalance would
+  re-deliver the buffered groups as duplicates.)
 - `commit()` is synchronous. A commit rejected because the group rebalanced (CommitFailedError) is
   logged and dropped: the records will be delivered again to the partition's new owner.
 """
@@ -56,6 +72,25 @@ from scalerl.rpc.convert import encode_envelope as encode
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_BATCH_S = 3600.0
+"""The longest unit of work between two polls of one consumer (Kafka's `max.poll.interval.ms`)."""
+
+
+class UndeliverableRecord(kafka_errors.KafkaError):  # type: ignore[misc]
+    """A published record that can never be delivered (a non-retriable send error); reported once."""
+
+    retriable = False
+
+
+@dataclass(slots=True)
+class _Send:
+    """One published record and its delivery future, kept until it is acknowledged or reported."""
+
+    topic: str
+    value: bytes
+    key: bytes | None
+    headers: list[tuple[str, bytes]]
+    future: Any
 
 
 def dlq_topic(topic: str) -> str:
@@ -103,7 +138,7 @@ class KafkaBus(Bus):
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  replication_factor: int | None = None, compression: str | None = None,
                  request_timeout_s: float = 30.0, session_timeout_s: float = 10.0,
-                 security: KafkaSecurity | None = None) -> None:
+                 max_batch_s: float = DEFAULT_MAX_BATCH_S, security: KafkaSecurity | None = None) -> None:
         self.bootstrap = [b.strip() for b in bootstrap.split(",") if b.strip()]
         if not self.bootstrap:
             raise ValueError("KafkaBus: empty bootstrap address")
@@ -119,10 +154,11 @@ class KafkaBus(Bus):
         # A dead group member's partitions move to the others after this long (the client default, 45 s,
         # stalls a pipeline for most of a minute when a generator is killed).
         self.session_timeout_ms = int(session_timeout_s * 1000)
+        self.max_poll_interval_ms = int(max_batch_s * 1000)
         self._lock = threading.Lock()
         self._producer: Any = None
         self._admin: Any = None
-        self._pending: list[Any] = []
+        self._pending: list[_Send] = []
         self._known_topics: set[str] = set()
 
     # ---- clients (created lazily, shared) ---------------------------------------------------------
@@ -222,30 +258,48 @@ class KafkaBus(Bus):
     def publish_raw(self, topic: str, data: bytes, *, key: bytes | None = None,
                     headers: list[tuple[str, bytes]] | None = None) -> None:
         """Append undecoded bytes (the dead-letter path; tests use it to inject bad records)."""
-        fut = self._get_producer().send(topic, value=data, key=key, headers=list(headers or []))
+        hdrs = list(headers or [])
+        fut = self._get_producer().send(topic, value=data, key=key, headers=hdrs)
         with self._lock:
-            self._pending.append(fut)
+            self._pending.append(_Send(topic, data, key, hdrs, fut))
             if len(self._pending) > 10_000:  # publishers that rarely flush: drop acknowledged ones
-                self._pending = [f for f in self._pending if not f.succeeded()]
+                self._pending = [p for p in self._pending if not (p.future.is_done and p.future.succeeded())]
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Block until everything published is acknowledged (acks=all); raise the first failure."""
+        """Block until everything published is acknowledged (acks=all); raise the first failure.
+
+        Failed sends stay pending: the next flush sends them again, in publish order, before it waits (see
+        the module docstring); a non-retriable failure is raised once as UndeliverableRecord and dropped."""
         with self._lock:
             producer = self._producer
-            pending, self._pending = self._pending, []
         if producer is None:
             return
-        producer.flush(timeout=timeout_s)
-        for fut in pending:
-            if not fut.is_done:
-                raise kafka_errors.KafkaTimeoutError("flush: a record is still in flight")
-            if fut.failed():
-                raise fut.exception
+        with self._lock:
+            for p in self._pending:  # an earlier flush failed: send its failed records again
+                if p.future.is_done and p.future.failed() and getattr(p.future.exception, "retriable", True):
+                    p.future = producer.send(p.topic, value=p.value, key=p.key, headers=p.headers)
+        try:
+            producer.flush(timeout=timeout_s)
+        finally:
+            with self._lock:
+                undelivered = [p for p in self._pending if not (p.future.is_done and p.future.succeeded())]
+                fatal = [p for p in undelivered
+                         if p.future.is_done and not getattr(p.future.exception, "retriable", True)]
+                self._pending = [p for p in undelivered if p not in fatal]
+        if fatal:
+            p = fatal[0]
+            raise UndeliverableRecord(f"{len(fatal)} record(s) can never be delivered; the first to {p.topic} "
+                                      f"(key {p.key!r}): {p.future.exception!r}")
+        for p in undelivered:
+            if not p.future.is_done:
+                raise kafka_errors.KafkaTimeoutError(f"flush: a record to {p.topic} is still in flight")
+            raise p.future.exception
 
     # ---- consume ----------------------------------------------------------------------------------
 
-    def consumer(self, topics: list[str], group: str, *, dead_letters: bool = True) -> KafkaBusConsumer:
-        return KafkaBusConsumer(self, list(topics), group, dead_letters=dead_letters)
+    def consumer(self, topics: list[str], group: str, *, dead_letters: bool = True,
+                 sole_owner: bool = False) -> KafkaBusConsumer:
+        return KafkaBusConsumer(self, list(topics), group, dead_letters=dead_letters, sole_owner=sole_owner)
 
     def reader(self, topics: list[str], *, dead_letters: bool = False, role: str = "reader") -> KafkaBusConsumer:
         """Every record of `topics` from the beginning, outside any consumer group (the policy topic:
@@ -259,6 +313,7 @@ class KafkaBus(Bus):
                              fetch_max_bytes=max(52428800, self.max_message_bytes),
                              request_timeout_ms=self.request_timeout_ms,
                              session_timeout_ms=self.session_timeout_ms,
+                             max_poll_interval_ms=self.max_poll_interval_ms,
                              heartbeat_interval_ms=max(100, self.session_timeout_ms // 4), **extra)
 
     def read_raw(self, topic: str, timeout_s: float = 10.0) -> list[RawRecord]:
@@ -363,6 +418,8 @@ class _SeekOnAssign(ConsumerRebalanceListener):  # type: ignore[misc]
         self.owner = owner
 
     def on_partitions_revoked(self, revoked: Any) -> None:
+        if self.owner._sole_owner:
+            return  # its positions stay its own: re-applied when the partitions come back
         with self.owner._state_lock:
             for tp in revoked:
                 self.owner._pos.pop(tp, None)
@@ -371,6 +428,8 @@ class _SeekOnAssign(ConsumerRebalanceListener):  # type: ignore[misc]
         with self.owner._state_lock:
             for tp in assigned:
                 off = self.owner._pending_seeks.pop(tp, None)
+                if off is None and self.owner._sole_owner:
+                    off = self.owner._pos.get(tp)
                 if off is not None:
                     self.owner._kc.seek(tp, off)
                     self.owner._pos[tp] = off
@@ -380,15 +439,17 @@ class KafkaBusConsumer(Consumer):
     """A consumer-group member; see the module docstring for the semantics."""
 
     def __init__(self, bus: KafkaBus, topics: list[str], group: str | None, *, dead_letters: bool = True,
-                 role: str | None = None) -> None:
+                 role: str | None = None, sole_owner: bool = False) -> None:
         self._bus = bus
         self._topics = topics
         self._group = group
         self._dead_letters = dead_letters
+        self._sole_owner = sole_owner
         self._role = role or group or "reader"
         self.undecodable = 0  # records that did not decode (dead-lettered when this consumer owns them)
         self._state_lock = threading.RLock()
         self._pos: dict[Any, int] = {}  # TopicPartition -> next offset to return
+        self._dead_unconfirmed: set[tuple[Any, int]] = set()  # dead letters published, not yet flushed
         self._pending_seeks: dict[Any, int] = {}
         self._kc = bus._raw_consumer(
             group_id=group, client_id=f"{bus.client_id}-{group or 'reader'}-{uuid.uuid4().hex[:6]}")
@@ -407,23 +468,42 @@ class KafkaBusConsumer(Consumer):
         while True:
             remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
             batch = self._kc.poll(timeout_ms=remaining_ms, max_records=max_records)
+            good: list[Record] = []
             dead = 0
-            for tp, recs in batch.items():
+            for recs in batch.values():
                 for r in recs:
-                    rec = self._convert(tp, r)
-                    with self._state_lock:
-                        self._pos[tp] = r.offset + 1
+                    rec = self._convert(r)
                     if rec is None:
                         dead += 1
                     else:
-                        out.append(rec)
+                        good.append(rec)
             if dead and self._dead_letters:
-                # the dead letters are durable before their offsets can be committed
-                self._bus.flush(timeout_s=self._bus.request_timeout_ms / 1000)
+                try:  # the dead letters are durable before their offsets can be committed
+                    self._bus.flush(timeout_s=self._bus.request_timeout_ms / 1000)
+                except Exception:
+                    self._rewind(batch)  # hand nothing of this batch over: it is read again
+                    raise
+                self._dead_unconfirmed.clear()
+            with self._state_lock:
+                for tp, recs in batch.items():
+                    if recs:
+                        self._pos[tp] = recs[-1].offset + 1
+            self.undecodable += dead
+            out += good
             if out or time.monotonic() >= deadline:
                 return out
 
-    def _convert(self, tp: Any, r: Any) -> Record | None:
+    def _rewind(self, batch: dict[Any, list[Any]]) -> None:
+        """Seek each partition of a batch that was not handed over back to its first record."""
+        for tp, recs in batch.items():
+            if recs:
+                try:
+                    self._kc.seek(tp, recs[0].offset)
+                except Exception as exc:  # revoked meanwhile: its new owner reads from the committed offset
+                    log.warning("rewind of %s to %d failed: %r", _key(tp), recs[0].offset, exc)
+
+    def _convert(self, r: Any) -> Record | None:
+        tp = TopicPartition(r.topic, r.partition)
         headers = {k: (v or b"").decode("utf-8", "replace") for k, v in r.headers or []}
         key = r.key.decode("utf-8", "replace") if r.key is not None else None
         try:
@@ -431,7 +511,6 @@ class KafkaBusConsumer(Consumer):
                 raise ValueError("record has no value (tombstone)")
             value = decode(r.value)
         except Exception as exc:  # never raise on bad data: MessageError, but also anything else
-            self.undecodable += 1
             if self._dead_letters:
                 self._dead_letter(tp, r, f"undecodable: {exc}")
             else:
@@ -446,6 +525,9 @@ class KafkaBusConsumer(Consumer):
                     target, reason)
         if target == tp.topic:
             return  # a bad record in the dead-letter topic itself: skip it, never loop
+        if (tp, r.offset) in self._dead_unconfirmed:
+            return  # read again after a failed flush: its copy is still pending in the bus, sent again there
+        self._dead_unconfirmed.add((tp, r.offset))
         headers = [(k, v or b"") for k, v in r.headers or [] if k not in DLQ_HEADERS]
         headers += [(k, v.encode()) for k, v in dlq_headers(reason, tp.topic, tp.partition, r.offset,
                                                             self._role).items()]

@@ -26,7 +26,9 @@ class MemoryBus(Bus):
             log.append(Record(topic, 0, len(log), key, value, dict(headers or {})))
             self._cond.notify_all()
 
-    def consumer(self, topics: list[str], group: str, *, dead_letters: bool = True) -> Consumer:
+    def consumer(self, topics: list[str], group: str, *, dead_letters: bool = True,
+                 sole_owner: bool = False) -> Consumer:
+        # (one process, no rebalances: every consumer keeps its positions)
         return _MemoryConsumer(self, list(topics), group)
 
     def size(self, topic: str) -> int:
