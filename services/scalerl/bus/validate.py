@@ -10,7 +10,8 @@ before ":" is stable; the rest names the field, the value and what is allowed). 
 - group_size: a group holds G completions (`generation.group_size`; `PromptTask.group_size` must equal G too);
 - reward_count: a scored group has one reward and one correctness flag per completion;
 - array_lengths: a completion's token_ids, logprobs, versions and loss_mask have equal lengths;
-- too_long: a completion is at most `Limits.max_completion_tokens` long;
+- too_long: a completion is at most `Limits.max_completion_tokens` long (and a prompt leaves room for a
+  completion under the engine's positions: checked by the generator, which holds the tokenizer);
 - token_out_of_range: every prompt and completion token id is in [0, vocab_size);
 - non_finite_logprob / non_finite_reward: log-probs and rewards are finite;
 - version_out_of_range: every token's policy version is in [0, current] (current: the newest version

@@ -157,6 +157,11 @@ class GenerationEngine(ABC):
     version: int
     swaps_in_flight: int
 
+    @property
+    @abstractmethod
+    def max_positions(self) -> int:
+        """The longest sequence (prompt + completion, tokens) the engine's model takes."""
+
     @abstractmethod
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
                  *, policy_source: PolicySource | None = None) -> list[Completion]:

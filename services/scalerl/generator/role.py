@@ -10,7 +10,10 @@ Offsets of `prompts` are committed only after the rollouts are published, so a
 generator killed mid-batch leaves its prompts to be re-delivered.
 
 The generators own the dead letters of `prompts`: a record that is not a PromptTask, names a prompt the
-job does not have or asks for another group size than G (`scalerl.bus.validate`) goes to `dlq`. A bad
+job does not have, asks for another group size than G (`scalerl.bus.validate`) or whose tokens leave no
+room for a completion under the engine's positions ("too_long") goes to `dlq`, once: the batch's other
+prompts are generated and the offset committed (a prompt the engine cannot take would otherwise fail its
+whole batch after every restart, on every generator that gets its partition). A bad
 record on `policy` is skipped here (the curriculum dead-letters it).
 """
 
@@ -118,7 +121,7 @@ class GeneratorRole:
         records = self.prompts.poll(timeout_s=timeout_s, max_records=self.spec.generation.prompts_per_batch)
         tasks: list[tuple[Any, PromptTask]] = []
         for rec in records:
-            reason = reason_for(rec.value, PromptTask, self.limits)
+            reason = reason_for(rec.value, PromptTask, self.limits) or self._room_reason(rec.value)
             if reason is None:
                 tasks.append((rec, rec.value))
             else:
@@ -130,6 +133,13 @@ class GeneratorRole:
             self.bus.flush()
             self.prompts.commit()
         return len(records)
+
+    def _room_reason(self, task: PromptTask) -> str | None:
+        """Why the engine cannot complete this prompt ("too_long: ..."), or None."""
+        n, room = len(encode_prompt(self.tokenizer, task.prompt)), self.engine.max_positions
+        if n < room:
+            return None
+        return f"too_long: the prompt is {n} tokens, the model takes {room} positions in all (prompt + completion)"
 
     def _generate(self, tasks: list[tuple[Any, PromptTask]], in_flight: bool) -> None:
         prompt_ids = [encode_prompt(self.tokenizer, t.prompt) for _, t in tasks]

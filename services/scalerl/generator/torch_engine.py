@@ -151,6 +151,10 @@ class TorchEngine(GenerationEngine):
             mask[i, P - len(p):] = 1
         return ids.to(self.device), mask.to(self.device)
 
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
                  *, policy_source: PolicySource | None = None) -> list[Completion]:
@@ -159,7 +163,7 @@ class TorchEngine(GenerationEngine):
         B = len(prompt_ids)
         dev = self.device
         ids_BP, mask_BP = self._left_pad(prompt_ids)
-        max_pos = int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        max_pos = self.max_positions
         phrase_len = len(length.interruption_ids or ())
         wait_len = len(length.wait_ids) if length.forces_minimum else 0
         forced_table = self._forced_table(length, dev)  # [2, L]: interruption phrase, "Wait"

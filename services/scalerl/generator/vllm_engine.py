@@ -208,6 +208,10 @@ class VLLMEngine(GenerationEngine):
         return probs / probs.sum(-1, keepdim=True)
 
     # -- generation --------------------------------------------------------------------------------
+    @property
+    def max_positions(self) -> int:
+        return self.max_pos
+
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
                  *, policy_source: PolicySource | None = None) -> list[Completion]:
         if not prompt_ids:

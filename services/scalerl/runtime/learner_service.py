@@ -9,6 +9,12 @@ seeks to those positions and re-reads from there: every group before them is in 
 the resumed timeline (its train.jsonl is restored from the checkpoint too), every group after them is
 read again. Each step record lists its group ids, so the accounting can be checked.
 
+A learner that starts without a checkpoint (a new job, or one killed before its first checkpoint) reads
+`scored` from the beginning of every partition, never from a dead learner's committed offsets, starts its run
+files afresh, and writes a step-0 checkpoint (its positions: the beginning) before it reads anything; every
+later start is a restore. The consumer is the group's sole owner (`scalerl.bus.base.Bus.consumer`): its
+positions, not the group's commits, decide where it reads after any rebalance or lost membership too.
+
 PipelineRL-k: a group older than k versions, or with a token of a lost lineage (`scalerl.learner.lineage`),
 can never be trained: it is dropped as it arrives, before it takes a place in a batch (counted, and listed
 in the next step's record under `dropped_group_ids`), and a group that ages past k while it waits in the
@@ -27,7 +33,13 @@ skipped, neither dropped twice nor taken for a duplicate.
 The learner owns the dead letters of `scored`. A record that does not decode, is not a ScoredGroup or
 breaks a rule of `scalerl.bus.validate` (with the bound: token versions in [0, the learner's current
 version]) is dead-lettered, counted (`dead_lettered` in the status, the metrics and the summary) and never
-trained on. The step itself is guarded (`_guarded_step`): a batch that still raises is probed group by
+trained on. A dead-lettered group is decided: it counts in `learner_consumed` (else each would hold one of
+the curriculum's in-flight slots for good), and its position is kept like a dropped group's, so a restart does
+not dead-letter it twice.
+
+While the learner waits for fresher rollouts (PipelineRL-k) with a batch in hand, that batch counts as
+consumed too: the curriculum then issues the prompts whose rollouts end the wait (with k = 1 and generators
+slow to load the newest weights, every in-flight slot was otherwise held by the batch the learner waits with). The step itself is guarded (`_guarded_step`): a batch that still raises is probed group by
 group (forward pass only, no state changes); the groups that raise are dead-lettered ("step_failed"), the
 others go back to the buffer, and no step is taken. So no record can crash the learner into a restart
 loop. (With several torchrun ranks a failed step may have left a collective half done: it is re-raised and
@@ -76,6 +88,8 @@ class LearnerService(TrainerHost):
         self.consumed_ids: set[str] = set()
         self.buffer: list[Record] = []
         self.duplicate_positions: list[tuple[str, int]] = []  # (topic:partition, offset) of skipped duplicates
+        self.duplicates_settled = 0  # duplicates below the last checkpoint's positions (never read again)
+        self.waiting_batch = 0  # groups taken for the next step while the learner waits for fresher ones
         self.newest_version_seen = 0
         self.pending_drops: list[tuple[str, str]] = []  # (group id, "stale"|"lost") dropped since the last step
         self.dropped_positions: list[tuple[str, int]] = []  # their (topic:partition, offset)
@@ -99,9 +113,14 @@ class LearnerService(TrainerHost):
         self.bus: Bus = open_bus(self.ctx.bus_url)
         retry_io(lambda: ensure_job_topics(self.bus, spec), what="create the job's topics")
         self.dead = DeadLetters(self.bus, self.topics.dlq, self.topics.group("learner"))
-        self.scored = retry_io(lambda: self.bus.consumer([self.topics.scored], self.topics.group("learner")),
-                               what="join the learner group")
+        self.scored = retry_io(lambda: self.bus.consumer([self.topics.scored], self.topics.group("learner"),
+                                                         sole_owner=True), what="join the learner group")
         ckpt = retry_io(lambda: download_latest_checkpoint(self.store, self.out.checkpoints), what="fetch checkpoint")
+        if ckpt is None:  # a fresh timeline: from the beginning of `scored`, never a dead learner's commits
+            for name in RUN_FILES:
+                (self.out.root / name).unlink(missing_ok=True)
+            start = retry_io(lambda: self.bus.partitions(self.topics.scored), what="read partitions")
+            self.scored.seek({f"{self.topics.scored}:{p}": 0 for p in start})
         state = load_trainer_state(ckpt) if ckpt is not None else None
         # versions never repeat: number past the highest ever uploaded (scalerl.learner.lineage)
         high = retry_io(lambda: highest_version(self.store), what="read policy versions")
@@ -116,6 +135,8 @@ class LearnerService(TrainerHost):
         if ckpt is not None and state is not None:
             self._restore(ckpt, state)
         retry_io(self._publish, what="publish policy")
+        if ckpt is None:  # every later start is a restore (see the module docstring)
+            retry_io(self._checkpoint, what="step-0 checkpoint")
 
     def _restore(self, ckpt: Path, state: dict[str, Any]) -> None:
         """Everything but the learner's own state (restored by `_setup_learner`)."""
@@ -124,6 +145,8 @@ class LearnerService(TrainerHost):
         self.consumed_ids = set(state["consumed_ids"])
         self.duplicate_positions = [tuple(p) for p in state["duplicate_positions"]]  # type: ignore[misc]
         self.decided_ahead = {(str(k), int(o)) for k, o in state.get("decided_ahead", [])}
+        self.duplicates_settled = int(state.get("duplicates_settled", len(self.duplicate_positions)))
+        self.duplicate_positions = []
         self.pending_drops = [(str(g), str(r)) for g, r in state.get("pending_drops", [])]
         self.scored.seek(state["bus_positions"])
         set_rng_state(state["rng"])
@@ -143,8 +166,10 @@ class LearnerService(TrainerHost):
         return pos
 
     def _dead_letter(self, rec: Record, reason: str) -> None:
+        """Dead-letter a record: decided (flow control), and skipped if read again after a restart."""
         self.dead.send(rec, reason)
         self.counters["dead_lettered"] += 1
+        self.dropped_positions.append((rec.position_key, rec.offset))
 
     def _admit(self, rec: Record) -> None:
         """Buffer a polled record: dead-letter what is invalid, count and skip duplicates, drop what can
@@ -176,8 +201,10 @@ class LearnerService(TrainerHost):
                 or any(gid == group_id for gid, _ in self.pending_drops))
 
     def _consumed(self) -> int:
-        """Groups decided in this timeline (trained, or dropped): the curriculum's flow control."""
-        return len(self.consumed_ids) + len(self.pending_drops)
+        """Groups decided in this timeline (trained, dropped or dead-lettered), and the batch held while
+        waiting for fresher rollouts: the curriculum's flow control (see the module docstring)."""
+        return (len(self.consumed_ids) + len(self.pending_drops) + int(self.counters["dead_lettered"])
+                + self.waiting_batch)
 
     def _policy_headers(self) -> dict[str, str]:
         return {**super()._policy_headers(), "learner_consumed": str(self._consumed())}
@@ -231,19 +258,26 @@ class LearnerService(TrainerHost):
             self.buffer = [r for i, r in enumerate(records) if i not in failing] + self.buffer
             return None
 
-    def _wait_for_generators(self, stop: threading.Event) -> None:
-        """PipelineRL-k: do not run more than k versions ahead of the newest rollouts."""
+    def _wait_for_generators(self, batch: int, stop: threading.Event) -> None:
+        """PipelineRL-k: do not run more than k versions ahead of the newest rollouts; the `batch` groups in
+        hand count as consumed meanwhile (see the module docstring)."""
         k = self.spec.off_policy.k
-        while self.learner.policy_version + 1 - self.newest_version_seen > k and not stop.is_set():
-            self._poll_scored(stop)
+        self.waiting_batch = batch
+        try:
+            while self.learner.policy_version + 1 - self.newest_version_seen > k and not stop.is_set():
+                self._poll_scored(stop)
+        finally:
+            self.waiting_batch = 0
 
     def _count_duplicates(self, positions: dict[str, int]) -> int:
         """Duplicates below `positions`: those a restart from these positions will not read again."""
-        return sum(1 for key, off in self.duplicate_positions if off < positions.get(key, 0))
+        return self.duplicates_settled + sum(1 for key, off in self.duplicate_positions
+                                             if off < positions.get(key, 0))
 
     def _checkpoint(self) -> None:
         safe = self.safe_positions()
-        self.counters["duplicates"] = self._count_duplicates(safe)
+        self.counters["duplicates"] = self.duplicates_settled = self._count_duplicates(safe)
+        self.duplicate_positions = [p for p in self.duplicate_positions if p[1] >= safe.get(p[0], 0)]
         self.dropped_positions = [p for p in self.dropped_positions if p[1] >= safe.get(p[0], 0)]
         self.decided_ahead = {p for p in self.decided_ahead if p[1] >= safe.get(p[0], 0)}
         weights = self.ranks.full_state_dict() if self.learner.sharded else None  # (collectives, every rank)
@@ -251,7 +285,7 @@ class LearnerService(TrainerHost):
                  "train_s": self.clock.now_s(), "counters": dict(self.counters),
                  "devices": self.ledger.state(self.clock.now_s()), "consumed_ids": sorted(self.consumed_ids),
                  "bus_positions": safe,
-                 "duplicate_positions": [p for p in self.duplicate_positions if p[1] < safe.get(p[0], 0)],
+                 "duplicate_positions": [], "duplicates_settled": self.duplicates_settled,
                  "decided_ahead": sorted(self.decided_ahead | set(self.dropped_positions)),  # (≥ safe: pruned above)
                  "pending_drops": list(self.pending_drops)}
         model = self.learner.model
@@ -331,7 +365,7 @@ class LearnerService(TrainerHost):
             records = self._take_groups(spec.train.prompts_per_step, stop)
             if records is None:
                 break
-            self._wait_for_generators(stop)
+            self._wait_for_generators(len(records), stop)
             waited_s = time.perf_counter() - t_wait
             stats = self._guarded_step(records)
             if stats is None:  # groups were dead-lettered; the others wait in the buffer for the next batch
@@ -350,7 +384,7 @@ class LearnerService(TrainerHost):
             self.steps.observe(step_s)
             rec = self._log_step(stats, bar, {"group_ids": [g.group_id for g in groups],
                                               "dropped_group_ids": [gid for gid, _ in drops],
-                                              "duplicates": len(self.duplicate_positions),
+                                              "duplicates": self.duplicates_settled + len(self.duplicate_positions),
                                               # generators' starvation signal for the autoscaler
                                               "batch_wait_s": waited_s,
                                               "batch_wait_frac": waited_s / max(waited_s + step_s, 1e-9)})

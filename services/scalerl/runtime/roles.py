@@ -30,7 +30,7 @@ from scalerl.config import JobSpec
 from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted
 from scalerl.generator.factory import make_engine
 from scalerl.generator.role import GeneratorRole
-from scalerl.messages import PolicyVersion, ScoredGroup
+from scalerl.messages import PolicyVersion, PromptTask, ScoredGroup
 from scalerl.model.factory import embedding_rows, load_model_and_tokenizer, resolve_device
 from scalerl.runtime.setup import (
     configure_threads,
@@ -257,11 +257,13 @@ CURRICULUM_STATE = "curriculum/state.json"
 
 class CurriculumService:
     """Issues prompts; learns pass rates from `scored` (No-Positive-Resampling); flow control from the
-    learner's progress on `policy`: at most `max_inflight` prompts issued and not yet consumed, where the
-    learner's announcements say how many groups it has consumed (`learner_consumed`: trained or dropped;
-    B per step when a learner does not say). State is saved to the store after
-    every issue, so a restarted curriculum neither repeats nor skips prompts (a crash between publishing
-    and saving re-issues that batch; the learner drops the duplicates by group id)."""
+    learner's progress on `policy`: at most `max_inflight` prompts issued and not yet decided, where the
+    learner's announcements say how many groups it has decided (`learner_consumed`: trained, dropped or
+    dead-lettered by the learner; B per step when a learner does not say) and the curriculum counts the
+    issued prompts that were dead-lettered before they reached `scored` (by a generator or a verifier: read
+    from the dead-letter topic, each issued group once; `dead_upstream`). State is saved to the store after
+    every round that changed it, so a restarted curriculum neither repeats nor skips prompts (a crash between
+    publishing and saving re-issues that batch; the learner drops the duplicates by group id)."""
 
     def __init__(self, ctx: ServiceContext) -> None:
         spec = ctx.spec
@@ -275,6 +277,7 @@ class CurriculumService:
         self.groups_scored = 0
         self.learner_version = 0
         self.learner_consumed: int | None = None
+        self.dead_upstream = 0  # issued groups dead-lettered before `scored` (see the class docstring)
         self.exhausted = False
         if self.store.exists(CURRICULUM_STATE):
             state = json.loads(self.store.get_bytes(CURRICULUM_STATE))
@@ -283,12 +286,15 @@ class CurriculumService:
             self.curriculum.pending = {Curriculum.key(t): t for t in self.curriculum.reissue}
             self.curriculum.reissue = []
             self.issued = int(state["issued"])
+            self.dead_upstream = int(state.get("dead_upstream", 0))
             log.info("curriculum resumed: %d prompts issued, epoch %d", self.issued, self.curriculum.epoch)
         # `scored` is the learner's to dead-letter (the curriculum skips and counts what it cannot use);
         # `policy` is the curriculum's (one replica; generators only skip)
         self.scored = self.bus.consumer([self.topics.scored], self.topics.group("curriculum"), dead_letters=False)
         self.policy = BackgroundConsumer(self.bus.reader([self.topics.policy], dead_letters=True,
                                                          role=self.topics.group("curriculum")), name="policy-reader")
+        self.dead_letters = BackgroundConsumer(self.bus.reader([self.topics.dlq], role=self.topics.group("curriculum")),
+                                               name="dlq-reader")
         self.dead = DeadLetters(self.bus, self.topics.dlq, self.topics.group("curriculum"))
         self.skipped: dict[str, int] = {}  # scored records not used, by reason code (dead-lettered by the learner)
         self.records_in = 0  # scored records read, used or skipped
@@ -303,13 +309,26 @@ class CurriculumService:
                 "prompts_inflight": self.outstanding(), "prompts_retired": self.curriculum.retired_count,
                 "groups_scored": self.groups_scored, "scored_consumed": self.records_in, "exhausted": self.exhausted,
                 "dead_lettered": dict(self.dead.counts), "scored_skipped": dict(self.skipped),
+                "dead_upstream": self.dead_upstream,
                 "lag": input_lag(self.bus, self.topics.group("curriculum"), self.topics.scored)}
 
     def outstanding(self) -> int:
         consumed = self.learner_consumed
         if consumed is None:
             consumed = self.ctx.spec.train.prompts_per_step * self.learner_version
-        return max(0, self.issued - consumed)
+        return max(0, self.issued - consumed - self.dead_upstream)
+
+    def _read_dead_letters(self) -> int:
+        """Issued groups dead-lettered before they reached `scored` since the last round: each decided once."""
+        n = 0
+        for rec in self.dead_letters.poll(timeout_s=0.0):
+            value = rec.value
+            task = value if isinstance(value, PromptTask) else getattr(value, "task", None)
+            if isinstance(task, PromptTask) and not isinstance(value, ScoredGroup) \
+                    and self.curriculum.pending.pop(Curriculum.key(task), None) is not None:
+                n += 1
+        self.dead_upstream += n
+        return n
 
     def step(self, timeout_s: float = POLL_S) -> int:
         """One round: read progress, issue what flow control allows, save state. Returns prompts issued."""
@@ -334,6 +353,7 @@ class CurriculumService:
                 self.skipped[code] = self.skipped.get(code, 0) + 1
         self.curriculum.consumed(scored)  # pass-rate history; duplicates are ignored
         self.groups_scored += len(scored)
+        dead = self._read_dead_letters()
         tasks = []
         if not self.exhausted:
             try:
@@ -344,11 +364,12 @@ class CurriculumService:
         for task in tasks:
             with hop("curriculum.issue", {"policy_version": str(self.learner_version)}, root=True) as headers:
                 self.bus.publish(self.topics.prompts, task, key=task.prompt_id, headers=headers)
-        if tasks or scored:
+        if tasks or scored or dead:
             self.bus.flush()
             self.issued += len(tasks)
             self.store.put_bytes(CURRICULUM_STATE, json.dumps(
-                {"curriculum": self.curriculum.state_dict(), "issued": self.issued}).encode())
+                {"curriculum": self.curriculum.state_dict(), "issued": self.issued,
+                 "dead_upstream": self.dead_upstream}).encode())
             self.scored.commit()
             self.steps.observe(time.perf_counter() - t0)
         return len(tasks)
@@ -358,4 +379,5 @@ class CurriculumService:
             retry_io(self.step, stop, what="curriculum round")
         self.scored.close()
         self.policy.close()
+        self.dead_letters.close()
         self.bus.close()
