@@ -582,5 +582,15 @@ class KafkaBusConsumer(Consumer):
                     self._pending_seeks[tp] = off
                 self._pos[tp] = off
 
+    def drop_membership(self) -> None:
+        """Leave the consumer group now and rejoin on the next poll, as a member whose session expired does
+        (a broker restart, a long pause): its partitions are revoked and assigned again. For fault
+        injection (`scalerl.faults`) and its tests."""
+        if self._group is None:
+            raise ValueError("a reader (no consumer group) has no membership to drop")
+        with self._state_lock:
+            self._kc._coordinator.maybe_leave_group(reason="fault injection: membership dropped")
+            self._kc._coordinator.request_rejoin()
+
     def close(self) -> None:
         self._kc.close(autocommit=False)
