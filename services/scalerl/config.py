@@ -283,18 +283,33 @@ class JobSpec(_Strict):
     seed: int = Field(0, ge=0, description=(
         "Seed of every RNG of training and sampling (an integer ≥ 0; default 0). The data split follows "
         "`task.data_seed` instead."))
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
-    generation: GenerationConfig = Field(default_factory=GenerationConfig)
-    loss: LossConfig = Field(default_factory=LossConfig)
-    off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
-    optim: OptimConfig = Field(default_factory=OptimConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    sft: SFTConfig = Field(default_factory=SFTConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig, description=(
+        "The policy: where it comes from (a Hugging Face folder, a .gguf file, a packaged model or the tiny model"
+        " built from a config), its dtype and device, and the FP32 LM head."))
+    task: TaskConfig = Field(default_factory=TaskConfig, description=(
+        "The verifiable task: which problems, the training/held-out split and the rewards of the verifier."))
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description=(
+        "Sampling: the engine, G completions per prompt, temperature, the thinking and answer budgets and the "
+        "length control (interruption or length penalty)."))
+    loss: LossConfig = Field(default_factory=LossConfig, description=(
+        "The policy loss (CISPO by default) with its aggregation, advantage normalisation and zero-variance "
+        "filtering (ScaleRL §2.2, §2.4–2.6)."))
+    off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig, description=(
+        "The asynchronous set-up: PipelineRL-k or PPO-off-policy-k and the off-policy bound k (ScaleRL §2.1)."))
+    optim: OptimConfig = Field(default_factory=OptimConfig, description=(
+        "AdamW and its learning-rate schedule (ScaleRL §3: linear warm-up, then constant)."))
+    train: TrainConfig = Field(default_factory=TrainConfig, description=(
+        "RL optimizer steps, the batch of B prompt groups per step, micro-batches and checkpoints."))
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description=(
+        "Which prompts are issued: No-Positive-Resampling (ScaleRL §2.7) and the in-flight depth."))
+    eval: EvalConfig = Field(default_factory=EvalConfig, description=(
+        "Held-out evaluation during training: how often, mean@k and its sampling."))
+    sft: SFTConfig = Field(default_factory=SFTConfig, description=(
+        "The supervised warm start on gold chains of thought, run first when model.init_checkpoint is null."))
     fit: FitConfig = Field(default_factory=FitConfig)
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description=(
+        "Where and how the roles run: bus and store URLs, the devices counted for compute, CPU threads, Kafka "
+        "topic prefix and partitions."))
 
     @model_validator(mode="after")
     def _group_can_train(self) -> JobSpec:
