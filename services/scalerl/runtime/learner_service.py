@@ -35,15 +35,16 @@ breaks a rule of `scalerl.bus.validate` (with the bound: token versions in [0, t
 version]) is dead-lettered, counted (`dead_lettered` in the status, the metrics and the summary) and never
 trained on. A dead-lettered group is decided: it counts in `learner_consumed` (else each would hold one of
 the curriculum's in-flight slots for good), and its position is kept like a dropped group's, so a restart does
-not dead-letter it twice.
+not dead-letter it twice. The step itself is guarded (`_guarded_step`): a batch that still raises is probed
+group by group (forward pass only, no state changes); the groups that raise are dead-lettered
+("step_failed"), the others go back to the buffer, and no step is taken. So no record can crash the learner
+into a restart loop. (With several torchrun ranks a failed step may have left a collective half done: it is
+re-raised and the group restarts, as for any rank failure.)
 
 While the learner waits for fresher rollouts (PipelineRL-k) with a batch in hand, that batch counts as
 consumed too: the curriculum then issues the prompts whose rollouts end the wait (with k = 1 and generators
-slow to load the newest weights, every in-flight slot was otherwise held by the batch the learner waits with). The step itself is guarded (`_guarded_step`): a batch that still raises is probed group by
-group (forward pass only, no state changes); the groups that raise are dead-lettered ("step_failed"), the
-others go back to the buffer, and no step is taken. So no record can crash the learner into a restart
-loop. (With several torchrun ranks a failed step may have left a collective half done: it is re-raised and
-the group restarts, as for any rank failure.)
+slow to load the newest weights, every in-flight slot was otherwise held by the batch the learner waits
+with).
 """
 
 from __future__ import annotations

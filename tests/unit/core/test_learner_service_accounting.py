@@ -51,7 +51,7 @@ def job(tiny_spec, tmp_path, monkeypatch):
 def _group(spec, tokenizer, i: int, version: int, *, epoch: int = 0, reward_nan: bool = False) -> ScoredGroup:
     problem = make_task(spec).problems("train")[i]
     task = PromptTask(problem.id, epoch, problem.prompt, problem.answer, spec.generation.group_size, spec.task.kind)
-    ids = list(text_ids(tokenizer, "7")) + [tokenizer.eos_token_id]
+    ids = [*text_ids(tokenizer, "7"), tokenizer.eos_token_id]
     comps = [Completion(ids, [-1.0] * len(ids), [version] * len(ids), [True] * len(ids), "stop", "7")
              for _ in range(spec.generation.group_size)]
     rewards = [1.0, -1.0] * (spec.generation.group_size // 2)
