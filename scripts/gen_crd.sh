@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the Helm chart's copy of the RLJob CRD from the operator's pydantic models
-# (scalerl_operator.crd). `--check` only compares and exits 1 when the committed copy is stale.
+# (scalerl_operator.api.crd). `--check` only compares and exits 1 when the committed copy is stale.
 #   bash scripts/gen_crd.sh            # or: make crd
 #   bash scripts/gen_crd.sh --check
 set -euo pipefail
@@ -10,7 +10,7 @@ out=helm/scalerl/files/rljob-crd.yaml
 if [ -z "${PY:-}" ] && [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=${PY:-python3}; fi
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
-"$py" -m scalerl_operator.crd > "$tmp"
+"$py" -m scalerl_operator.api.crd > "$tmp"
 case "${1:-}" in
   --check)
     if cmp -s "$tmp" "$out"; then

@@ -5,11 +5,11 @@
         --lease-name scalerl-operator-leader --lease-namespace scalerl
 
 Thin: parse → validate (exit 2 with one line naming the flag) → serve /healthz and /readyz on
---liveness (scalerl_operator.health: from the start, so a standby waiting for the Lease is healthy
+--liveness (scalerl_operator.control.health: from the start, so a standby waiting for the Lease is healthy
 and its probes never kill it) → wait for the Lease (with --leader-election) → kopf.run until
 SIGTERM/SIGINT (exit 0) or until the Lease is lost (exit 1: the pod restarts and queues up as a
 standby). kopf's own peering is off (`standalone`): exclusivity
-comes from the Lease (see scalerl_operator.leader for why).
+comes from the Lease (see scalerl_operator.control.leader for why).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _problem(args: argparse.Namespace) -> str | None:
     if args.kafka_timeout_seconds <= 0:
         return f"--kafka-timeout-seconds: must be > 0, got {args.kafka_timeout_seconds}"
     if args.liveness:
-        from scalerl_operator.health import parse_endpoint
+        from scalerl_operator.control.health import parse_endpoint
 
         try:
             parse_endpoint(args.liveness)
@@ -70,7 +70,7 @@ def _problem(args: argparse.Namespace) -> str | None:
             return str(exc)
     if not 0 <= args.metrics_port <= 65535:
         return f"--metrics-port: must be 0..65535, got {args.metrics_port}"
-    from scalerl_operator.render import image_defaults
+    from scalerl_operator.render.images import image_defaults
 
     try:
         image_defaults(os.environ)  # the chart's image defaults for RLJobs (SCALERL_DEFAULT_IMAGE*)
@@ -89,18 +89,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import kopf
 
-    from scalerl_operator import operator  # registers the handlers
-    from scalerl_operator.health import HealthState, parse_endpoint, serve
-    from scalerl_operator.kube import Kube, identity, load_client
-    from scalerl_operator.leader import LeaderElector
+    from scalerl_operator.cluster.kube import Kube, identity, load_client
+    from scalerl_operator.control import handlers  # noqa: F401  (importing it registers the kopf handlers)
+    from scalerl_operator.control.health import HealthState, parse_endpoint, serve
+    from scalerl_operator.control.leader import LeaderElector
+    from scalerl_operator.control.runtime import OperatorConfig
 
     if args.metrics_port:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port)
-    config = operator.OperatorConfig(interval_s=args.interval_seconds, kafka_timeout_s=args.kafka_timeout_seconds,
-                                     kubeconfig=os.environ.get("KUBECONFIG") or None, workers=args.workers,
-                                     backoff_max_s=args.backoff_max_seconds)
+    config = OperatorConfig(interval_s=args.interval_seconds, kafka_timeout_s=args.kafka_timeout_seconds,
+                            kubeconfig=os.environ.get("KUBECONFIG") or None, workers=args.workers,
+                            backoff_max_s=args.backoff_max_seconds)
     # kopf waits for its stop flag in a thread; the operator's cleanup activity resolves it when kopf
     # stops for another reason (SIGTERM), or that thread would block the exit
     stop_kopf: concurrent.futures.Future[None] = concurrent.futures.Future()

@@ -10,7 +10,7 @@
 #     an aggregated API server we do not register);
 #   - integrations: batch/job (a built-in one must be named; Jobs without the queue label are left
 #     alone) and the external framework RLJob.v1alpha1.scalerl.dev: the scalerl operator creates and
-#     owns the Workload of each queued RLJob (operators/scalerl_operator/kueue.py);
+#     owns the Workload of each queued RLJob (operators/scalerl_operator/control/kueue.py);
 #   - webhooks: NOT registered. Kueue's manager serves them (on a loopback port, with a self-signed
 #     certificate made here), but no Validating/MutatingWebhookConfiguration is created and the CRDs keep
 #     conversion strategy None: the API servers are shared by other tests. So Workloads, ClusterQueues,
@@ -37,7 +37,7 @@ KUEUE_STATE="$STATE/kueue"
 KUEUE_READY_TIMEOUT="${SCALERL_KUEUE_READY_TIMEOUT:-90}"
 KUEUE_NAMESPACE="kueue-system"
 KUEUE_METRICS_CERTS="/etc/kueue/metrics/certs" # fixed in Kueue's main.go when internal certs are off
-KUEUE_EXTERNAL_FRAMEWORK="RLJob.v1alpha1.scalerl.dev" # operators/scalerl_operator/spec.py GROUP/VERSION
+KUEUE_EXTERNAL_FRAMEWORK="RLJob.v1alpha1.scalerl.dev" # operators/scalerl_operator/api/spec.py GROUP/VERSION
 
 kueue_bin() { echo "$CACHE/bin/kueue-$KUEUE_VERSION"; }
 kueue_crds() { echo "$CACHE/share/kueue-$KUEUE_VERSION/crds"; }

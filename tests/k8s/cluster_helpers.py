@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 from operator_helpers import condition, get_job
 
-from scalerl_operator import conditions as c
-from scalerl_operator.kube import Kube
+from scalerl_operator.api import conditions as c
+from scalerl_operator.cluster.kube import Kube
 
 Call = Callable[..., tuple[int, Any]]
 CHART = Path(__file__).resolve().parents[2] / "helm" / "scalerl"

@@ -12,7 +12,7 @@ shared with tests/integration/conftest.py.
 `namespace`: a fresh namespace per test, removed afterwards (no namespace controller runs here, so
 the fixture deletes the namespace's RLJobs and then finalizes the namespace itself).
 `operator_default_image` (autouse): SCALERL_DEFAULT_IMAGE set, as the chart sets it for the operator.
-`rljob_crd` (session): the RLJob CRD of scalerl_operator.crd applied server-side and Established.
+`rljob_crd` (session): the RLJob CRD of scalerl_operator.api.crd applied server-side and Established.
 `k8s_call(method, path, body=None, ...)` (session): a raw request through that client (Table views,
 /status, merge and apply patches) returning (HTTP status, decoded JSON).
 
@@ -142,8 +142,8 @@ def k8s_call(k8s: Any) -> Callable[..., tuple[int, Any]]:
 def apply_rljob_crd(api: Any) -> dict[str, Any]:
     """The RLJob CRD applied (server-side apply, so a changed schema replaces the old), Established and
     served by discovery."""
-    from scalerl_operator.crd import CRD_NAME, crd
-    from scalerl_operator.spec import GROUP, PLURAL, VERSION
+    from scalerl_operator.api.crd import CRD_NAME, crd
+    from scalerl_operator.api.spec import GROUP, PLURAL, VERSION
 
     path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
     status, body = k8s_request(api, "PATCH", path, crd(), content_type="application/apply-patch+yaml",
@@ -319,7 +319,7 @@ NAMESPACED_COLLECTIONS = (
 
 
 def _remove_namespace(api: Any, name: str) -> None:
-    from scalerl_operator.spec import GROUP, PLURAL, VERSION
+    from scalerl_operator.api.spec import GROUP, PLURAL, VERSION
 
     # RLJobs may carry the operator's finalizer; with no operator left running, drop it first.
     status, body = k8s_request(api, "GET", f"/apis/{GROUP}/{VERSION}/namespaces/{name}/{PLURAL}")
@@ -344,7 +344,7 @@ def _remove_namespace(api: Any, name: str) -> None:
 @pytest.fixture
 def kube(k8s: Any, rljob_crd: dict[str, Any]) -> Any:
     """The operator's API client over the test API server (the RLJob CRD applied)."""
-    from scalerl_operator.kube import Kube
+    from scalerl_operator.cluster.kube import Kube
 
     return Kube(k8s)
 
@@ -360,7 +360,7 @@ def bootstrap(k8s_env: dict[str, str]) -> str:
 @pytest.fixture
 def cluster_kube(cluster: Any, cluster_crd: dict[str, Any]) -> Any:
     """The operator's API client over the Pod-running cluster (the RLJob CRD applied)."""
-    from scalerl_operator.kube import Kube
+    from scalerl_operator.cluster.kube import Kube
 
     return Kube(cluster)
 

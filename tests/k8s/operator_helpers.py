@@ -16,8 +16,8 @@ import pytest
 from kopf.testing import KopfRunner
 
 from infra_session import QUIET_KAFKA  # noqa: F401  (re-exported for the tests here)
-from scalerl_operator.kube import Kube, path
-from scalerl_operator.spec import GROUP, VERSION
+from scalerl_operator.api.spec import GROUP, VERSION
+from scalerl_operator.cluster.kube import Kube, path
 from waiting import wait_for  # noqa: F401  (re-exported for the tests here)
 
 # kafka-python loads its protocol schemas with importlib.resources APIs deprecated in Python 3.11; the
@@ -79,7 +79,7 @@ def operator(namespace: str, kubeconfig: str, monkeypatch: pytest.MonkeyPatch, *
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
     monkeypatch.setenv("SCALERL_OPERATOR_INTERVAL_S", str(interval_s))
     monkeypatch.setenv("SCALERL_OPERATOR_WORKERS", str(workers))
-    with KopfRunner(["run", "--standalone", "--namespace", namespace, "-m", "scalerl_operator.operator"],
+    with KopfRunner(["run", "--standalone", "--namespace", namespace, "-m", "scalerl_operator.control.handlers"],
                     timeout=60) as runner:
         yield runner
 

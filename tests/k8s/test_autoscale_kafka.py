@@ -25,9 +25,9 @@ from operator_helpers import (
 
 from scalerl.bus.kafka import KafkaBus
 from scalerl.messages import MetricRecord
-from scalerl_operator import conditions as c
-from scalerl_operator.autoscaler import PAUSE_ANNOTATION
-from scalerl_operator.kube import Kube, path
+from scalerl_operator.api import conditions as c
+from scalerl_operator.autoscale.autoscaler import PAUSE_ANNOTATION
+from scalerl_operator.cluster.kube import Kube, path
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
 DOWN_WINDOW_S = 4

@@ -27,9 +27,9 @@ from operator_helpers import (
 
 from scalerl.bus.kafka import KafkaBus
 from scalerl.messages import MetricRecord
-from scalerl_operator import conditions as c
-from scalerl_operator.kube import Kube, path
-from scalerl_operator.reconcile import apply_workload
+from scalerl_operator.api import conditions as c
+from scalerl_operator.cluster.kube import Kube, path
+from scalerl_operator.control.reconcile import apply_workload
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
 GPU_MSG = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available."

@@ -23,8 +23,8 @@ from operator_helpers import QUIET_KAFKA, create, event_reasons, get_job, kafka_
 
 from scalerl.bus.kafka import KafkaBus
 from scalerl.messages import MetricRecord
-from scalerl_operator import conditions as c
-from scalerl_operator.kube import Kube
+from scalerl_operator.api import conditions as c
+from scalerl_operator.cluster.kube import Kube
 from waiting import wait_for
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]

@@ -32,9 +32,9 @@ from cluster_helpers import (
 )
 from operator_helpers import QUIET_KAFKA, condition, create, get_job, rljob, unique_job
 
-from scalerl_operator import conditions as c
-from scalerl_operator.kube import Kube, path
-from scalerl_operator.spec import GROUP, VERSION
+from scalerl_operator.api import conditions as c
+from scalerl_operator.api.spec import GROUP, VERSION
+from scalerl_operator.cluster.kube import Kube, path
 from waiting import wait_for
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]

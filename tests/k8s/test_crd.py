@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from scalerl.config import JobSpec, SpecError, spec_from_dict
-from scalerl_operator import conditions as cond
-from scalerl_operator.crd import PRINTER_COLUMNS
-from scalerl_operator.spec import GROUP, PLURAL, VERSION, RLJobStatus, parse_rljob, parse_spec
+from scalerl_operator.api import conditions as cond
+from scalerl_operator.api.crd import PRINTER_COLUMNS
+from scalerl_operator.api.spec import GROUP, PLURAL, VERSION, RLJobStatus, parse_rljob, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "rljob.yaml"

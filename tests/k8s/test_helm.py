@@ -175,7 +175,7 @@ def test_operator_deployment_is_hardened_and_watches_its_scope() -> None:
 def test_the_chart_image_is_the_rljobs_default() -> None:
     """The operator Deployment passes image repository:tag, pullPolicy and the pull secrets' names to
     the operator, which reads them as the default of every RLJob role that names no image."""
-    from scalerl_operator.render import ImageDefaults, image_defaults
+    from scalerl_operator.render.images import ImageDefaults, image_defaults
 
     def operator_env(values: list[str]) -> dict[str, str]:
         objs = objects_of(render("rel", "ops", values))
@@ -343,7 +343,7 @@ def test_example_rljob_is_accepted_by_the_crd_and_a_broken_one_is_not(paths: Pat
     roles = echoed["spec"]["roles"]
     assert roles["verifier"]["autoscaling"]["maxReplicas"] == 8
     assert roles["generator"]["resources"]["limits"]["nvidia.com/gpu"] == 1
-    # defaults the API server filled in from the schema (the defaults of scalerl_operator.spec)
+    # defaults the API server filled in from the schema (the defaults of scalerl_operator.api.spec)
     assert roles["verifier"]["autoscaling"]["tolerance"] == 0.1
     assert roles["generator"]["autoscaling"]["fallbackReplicas"] == 1
     assert echoed["spec"]["job"]["loss"]["cispo_eps_max"] == 5.0  # a JobSpec default (ScaleRL's CISPO cap)

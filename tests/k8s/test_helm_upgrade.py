@@ -38,8 +38,9 @@ from helm_helpers import CHART, OperatorProcess, free_port, operator_env, run_he
 from operator_helpers import QUIET_KAFKA, kafka_bootstrap, rljob, unique_job, wait_for
 from upgrade_build import chart_crd
 
-from scalerl_operator.render import IMAGE_DEFAULTS_ANNOTATION, SPEC_HASH_ANNOTATION, full_job_spec, spec_hash
-from scalerl_operator.spec import PLURAL, VERSION, parse_spec
+from scalerl_operator.api.spec import PLURAL, VERSION, parse_spec
+from scalerl_operator.render.children import SPEC_HASH_ANNOTATION, full_job_spec, spec_hash
+from scalerl_operator.render.images import IMAGE_DEFAULTS_ANNOTATION
 
 pytestmark = [pytest.mark.infra, *QUIET_KAFKA]
 Call = Callable[..., tuple[int, Any]]

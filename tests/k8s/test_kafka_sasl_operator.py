@@ -17,10 +17,10 @@ from operator_helpers import QUIET_KAFKA, create, get_job, operator, rljob, uniq
 from infra_session import sasl_listener
 from scalerl.bus.kafka import KafkaBus
 from scalerl.bus.security import KafkaConnectError, KafkaSecurity
-from scalerl_operator.kafka_access import kafka_security
-from scalerl_operator.kube import Kube, path
-from scalerl_operator.render import bus_prefix
-from scalerl_operator.spec import RLJobSpec
+from scalerl_operator.api.spec import RLJobSpec
+from scalerl_operator.cluster.kafka_access import kafka_security
+from scalerl_operator.cluster.kube import Kube, path
+from scalerl_operator.render.names import bus_prefix
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
 

@@ -40,17 +40,17 @@ from operator_helpers import (
     unique_job,
 )
 
-from scalerl_operator import conditions as c
-from scalerl_operator.kube import Kube, KubeError, path
-from scalerl_operator.kueue import (
+from scalerl_operator.api import conditions as c
+from scalerl_operator.api.spec import GROUP, VERSION
+from scalerl_operator.cluster.kube import Kube, KubeError, path
+from scalerl_operator.control.kueue import (
     API,
     REASON_FORBIDDEN,
     REASON_NOT_INSTALLED,
     REASON_PRIORITY_NOT_FOUND,
     workload_name,
 )
-from scalerl_operator.render import QUEUE_LABEL
-from scalerl_operator.spec import GROUP, VERSION
+from scalerl_operator.render.names import QUEUE_LABEL
 from waiting import wait_for
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]

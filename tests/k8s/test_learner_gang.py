@@ -26,9 +26,9 @@ from operator_helpers import (
     wait_for,
 )
 
-from scalerl_operator import conditions as c
-from scalerl_operator.kube import Kube, path
-from scalerl_operator.render import SPEC_HASH_ANNOTATION
+from scalerl_operator.api import conditions as c
+from scalerl_operator.cluster.kube import Kube, path
+from scalerl_operator.render.children import SPEC_HASH_ANNOTATION
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
 

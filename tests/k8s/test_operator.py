@@ -33,13 +33,14 @@ from operator_helpers import (
 
 from scalerl.bus.kafka import KafkaBus
 from scalerl.messages import MetricRecord
-from scalerl_operator import conditions as c
-from scalerl_operator.autoscaler import ScalerState, Timed
-from scalerl_operator.kube import Kube
-from scalerl_operator.leader import LeaderElector
-from scalerl_operator.operator import FINALIZER, OperatorConfig, Runtime
-from scalerl_operator.render import desired_replicas, render
-from scalerl_operator.spec import parse_spec
+from scalerl_operator.api import conditions as c
+from scalerl_operator.api.spec import parse_spec
+from scalerl_operator.autoscale.autoscaler import ScalerState, Timed
+from scalerl_operator.cluster.kube import Kube
+from scalerl_operator.control.handlers import FINALIZER
+from scalerl_operator.control.leader import LeaderElector
+from scalerl_operator.control.runtime import OperatorConfig, Runtime
+from scalerl_operator.render.children import desired_replicas, render
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
 ALL = {"ConfigMap", "Deployment/generator", "Deployment/verifier", "Deployment/curriculum", "StatefulSet/learner",

@@ -19,8 +19,8 @@ from operator_helpers import (
     wait_for,
 )
 
-from scalerl_operator import conditions as c
-from scalerl_operator.kube import Kube
+from scalerl_operator.api import conditions as c
+from scalerl_operator.cluster.kube import Kube
 
 pytestmark = [*QUIET_KAFKA, pytest.mark.infra]
 

@@ -13,14 +13,15 @@ import pytest
 from operator_helpers import OPERATOR_IMAGE, QUIET_KAFKA, kafka_bootstrap, unique_job
 
 from scalerl.config import SpecError
-from scalerl_operator import conditions as cond
-from scalerl_operator.kube import Kube, load_client
-from scalerl_operator.kube import path as kube_path
-from scalerl_operator.operator import OperatorConfig, Runtime
-from scalerl_operator.reconcile import reconcile
-from scalerl_operator.render import ImageDefaults, desired_replicas, render
-from scalerl_operator.rlstatus import LearnerStatus
-from scalerl_operator.spec import GROUP, PLURAL, VERSION, parse_rljob, parse_spec
+from scalerl_operator.api import conditions as cond
+from scalerl_operator.api.spec import GROUP, PLURAL, VERSION, parse_rljob, parse_spec
+from scalerl_operator.cluster.kube import Kube, load_client
+from scalerl_operator.cluster.kube import path as kube_path
+from scalerl_operator.cluster.rlstatus import LearnerStatus
+from scalerl_operator.control.reconcile import reconcile
+from scalerl_operator.control.runtime import OperatorConfig, Runtime
+from scalerl_operator.render.children import desired_replicas, render
+from scalerl_operator.render.images import ImageDefaults
 
 pytestmark = [pytest.mark.infra, *QUIET_KAFKA]
 Call = Callable[..., tuple[int, Any]]

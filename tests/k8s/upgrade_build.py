@@ -57,7 +57,7 @@ def chart_crd(group: str, build: str) -> str:
     """files/rljob-crd.yaml of `build`, under `group`."""
     if build == "current":
         return _regroup(CHART_CRD.read_text(), group)
-    from scalerl_operator import crd
+    from scalerl_operator.api import crd
 
     shipped = crd.JobSpec
     crd.JobSpec = JobSpecNext  # type: ignore[misc]
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
         return 2
     group, build, args = argv[0], argv[1], argv[2:]
     _use_build(build)
-    from scalerl_operator import spec
+    from scalerl_operator.api import spec
 
     spec.GROUP, spec.API_VERSION = group, f"{group}/{spec.VERSION}"  # before kube, crd, operator import them
     from scalerl_operator.__main__ import main as operator_main

@@ -32,14 +32,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from scalerl_operator.k8s_model import MAX_MAP_ENTRIES, K8sModel
+from scalerl_operator.api.k8s_model import MAX_MAP_ENTRIES, K8sModel
 
 MAX_ENV = 128
 MAX_VOLUMES = 64
 MAX_PULL_SECRETS = 16
 MAX_SPREAD = 8
 RESERVED_PREFIX = "scalerl.dev/"
-# what render.py sets (tests/unit/operator/test_pod_template.py keeps these equal to the rendering)
+# what render/children.py sets (tests/unit/operator/test_pod_template.py keeps these equal to the rendering)
 RESERVED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
                    "app.kubernetes.io/managed-by", "apps.kubernetes.io/pod-index")
 RESERVED_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port")
@@ -165,7 +165,7 @@ def _refused(what: str, found: list[str], rule: str) -> ValueError:
 
 
 class PodTemplate(K8sModel):
-    """Pod-template override (see scalerl_operator.podtemplate for the merge rules)."""
+    """Pod-template override (see scalerl_operator.api.podtemplate for the merge rules)."""
 
     labels: Labels = Field(default_factory=dict, description="Pod labels (not the operator's own).")
     annotations: Annotations = Field(default_factory=dict, description="Pod annotations (not the operator's own).")

@@ -1,7 +1,8 @@
 """The RLJob custom resource (`scalerl.dev/v1alpha1`) as pydantic models (the status ones live in
-`scalerl_operator.status` and are re-exported here).
+`scalerl_operator.api.status` and are re-exported here; the roles' autoscaling settings in
+`scalerl_operator.api.autoscaling`, the bus, store and telemetry in `scalerl_operator.api.infra`).
 
-These models are the single source of the CRD's OpenAPI schema (`scalerl_operator.crd`) and what the
+These models are the single source of the CRD's OpenAPI schema (`scalerl_operator.api.crd`) and what the
 operator parses every RLJob it sees with. Kubernetes parts use camelCase keys (aliases; Python names
 are snake_case); `spec.job` is exactly a `scalerl.config.JobSpec` without `name` (that is
 `metadata.name`) and `runtime` (the operator fills bus and store from `spec.bus` / `spec.store`), with
@@ -28,19 +29,20 @@ from pydantic import (
 )
 
 from scalerl.config import JobSpec, RuntimeConfig, SpecError, spec_from_dict
-from scalerl_operator.k8s_model import (
+from scalerl_operator.api.autoscaling import GeneratorAutoscaling, VerifierAutoscaling
+from scalerl_operator.api.infra import BusSpec, StoreSpec, TelemetrySpec
+from scalerl_operator.api.k8s_model import (
     MAX_CONDITIONS,
     MAX_IMAGE_LENGTH,
     MAX_MAP_ENTRIES,
-    MAX_POLICIES,
     MAX_REPLICAS,
     MAX_TOLERATIONS,
     MAX_URI_LENGTH,
     K8sModel,
 )
-from scalerl_operator.newer_fields import NESTED, FieldsFromNewerCRD, prune_unknown
-from scalerl_operator.podtemplate import PodTemplate, merge, missing_volumes
-from scalerl_operator.status import (
+from scalerl_operator.api.newer_fields import NESTED, FieldsFromNewerCRD, prune_unknown
+from scalerl_operator.api.podtemplate import PodTemplate, merge, missing_volumes
+from scalerl_operator.api.status import (
     Checkpoint,
     Condition,
     ConditionStatus,
@@ -67,8 +69,6 @@ SHORT_NAME = "rlj"
 # `controller-revision-hash` label of `J-learner-<10 chars>`, at most 63): 40 keeps every one valid.
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX_LENGTH = 40
-# s3://bucket[/prefix]: a bucket name as S3 allows it (3-63 lowercase letters, digits, '.', '-').
-S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$"
 # A Kubernetes resource quantity (the pattern apimachinery publishes for resource.Quantity).
 QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
                     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
@@ -81,8 +81,6 @@ def _quantity(value: int | str) -> int | str:
 
 
 # int-or-string, as resource.Quantity is in Kubernetes schemas (crd.py keeps the anyOf for it).
-SecretField = Annotated[str, StringConstraints(min_length=1, max_length=253)]
-"""A Secret's name or key (Kubernetes: at most 253 characters)."""
 Quantity = Annotated[int | str, AfterValidator(_quantity), Field(
     description="A resource quantity: 4, \"500m\", \"16Gi\".",
     json_schema_extra={"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN})]
@@ -127,79 +125,6 @@ class PodPlacement(K8sModel):
         "Pod-template override of this role, merged over spec.podTemplate (README: Shaping pods)."))
 
 
-# ---- autoscaling (HPA v2 field names) ---------------------------------------------------------------
-
-class ScalingPolicy(K8sModel):
-    """At most `value` pods (type Pods) or percent of current replicas (type Percent) per period."""
-
-    type: Literal["Pods", "Percent"] = Field(description="Pods or Percent.")
-    value: int = Field(ge=1, le=10_000, description="Pods, or percent of the current replicas.")
-    period_seconds: int = Field(ge=1, le=1800, description="Window the limit applies to, seconds.")
-
-
-class ScaleUpRules(K8sModel):
-    stabilization_window_seconds: int = Field(
-        0, ge=0, le=3600, description="Take the min recommendation over this window, seconds.")
-    select_policy: Literal["Max", "Min", "Disabled"] = Field("Max", description="Which policy limit wins.")
-    policies: list[ScalingPolicy] = Field(
-        default=[ScalingPolicy(type="Pods", value=4, period_seconds=15)], max_length=MAX_POLICIES)
-
-
-class ScaleDownRules(K8sModel):
-    stabilization_window_seconds: int = Field(
-        300, ge=0, le=3600, description="Take the max recommendation over this window, seconds.")
-    select_policy: Literal["Max", "Min", "Disabled"] = Field("Max", description="Which policy limit wins.")
-    policies: list[ScalingPolicy] = Field(
-        default=[ScalingPolicy(type="Percent", value=100, period_seconds=15)], max_length=MAX_POLICIES)
-
-
-class ScalingBehavior(K8sModel):
-    scale_up: ScaleUpRules = Field(default_factory=ScaleUpRules)
-    scale_down: ScaleDownRules = Field(default_factory=ScaleDownRules)
-
-
-class _Autoscaling(K8sModel):
-    enabled: bool = Field(False, description="Off: replicas is used as given.")
-    min_replicas: int = Field(1, ge=0, le=MAX_REPLICAS, description="Fewest replicas the autoscaler sets.")
-    max_replicas: int = Field(4, ge=1, le=MAX_REPLICAS, description="Most replicas the autoscaler sets.")
-    tolerance: float = Field(0.1, ge=0.0, le=1.0, description="No change while |ratio − 1| ≤ tolerance.")
-    fallback_replicas: int = Field(1, ge=0, le=MAX_REPLICAS,
-                                   description="Replicas after failureThreshold failed metric reads in a row.")
-    failure_threshold: int = Field(3, ge=1, le=100, description="Failed metric reads before the fallback.")
-    behavior: ScalingBehavior = Field(default_factory=ScalingBehavior)
-    external: bool = Field(False, description="An external scaler (HPA, KEDA) owns the pool's replicas: the "
-                           "operator sets `replicas` only when it creates the workload or resumes it from "
-                           "suspension, never on a spec change. Needs enabled: false.")
-
-    @model_validator(mode="after")
-    def _min_le_max(self) -> _Autoscaling:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})")
-        if self.external and self.enabled:
-            raise ValueError("external: an external scaler and the operator's own (enabled) cannot both own replicas")
-        return self
-
-
-class GeneratorAutoscaling(_Autoscaling):
-    """Generators scale on learner starvation and hold/shrink as policy staleness nears the bound k."""
-
-    target_starvation: float = Field(
-        0.1, gt=0.0, le=1.0, description="Target fraction of learner step time spent waiting for a batch.")
-    staleness_headroom: int = Field(
-        1, ge=0, le=1024, description="Hold when measured staleness is within this many versions of k.")
-
-
-class VerifierAutoscaling(_Autoscaling):
-    """Verifiers scale on the consumer-group lag of their input topic (KEDA-style)."""
-
-    max_replicas: int = Field(8, ge=1, le=MAX_REPLICAS, description="Most replicas the autoscaler sets.")
-    target_lag_per_replica: int = Field(50, ge=1, description="Records of lag one verifier is meant to carry.")
-    activation_lag: int = Field(0, ge=0, description="Below this total lag: scale to minReplicas.")
-    no_offset_policy: Literal["minReplicas", "hold", "lagFromEarliest"] = Field(
-        "minReplicas", description="A group with no committed offset: minReplicas, hold the current count, "
-                                   "or count lag from the earliest offset.")
-
-
 class GeneratorRole(PodPlacement):
     replicas: int = Field(1, ge=0, le=MAX_REPLICAS, description="Generator pods (autoscaling off).")
     autoscaling: GeneratorAutoscaling = Field(default_factory=GeneratorAutoscaling)
@@ -226,104 +151,6 @@ class Roles(K8sModel):
     verifier: VerifierRole = Field(default_factory=VerifierRole)
     curriculum: CurriculumRole = Field(default_factory=CurriculumRole)
     learner: LearnerRole = Field(default_factory=LearnerRole)
-
-
-# ---- infrastructure endpoints ----------------------------------------------------------------------
-
-class KafkaSecretRef(K8sModel):
-    name: SecretField = Field(
-        description="Secret in the RLJob's namespace.")
-    username_key: SecretField = Field(
-        "username", description="Key of the SASL username (SASL protocols).")
-    password_key: SecretField = Field(
-        "password", description="Key of the SASL password (SASL protocols).")
-    ca_key: Annotated[str, StringConstraints(max_length=253)] = Field(
-        "", description="Key of the PEM CA bundle that signs the brokers' certificates (TLS protocols); "
-        "empty = the image's system trust store.")
-
-
-class KafkaSecuritySpec(K8sModel):
-    """How the roles and the operator authenticate to Kafka and encrypt: the roles get the settings as
-    SCALERL_KAFKA_* env (credentials from the Secret, the CA mounted as a file); the operator reads the
-    same Secret for its own lag reads, topic creation and clean-up."""
-
-    protocol: Literal["SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "SASL_SSL", description="SSL (TLS only), SASL_PLAINTEXT or SASL_SSL (SASL over TLS).")
-    sasl_mechanism: Literal["", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
-        "", description="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; required with SASL_*, empty with SSL.")
-    secret_ref: KafkaSecretRef | None = Field(
-        None, description="Secret with the SASL username/password and optionally the CA; required with SASL_*.")
-    check_hostname: bool = Field(True, description="Match the brokers' certificates to their host names.")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> KafkaSecuritySpec:
-        sasl, tls = self.protocol.startswith("SASL_"), self.protocol != "SASL_PLAINTEXT"
-        if sasl and not self.sasl_mechanism:
-            raise ValueError(f"saslMechanism: required with {self.protocol} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
-        if not sasl and self.sasl_mechanism:
-            raise ValueError(f"saslMechanism: {self.protocol} uses no SASL (leave it empty)")
-        if sasl and self.secret_ref is None:
-            raise ValueError(f"secretRef: required with {self.protocol} (the Secret with username and password)")
-        if not tls and self.secret_ref is not None and self.secret_ref.ca_key:
-            raise ValueError(f"secretRef.caKey: {self.protocol} uses no TLS (leave it empty)")
-        if not tls and not self.check_hostname:
-            raise ValueError(f"checkHostname: {self.protocol} uses no TLS (leave it true)")
-        return self
-
-
-class BusSpec(K8sModel):
-    bootstrap: Annotated[str, StringConstraints(min_length=1, max_length=MAX_URI_LENGTH)] = Field(
-        description="Kafka bootstrap servers, HOST:PORT[,HOST:PORT...].")
-    partitions: int = Field(0, ge=0, le=MAX_REPLICAS, description="Partitions of the job's topics; 0 = "
-                            "max(verifier maxReplicas, generator maxReplicas).")
-    security: KafkaSecuritySpec | None = Field(
-        None, description="SASL/TLS of the brokers; null = PLAINTEXT.")
-
-
-class SecretKeys(K8sModel):
-    name: SecretField = Field(
-        description="Secret in the RLJob's namespace.")
-    access_key_key: SecretField = Field(
-        "accessKey", description="Key of the access key in the Secret.")
-    secret_key_key: SecretField = Field(
-        "secretKey", description="Key of the secret key in the Secret.")
-
-
-class StoreSpec(K8sModel):
-    uri: Annotated[str, StringConstraints(max_length=MAX_URI_LENGTH)] = Field(
-        description="s3://bucket/prefix of checkpoints, policies and reports.")
-    endpoint: Annotated[str, StringConstraints(max_length=MAX_URI_LENGTH)] = Field(
-        "", description="S3 endpoint URL, e.g. http://minio:9000; empty = the client's default.")
-    credentials_secret: SecretKeys | None = Field(
-        None, description="Secret holding the S3 key pair; null = no static keys: the pods' service account "
-        "(IRSA: AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN; EKS Pod Identity) or the node's instance role.")
-    retention: Literal["keep", "delete"] = Field(
-        "keep", description="When the RLJob is deleted: keep every object under uri (checkpoints, policies "
-        "and reports outlive the job), or delete them (the finalizer does, after the roles stopped).")
-    region: Annotated[str, StringConstraints(max_length=63, pattern=r"^([a-z0-9][a-z0-9-]*)?$")] = Field(
-        "", description="S3 signing region, e.g. eu-west-3; empty = asked from the server (S3_REGION).")
-    addressing_style: Literal["auto", "path", "virtual"] = Field(
-        "auto", description="auto (virtual-host style for AWS, path style elsewhere), path or virtual.")
-
-    @field_validator("uri")
-    @classmethod
-    def _s3_uri(cls, v: str) -> str:
-        if not re.match(S3_URI_PATTERN, v):
-            raise ValueError(f"must be s3://bucket[/prefix] with a 3-63 character bucket name (got {v!r})")
-        return v
-
-    @model_validator(mode="after")
-    def _delete_needs_prefix(self) -> StoreSpec:
-        if self.retention == "delete" and not self.uri.removeprefix("s3://").partition("/")[2].strip("/"):
-            raise ValueError(f"retention: 'delete' needs a prefix in uri (s3://bucket/prefix), so deleting the "
-                             f"job never empties a whole bucket (got {self.uri!r})")
-        return self
-
-
-class TelemetrySpec(K8sModel):
-    otlp_endpoint: Annotated[str, StringConstraints(max_length=MAX_URI_LENGTH)] = Field(
-        "", description="OTLP collector endpoint; empty = no traces exported.")
-    metrics_port: int = Field(9090, ge=1, le=65535, description="Prometheus /metrics port of every role.")
 
 
 class FailurePolicy(K8sModel):

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints, model_validator
 
-from scalerl_operator.k8s_model import MAX_CONDITIONS, MAX_MAP_ENTRIES, MAX_URI_LENGTH, K8sModel
+from scalerl_operator.api.k8s_model import MAX_CONDITIONS, MAX_MAP_ENTRIES, MAX_URI_LENGTH, K8sModel
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 Phase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"]

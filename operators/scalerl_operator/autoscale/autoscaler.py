@@ -1,6 +1,6 @@
 """RL-aware autoscaling: what each pool's metric asks for. Pure functions, no I/O.
 
-Two metric proposals feed the HPA v2 normaliser of `scalerl_operator.hpa` (`decide`):
+Two metric proposals feed the HPA v2 normaliser of `scalerl_operator.autoscale.hpa` (`decide`):
 
 - **verifiers** on the consumer-group lag of `<job>.rollouts` (KEDA's Kafka scaler semantics):
   desired = ceil(total lag / targetLagPerReplica), left unchanged while lag / (target × current) is
@@ -47,8 +47,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from scalerl_operator import conditions as c
-from scalerl_operator.hpa import (
+from scalerl_operator.api import conditions as c
+from scalerl_operator.autoscale.hpa import (
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,
     DESIRED_WITHIN_RANGE,
@@ -73,7 +73,7 @@ from scalerl_operator.hpa import (
     scale_up_limit,
     stabilize,
 )
-from scalerl_operator.scheduling import missing_resources, scheduling_block
+from scalerl_operator.cluster.scheduling import missing_resources, scheduling_block
 
 __all__ = [
     "BELOW_ACTIVATION", "DEFAULT_SCALE_DOWN", "DEFAULT_SCALE_UP", "DESIRED_WITHIN_RANGE", "FAILED_GET_METRIC",
@@ -87,7 +87,7 @@ __all__ = [
 NoOffsetPolicy = Literal["minReplicas", "hold", "lagFromEarliest"]
 NO_OFFSET_POLICIES: tuple[str, ...] = ("minReplicas", "hold", "lagFromEarliest")
 
-# proposal reasons (the Event reason of a scale); the ScalingLimited ones come from conditions.py
+# proposal reasons (the Event reason of a scale); the ScalingLimited ones come from api/conditions.py
 WITHIN_TOLERANCE = "WithinTolerance"
 LAG = "ConsumerLag"
 BELOW_ACTIVATION = "BelowActivation"

@@ -13,7 +13,7 @@ RLJob status (`status.scaling.<role>`), so a restarted operator keeps its cool-d
 
 Departures from HPA, on purpose:
 1. One `tolerance` for both directions (HPA ≥1.33 has one per direction, behind a feature gate);
-   it is applied by the metric proposals (scalerl_operator.autoscaler), as HPA does per metric.
+   it is applied by the metric proposals (scalerl_operator.autoscale.autoscaler), as HPA does per metric.
 2. Scale events are one signed list instead of two lists; the sums per period are the same.
 3. A cap the metric itself hit (partition count, staleness hold) is carried by the proposal and
    reported as ScalingLimited, like a rate limit.
@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from scalerl_operator import conditions as c
+from scalerl_operator.api import conditions as c
 
 PAUSE_ANNOTATION = "scalerl.dev/autoscaling-paused"
 """`scalerl.dev/autoscaling-paused: "true"` on the RLJob freezes both pools at their current size."""
@@ -33,7 +33,7 @@ PAUSE_ANNOTATION = "scalerl.dev/autoscaling-paused"
 PolicyType = Literal["Pods", "Percent"]
 SelectPolicy = Literal["Max", "Min", "Disabled"]
 
-# decision reasons; the ones that can become the ScalingLimited condition's reason are conditions.py's
+# decision reasons; the ones that can become the ScalingLimited condition's reason are api/conditions.py's
 FAILED_GET_METRIC = "FailedGetMetric"
 FALLBACK = c.REASON_METRICS_UNAVAILABLE
 PAUSED = c.REASON_PAUSED

@@ -2,13 +2,13 @@
 
 - verifiers: the lag of `<job>.rollouts` for the group `<job>.verifiers`, read from the real Kafka
   (`KafkaBus.lag` / `committed` / `partitions`);
-- generators: the learner's starvation and staleness (scalerl_operator.rlstatus); until the learner
+- generators: the learner's starvation and staleness (scalerl_operator.cluster.rlstatus); until the learner
   has reported anything the pool is held (a warm-up is not a metric failure), a failed read of the
   metrics topic counts towards `failureThreshold`; at zero replicas the lag of `<job>.prompts` for
   `<job>.generators` decides (scale from zero when prompts wait);
 - both: the role's pods the scheduler cannot place are read from the API server; they are not
   capacity (no scale-up while some are Pending/Unschedulable, ScalingLimited names the resource).
-The decision math is scalerl_operator.autoscaler / hpa (pure). The replica count is written through
+The decision math is scalerl_operator.autoscale.autoscaler / hpa (pure). The replica count is written through
 the Deployment's /scale subresource, as HPA does, so `kubectl scale` and an external HPA/KEDA see
 the same field. The autoscaler state goes to `status.scaling.<role>` with every pass, so an operator
 restarted mid-cool-down picks up the same windows; every size change posts a `Scaled` Event.
@@ -20,8 +20,10 @@ import logging
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from scalerl_operator import conditions as c
-from scalerl_operator.autoscaler import (
+from scalerl_operator.api import conditions as c
+from scalerl_operator.api.autoscaling import GeneratorAutoscaling, ScaleDownRules, ScaleUpRules, VerifierAutoscaling
+from scalerl_operator.api.spec import RLJobSpec
+from scalerl_operator.autoscale.autoscaler import (
     PAUSE_ANNOTATION,
     UNSCHEDULABLE,
     Decision,
@@ -42,10 +44,9 @@ from scalerl_operator.autoscaler import (
     unschedulable,
     verifier_proposal,
 )
-from scalerl_operator.kube import Kube
-from scalerl_operator.render import bus_prefix, child_name, selector
-from scalerl_operator.rlstatus import LearnerStatus
-from scalerl_operator.spec import GeneratorAutoscaling, RLJobSpec, ScaleDownRules, ScaleUpRules, VerifierAutoscaling
+from scalerl_operator.cluster.kube import Kube
+from scalerl_operator.cluster.rlstatus import LearnerStatus
+from scalerl_operator.render.names import bus_prefix, child_name, selector
 
 if TYPE_CHECKING:
     from scalerl.bus.kafka import KafkaBus

@@ -7,8 +7,8 @@ from __future__ import annotations
 import base64
 
 from scalerl.bus.security import KafkaSecurity, KafkaSecurityError
-from scalerl_operator.kube import Kube
-from scalerl_operator.spec import BusSpec
+from scalerl_operator.api.infra import BusSpec
+from scalerl_operator.cluster.kube import Kube
 
 
 class KafkaAccessError(RuntimeError):

@@ -19,8 +19,8 @@ from urllib.parse import quote, urlencode
 
 from kubernetes import client, config
 
-from scalerl_operator.conditions import rfc3339
-from scalerl_operator.spec import GROUP, PLURAL, VERSION
+from scalerl_operator.api.conditions import rfc3339
+from scalerl_operator.api.spec import GROUP, PLURAL, VERSION
 
 FIELD_MANAGER = "scalerl-operator"
 APPLY = "application/apply-patch+yaml"
@@ -38,7 +38,7 @@ _COLLECTIONS = {
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
     ("coordination.k8s.io/v1", "Lease"): "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
     (f"{GROUP}/{VERSION}", "RLJob"): f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL}",
-    # Kueue (scalerl_operator.kueue); the last three are cluster-scoped (read by name, namespace "")
+    # Kueue (scalerl_operator.control.kueue); the last three are cluster-scoped (read by name, namespace "")
     ("kueue.x-k8s.io/v1beta2", "Workload"): "/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads",
     ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): "/apis/kueue.x-k8s.io/v1beta2/resourceflavors",
     ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): "/apis/kueue.x-k8s.io/v1beta2/workloadpriorityclasses",

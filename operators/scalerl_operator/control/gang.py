@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from scalerl_operator.conditions import parse_rfc3339
+from scalerl_operator.api.conditions import parse_rfc3339
 
 REVISION_LABEL = "controller-revision-hash"
 

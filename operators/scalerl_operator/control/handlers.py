@@ -1,10 +1,11 @@
-"""The kopf operator: RLJob handlers, the per-job loop (status + autoscaler) and the finalizer.
+"""The kopf operator: RLJob handlers, the per-job loop (status + autoscaler) and the finalizer (the
+state and the work they drive: `scalerl_operator.control.runtime`).
 
-- create / update / resume → `sync` (scalerl_operator.reconcile): render, apply, status. Level-based
+- create / update / resume → `sync` (scalerl_operator.control.reconcile): render, apply, status. Level-based
   and idempotent, so an operator killed mid-way converges on its next start (resume).
-- periodic passes on a bounded worker pool (scalerl_operator.workqueue, `workers` threads for any
+- periodic passes on a bounded worker pool (scalerl_operator.control.workqueue, `workers` threads for any
   number of RLJobs, never one thread per RLJob): every `interval_s` the same `sync` (drift repair: a
-  deleted child comes back) preceded by one autoscaler pass (scalerl_operator.scaler) and the RL
+  deleted child comes back) preceded by one autoscaler pass (scalerl_operator.autoscale.scaler) and the RL
   status from the metrics topic; failed passes back off exponentially with jitter. The children
   (Deployments, StatefulSets, Pods, Kueue Workloads labelled `app.kubernetes.io/managed-by: scalerl-operator`) are
   watched: a change queues a status pass of its RLJob within `CHILD_DELAY_S` (the autoscaler still
@@ -22,308 +23,31 @@ operator posts one Event per scale and per phase change.
 
 from __future__ import annotations
 
-import base64
-import functools
 import logging
-import os
-import threading
-import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from kafka import KafkaAdminClient
-from prometheus_client import Counter, Gauge
 
-from scalerl.bus.kafka import KafkaBus
-from scalerl.bus.security import KafkaSecurity
-from scalerl.config import SpecError
-from scalerl_operator import conditions as c
-from scalerl_operator import kueue
-from scalerl_operator.kafka_access import kafka_security
-from scalerl_operator.kube import Kube, KubeError, load_client
-from scalerl_operator.newer_fields import FieldsFromNewerCRD
-from scalerl_operator.reconcile import WORKLOADS, is_terminal, reconcile, unrealisable, write_status
-from scalerl_operator.render import bus_prefix, child_name
-from scalerl_operator.rlstatus import LearnerStatus, MetricsTail, fold
-from scalerl_operator.scaler import autoscale, lag_status, scaling_status
-from scalerl_operator.spec import GROUP, PLURAL, VERSION, RLJobSpec, StoreSpec, parse_served_spec
-from scalerl_operator.workqueue import WorkQueue
+from scalerl_operator.api import conditions as c
+from scalerl_operator.api.spec import GROUP, PLURAL, VERSION
+from scalerl_operator.cluster.kube import Kube, KubeError, load_client
+from scalerl_operator.control.jobstatus import write_status
+from scalerl_operator.control.runtime import (
+    CLEANUP_DELAY_S,
+    CLEANUP_RETRIES,
+    RECONCILE_ERRORS,
+    OperatorConfig,
+    Runtime,
+)
 
 log = logging.getLogger("scalerl_operator")
 
 FINALIZER = "scalerl.dev/finalizer"
-CLEANUP_RETRIES = 60  # x CLEANUP_DELAY_S: how long deletion waits for the role pods to leave Kafka
-CLEANUP_DELAY_S = 5.0
 CHILD_DELAY_S = 1.0  # a child's change → a status pass of its RLJob within this (changes coalesce)
 MANAGED = {"app.kubernetes.io/managed-by": "scalerl-operator"}
 JOB_LABEL = "scalerl.dev/job"
 
-# served on --metrics-port by `python -m scalerl_operator`
-SCALE_EVENTS = Counter("scalerl_operator_scale_events_total", "Pool size changes written by the autoscaler",
-                       ["namespace", "job", "role", "direction"])
-DESIRED_REPLICAS = Gauge("scalerl_operator_desired_replicas", "Replicas the autoscaler decided, per pool",
-                         ["namespace", "job", "role"])
-RECONCILE_ERRORS = Counter("scalerl_operator_reconcile_errors_total", "Reconcile passes that raised",
-                           ["namespace", "job"])
-
-
-@dataclass(frozen=True)
-class OperatorConfig:
-    """Settings of one operator process (the CLI fills them; tests use the environment)."""
-
-    interval_s: float = 15.0  # status + autoscaler period per RLJob, seconds (HPA's sync period)
-    kafka_timeout_s: float = 10.0  # per Kafka request, seconds
-    kubeconfig: str | None = None  # None: in-cluster service account, else KUBECONFIG
-    workers: int = 4  # threads of the periodic passes, shared by every RLJob
-    backoff_max_s: float = 60.0  # cap of the retry delay of a failing RLJob, seconds
-
-    @classmethod
-    def from_env(cls) -> OperatorConfig:
-        """SCALERL_OPERATOR_INTERVAL_S, SCALERL_OPERATOR_KAFKA_TIMEOUT_S, SCALERL_OPERATOR_WORKERS,
-        SCALERL_OPERATOR_BACKOFF_MAX_S, KUBECONFIG."""
-        env = os.environ
-        return cls(interval_s=float(env.get("SCALERL_OPERATOR_INTERVAL_S", cls.interval_s)),
-                   kafka_timeout_s=float(env.get("SCALERL_OPERATOR_KAFKA_TIMEOUT_S", cls.kafka_timeout_s)),
-                   kubeconfig=env.get("KUBECONFIG") or None,
-                   workers=int(env.get("SCALERL_OPERATOR_WORKERS", cls.workers)),
-                   backoff_max_s=float(env.get("SCALERL_OPERATOR_BACKOFF_MAX_S", cls.backoff_max_s)))
-
-
-@dataclass
-class Runtime:
-    """What the operator process keeps between handler calls (in kopf's memo)."""
-
-    kube: Kube
-    config: OperatorConfig
-    buses: dict[tuple[str, KafkaSecurity], KafkaBus] = field(default_factory=dict)
-    tails: dict[str, MetricsTail] = field(default_factory=dict)
-    learners: dict[str, LearnerStatus] = field(default_factory=dict)
-    topics_ready: set[tuple[str, str, int]] = field(default_factory=set)
-    stopping: threading.Event = field(default_factory=threading.Event)
-    queue: WorkQueue | None = None
-    next_scale: dict[tuple[str, str], float] = field(default_factory=dict)  # (ns, name) -> monotonic s
-    _locks: dict[str, threading.Lock] = field(default_factory=dict)
-    _guard: threading.Lock = field(default_factory=threading.Lock)
-
-    def lock(self, uid: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(uid, threading.Lock())
-
-    def bus(self, bootstrap: str, security: KafkaSecurity | None = None) -> KafkaBus:
-        """The shared client of these brokers with these settings (None: PLAINTEXT)."""
-        security = security or KafkaSecurity()
-        with self._guard:
-            if (bootstrap, security) not in self.buses:
-                self.buses[(bootstrap, security)] = KafkaBus(
-                    bootstrap, client_id="scalerl-operator", request_timeout_s=self.config.kafka_timeout_s,
-                    security=security)
-            return self.buses[(bootstrap, security)]
-
-    def ensure_topics(self, bootstrap: str, data: list[str], single: list[str], partitions: int,
-                      security: KafkaSecurity | None = None) -> None:
-        """Create the job's topics once per process (data topics with `partitions`)."""
-        key = (bootstrap, data[0], partitions)
-        if key not in self.topics_ready:
-            bus = self.bus(bootstrap, security)
-            bus.ensure_topics(data, partitions=partitions)
-            bus.ensure_topics(single, partitions=1)
-            self.topics_ready.add(key)
-
-    def learner(self, uid: str, name: str, namespace: str, spec: RLJobSpec,
-                security: KafkaSecurity | None = None) -> tuple[LearnerStatus, bool]:
-        """(what the learner reported so far, whether this read worked)."""
-        prev = self.learners.get(uid, LearnerStatus())
-        topic = f"{bus_prefix(name, namespace)}.metrics"
-        try:
-            if uid not in self.tails or self.tails[uid].security != (security or KafkaSecurity()):
-                self.forget(uid, keep_status=True)
-                self.tails[uid] = MetricsTail(spec.bus.bootstrap, topic, timeout_s=self.config.kafka_timeout_s,
-                                              security=security)
-            self.learners[uid] = fold(prev, self.tails[uid].poll())
-            return self.learners[uid], True
-        except Exception as exc:  # the status keeps the last values; the autoscaler counts a failure
-            log.warning("%s: reading %s failed: %s", name, topic, exc)
-            self.forget(uid, keep_status=True)  # a fresh reader next time
-            return prev, False
-
-    def forget(self, uid: str, keep_status: bool = False) -> None:
-        tail = self.tails.pop(uid, None)
-        if tail is not None:
-            try:
-                tail.close()
-            except Exception as exc:  # a broken client: nothing more to release
-                log.debug("closing the metrics reader: %s", exc)
-        if not keep_status:
-            self.learners.pop(uid, None)
-            with self._guard:
-                self._locks.pop(uid, None)
-
-    def close(self, wait_s: float = 30.0) -> None:
-        """Refuse new passes, wait (bounded) for the passes in flight, close the Kafka clients (the API
-        client belongs to whoever made the Kube)."""
-        self.stopping.set()
-        deadline = time.monotonic() + wait_s
-        if self.queue is not None:
-            self.queue.stop(wait_s)
-        with self._guard:
-            locks = list(self._locks.values())
-        for lock in locks:
-            if lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                lock.release()
-        for tail in self.tails.values():
-            tail.close()
-        for bus in self.buses.values():
-            bus.close()
-
-    # ---- the work -----------------------------------------------------------------------------------
-
-    def start_queue(self) -> WorkQueue:
-        """The shared pool of periodic passes (`config.workers` threads)."""
-        self.queue = WorkQueue(self.periodic, workers=self.config.workers, interval_s=self.config.interval_s,
-                               backoff_base_s=min(1.0, self.config.interval_s),
-                               backoff_max_s=self.config.backoff_max_s)
-        self.queue.start()
-        return self.queue
-
-    def periodic(self, key: Any) -> bool:
-        """One pass of the pool for `key` = (namespace, name): the autoscaler when its period came
-        round, then status and drift repair. False: the RLJob is gone (the queue forgets it)."""
-        ns, name = key
-        now = time.monotonic()
-        scale = now >= self.next_scale.get(key, 0.0)
-        try:
-            phase = self.sync(ns, name, scale=scale)
-        except Exception:
-            RECONCILE_ERRORS.labels(ns, name).inc()
-            raise
-        if phase is None:
-            self.next_scale.pop(key, None)
-            return False
-        if scale:
-            self.next_scale[key] = now + self.config.interval_s
-        return True
-
-    def sync(self, namespace: str, name: str, *, scale: bool) -> str | None:
-        """Autoscale (when `scale`), then reconcile; returns the phase (None: the RLJob is gone)."""
-        if self.stopping.is_set():
-            return None
-        obj = self.kube.get(f"{GROUP}/{VERSION}", "RLJob", namespace, name)
-        if obj is None or obj["metadata"].get("deletionTimestamp"):
-            return None
-        uid = obj["metadata"]["uid"]
-        with self.lock(uid):
-            if self.stopping.is_set():
-                return None
-            obj = self.kube.get(f"{GROUP}/{VERSION}", "RLJob", namespace, name)  # fresh, under the lock
-            if obj is None or obj["metadata"].get("deletionTimestamp"):
-                return None
-            spec: RLJobSpec | None
-            try:
-                spec = parse_served_spec(obj.get("spec") or {})
-                if unrealisable(spec) is not None:
-                    spec = None  # reconcile reports it; no Kafka reads for a job that cannot run
-            except SpecError:
-                spec = None
-            # the Kafka credentials of spec.bus.security (read from its Secret on every pass: rotation)
-            sec = kafka_security(self.kube, namespace, spec.bus) if spec is not None else None
-            learner, ok = (self.learner(uid, name, namespace, spec, sec) if spec is not None
-                           else (LearnerStatus(), False))
-            if spec is not None and scale and not is_terminal(obj.get("status") or {}) and not kueue.holds(obj, spec):
-                obj = self._autoscale(obj, spec, learner if ok else None, sec)
-            out = reconcile(self.kube, obj, learner=learner,
-                            ensure_topics=functools.partial(self.ensure_topics, security=sec))
-            return out.phase
-
-    def _autoscale(self, obj: dict[str, Any], spec: RLJobSpec, learner: LearnerStatus | None,
-                   security: KafkaSecurity | None = None) -> dict[str, Any]:
-        bus = self.bus(spec.bus.bootstrap, security)
-        decisions = autoscale(self.kube, obj, spec, bus=bus, learner=learner, now_s=time.time())
-        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
-        for role, d in decisions.items():
-            DESIRED_REPLICAS.labels(ns, name, role).set(d.replicas)
-            if d.changed:
-                SCALE_EVENTS.labels(ns, name, role, "up" if d.replicas > d.current else "down").inc()
-        patch = scaling_status(obj, decisions, datetime.now(UTC)) if decisions else {}
-        try:
-            patch.update(lag_status(bus, bus_prefix(name, ns)))
-        except Exception as exc:  # lag is informative here; the verifier pool counted its own failure
-            log.warning("%s: reading topic lag failed: %s", name, exc)
-        if not patch:
-            return obj
-        return self.kube.patch_status(ns, name, patch)
-
-    def cleanup(self, obj: dict[str, Any], retry: int) -> None:
-        """The finalizer's work; raises kopf.TemporaryError while the role pods still hold the groups."""
-        m = obj["metadata"]
-        name, ns = m["name"], m["namespace"]
-        prefix = bus_prefix(name, ns)
-        try:
-            spec = parse_served_spec(obj.get("spec") or {})
-        except FieldsFromNewerCRD as exc:  # what this build knows of it names the bus and the store
-            spec = exc.known
-        except SpecError:
-            return  # never realised: nothing outside Kubernetes to clean
-        for role, kind in WORKLOADS.items():  # stop the producers first (the learner checkpoints on SIGTERM)
-            scale = self.kube.get_scale(ns, child_name(name, role), kind)
-            if scale is not None and scale["spec"].get("replicas"):
-                self.kube.set_scale(ns, child_name(name, role), 0, kind)
-        bus = self.bus(spec.bus.bootstrap, kafka_security(self.kube, ns, spec.bus))
-        admin = bus.connect(KafkaAdminClient, client_id="scalerl-operator-admin",
-                            request_timeout_ms=int(self.config.kafka_timeout_s * 1000))
-        try:
-            groups = [g for g in admin.list_groups() if g["group_id"].startswith(f"{prefix}.")]
-            busy = [g["group_id"] for g in groups if g.get("group_state") not in ("Empty", "Dead", None)]
-            if busy and retry < CLEANUP_RETRIES:
-                raise kopf.TemporaryError(f"consumer groups still have members: {', '.join(busy)}",
-                                          delay=CLEANUP_DELAY_S)
-            idle = [g["group_id"] for g in groups if g["group_id"] not in busy]
-            failed = [f"{gid}: {err}" for gid, err in (admin.delete_groups(idle) if idle else [])
-                      if err is not None and getattr(err, "errno", 0) != 0]
-        finally:
-            admin.close()
-        doomed = bus.list_topics(prefix=f"{prefix}.")
-        bus.delete_topics(doomed)
-        self.topics_ready = {k for k in self.topics_ready if not k[1].startswith(f"{prefix}.")}
-        if busy or failed:
-            self.kube.event(obj, "Warning", "CleanupIncomplete",
-                            f"left in Kafka: {', '.join(busy + failed)}", "Cleanup")
-        self.kube.event(obj, "Normal", "CleanedUp", f"deleted topics {', '.join(doomed) or '(none)'} and "
-                        f"{len(groups) - len(busy)} consumer group(s)", "Cleanup")
-        if spec.store.retention == "delete":
-            deleted = delete_store_objects(self.kube, ns, spec.store)
-            self.kube.event(obj, "Normal", "StoreDeleted", f"deleted {deleted} object(s) under {spec.store.uri} "
-                            "(store.retention: delete)", "Cleanup")
-
-
-def delete_store_objects(kube: Kube, namespace: str, store: StoreSpec) -> int:
-    """Delete every object under `store.uri`, with the key pair of `store.credentialsSecret` (else the
-    operator's own S3_ACCESS_KEY / S3_SECRET_KEY) at `store.endpoint` (else S3_ENDPOINT). Returns the count."""
-    from scalerl.store.s3 import S3Store
-
-    access, secret = os.environ.get("S3_ACCESS_KEY", ""), os.environ.get("S3_SECRET_KEY", "")
-    if (ref := store.credentials_secret) is not None:
-        found = kube.get("v1", "Secret", namespace, ref.name)
-        if found is None:
-            raise RuntimeError(f"store.credentialsSecret: Secret {namespace}/{ref.name} not found")
-        data = found.get("data") or {}
-        missing = [k for k in (ref.access_key_key, ref.secret_key_key) if k not in data]
-        if missing:
-            raise RuntimeError(f"store.credentialsSecret: Secret {namespace}/{ref.name} lacks {', '.join(missing)}")
-        access, secret = (base64.b64decode(data[k]).decode() for k in (ref.access_key_key, ref.secret_key_key))
-    endpoint = store.endpoint or os.environ.get("S3_ENDPOINT", "")
-    if not (endpoint and access and secret):
-        raise RuntimeError("store.retention: delete needs store.endpoint and a key pair (credentialsSecret)")
-    bucket, _, prefix = store.uri.removeprefix("s3://").partition("/")
-    s3 = S3Store(endpoint, access, secret, bucket, prefix, create_bucket=False)
-    keys = s3.list("")
-    for key in keys:
-        s3.delete(key)
-    return len(keys)
-
-
-# ---- kopf wiring --------------------------------------------------------------------------------------
 
 def may_scan_cluster(kube: Kube) -> bool:
     """Whether this identity may list and watch namespaces and CRDs (what kopf's cluster scanning

@@ -38,10 +38,10 @@ from typing import Any
 
 import kopf
 
-from scalerl_operator import conditions as c
-from scalerl_operator.kube import MERGE, Kube, KubeError, path
-from scalerl_operator.render import QUEUE_LABEL, labels
-from scalerl_operator.spec import RLJobSpec
+from scalerl_operator.api import conditions as c
+from scalerl_operator.api.spec import RLJobSpec
+from scalerl_operator.cluster.kube import MERGE, Kube, KubeError, path
+from scalerl_operator.render.names import QUEUE_LABEL, labels
 
 API = "kueue.x-k8s.io/v1beta2"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from scalerl_operator.conditions import parse_rfc3339, rfc3339_us
-from scalerl_operator.kube import Kube, KubeError, path
+from scalerl_operator.api.conditions import parse_rfc3339, rfc3339_us
+from scalerl_operator.cluster.kube import Kube, KubeError, path
 
 log = logging.getLogger(__name__)
 

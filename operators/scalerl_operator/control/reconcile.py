@@ -1,4 +1,4 @@
-"""Reconcile one RLJob: validate → render → apply (server-side, idempotent) → status.
+"""Reconcile one RLJob: validate → render → apply (server-side, idempotent) → status (`jobstatus`).
 
 Level-based: every call renders the whole desired state from the current object and applies it, so
 it does not matter which event (create, update, resume after an operator restart, the periodic tick)
@@ -28,34 +28,28 @@ from typing import Any
 import kopf
 
 from scalerl.config import SpecError
-from scalerl.scaling.devices import DevicePool
-from scalerl_operator import conditions as c
-from scalerl_operator import gang, kueue
-from scalerl_operator.devices import accelerator_problem, device_pool, devices_status
-from scalerl_operator.kube import Kube, KubeError, path
-from scalerl_operator.newer_fields import FieldsFromNewerCRD
-from scalerl_operator.render import (
-    ROLES,
-    SPEC_HASH_ANNOTATION,
-    bus_prefix,
-    child_name,
-    desired_replicas,
-    image_defaults,
-    image_problem,
-    partitions,
-    pinned_image_defaults,
-    render,
-    selector,
-    topics,
+from scalerl_operator.api import conditions as c
+from scalerl_operator.api.newer_fields import FieldsFromNewerCRD
+from scalerl_operator.api.spec import RLJobSpec, parse_served_spec
+from scalerl_operator.cluster.kube import Kube, KubeError, path
+from scalerl_operator.cluster.rlstatus import LearnerStatus
+from scalerl_operator.cluster.scheduling import unschedulable
+from scalerl_operator.control import gang, kueue
+from scalerl_operator.control.jobstatus import (
+    SPEC_REPLICAS,
+    failed_status,
+    is_terminal,
+    spec_replicas_status,
+    status_patch,
+    write_status,
 )
-from scalerl_operator.rlstatus import LearnerStatus, to_status
-from scalerl_operator.scheduling import Unschedulable, summary, unschedulable
-from scalerl_operator.spec import RLJobSpec, parse_served_spec
+from scalerl_operator.render.children import SPEC_HASH_ANNOTATION, desired_replicas, render
+from scalerl_operator.render.devices import accelerator_problem, device_pool
+from scalerl_operator.render.images import image_defaults, image_problem, pinned_image_defaults
+from scalerl_operator.render.names import ROLES, bus_prefix, child_name, partitions, selector, topics
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE = 4000  # characters of a condition message (the scheduler's messages can be long)
-SPEC_REPLICAS = "specReplicas"  # status.scaling.<role>: spec replicas last applied (autoscaling off)
 APPLY_ATTEMPTS = 5  # reads and applies of one workload per pass while others keep changing it
 WORKLOADS = {"generator": "Deployment", "verifier": "Deployment", "curriculum": "Deployment",
              "learner": "StatefulSet"}
@@ -146,7 +140,7 @@ def _delete_group(kube: Kube, namespace: str, pods: list[dict[str, Any]]) -> Non
 
 def gang_pass(kube: Kube, obj: dict[str, Any], spec: RLJobSpec, *, learner: LearnerStatus, group_up: bool,
               sts: dict[str, Any] | None, spec_hash: str, now: datetime) -> tuple[int, gang.Progress, str | None]:
-    """Restart or recreate the learner group when it must (scalerl_operator.gang); returns (group
+    """Restart or recreate the learner group when it must (scalerl_operator.control.gang); returns (group
     restarts so far, watchdog memory, why it stalled or None)."""
     m, prev = obj["metadata"], obj.get("status") or {}
     restarts = int(prev.get("restarts") or 0)
@@ -169,114 +163,6 @@ def gang_pass(kube: Kube, obj: dict[str, Any], spec: RLJobSpec, *, learner: Lear
         kube.event(obj, "Normal", "GroupRecreated", f"learner template changed ({', '.join(old)} outdated): "
                    "recreating every rank together", "Update")
     return restarts, progress, None
-
-
-def is_terminal(status: dict[str, Any]) -> bool:
-    """Succeeded, or Failed for a reason a new spec cannot fix."""
-    if status.get("phase") == c.PHASE_SUCCEEDED:
-        return True
-    failed = c.get_condition(status.get("conditions"), c.FAILED)
-    return status.get("phase") == c.PHASE_FAILED and failed is not None and failed["reason"] not in (
-        c.REASON_INVALID_SPEC, c.REASON_CHILD_APPLY_FAILED)
-
-
-def _failed(obj: dict[str, Any], reason: str, message: str, now: datetime) -> dict[str, Any]:
-    gen = obj["metadata"].get("generation")
-    conds = (obj.get("status") or {}).get("conditions")
-    for t, s in ((c.FAILED, "True"), (c.READY, "False"), (c.PROGRESSING, "False")):
-        conds = c.set_condition(conds, t, s, reason, message, gen, now)  # type: ignore[arg-type]
-    return {"observedGeneration": gen, "phase": c.PHASE_FAILED, "conditions": conds}
-
-
-def _summary(roles: dict[str, tuple[int, int]]) -> str:
-    return ", ".join(f"{r} {ready}/{want}" for r, (ready, want) in roles.items())
-
-
-def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple[int, int]],
-                 learner: LearnerStatus, now: datetime, restarts: int = 0,
-                 devices: DevicePool | None = None,
-                 pending: dict[str, Unschedulable] | None = None, queue: kueue.Queue | None = None) -> dict[str, Any]:
-    """The status of a realisable RLJob (pure): phase, conditions, ready/desired per role, RL fields.
-    `restarts`: learner group restarts so far (gang_pass: one per restart of the whole torchrun group);
-    more than failurePolicy.maxRestarts fails the job.
-    `devices`: the pool rendered into pool.json this pass (status.devices).
-    `pending`: per role, the pods the scheduler cannot place (scalerl_operator.scheduling): while
-    some are, Ready=False says `Unschedulable` and names the missing resources.
-    `queue`: where the job stands in Kueue (spec.queueName; scalerl_operator.kueue): until admitted the
-    job is held like a suspended one (phase Suspended, Suspended reason WaitingForKueue), and the
-    QueueAdmitted condition carries Kueue's reason and message."""
-    gen = obj["metadata"].get("generation")
-    prev = obj.get("status") or {}
-    conds = prev.get("conditions")
-    out: dict[str, Any] = {"observedGeneration": gen, "restarts": max(int(prev.get("restarts") or 0), restarts),
-                           "roles": {r: {"ready": rd, "desired": d, "summary": f"{rd}/{d}"}
-                                     for r, (rd, d) in roles.items()}}
-    if devices is not None:
-        out["devices"] = devices_status(devices)
-    k = spec.job_spec("status").off_policy.k
-    if learner.records:
-        out.update(to_status(learner, store_uri=spec.store.uri, bound_k=k))
-    start = prev.get("startTime")
-    deadline = spec.active_deadline_seconds
-    held = spec.suspend or (queue is not None and not queue.admitted)
-    if is_terminal(prev):
-        return {**out, "phase": prev["phase"]}
-    if learner.done:
-        phase, why = c.PHASE_SUCCEEDED, (c.REASON_STEPS_COMPLETED, f"the learner finished at step {learner.step}")
-    elif held:
-        phase, why = c.PHASE_SUSPENDED, (c.REASON_SUSPENDED, "spec.suspend: every role at 0, checkpoints kept" + (
-            f" (queue {spec.queue_name}: the Workload is inactive)" if spec.queue_name else "")) if spec.suspend else (
-            c.REASON_WAITING_FOR_KUEUE, f"every role at 0 until Kueue admits the job: {queue.message if queue else ''}")
-        start = None  # as for a Job, the deadline counts from the last resume
-    elif out["restarts"] > spec.failure_policy.max_restarts:
-        phase, why = c.PHASE_FAILED, (c.REASON_MAX_RESTARTS_EXCEEDED, f"the learner restarted {out['restarts']} "
-                                      f"times, failurePolicy.maxRestarts is {spec.failure_policy.max_restarts}")
-    elif deadline is not None and start and now.timestamp() - c.parse_rfc3339(start) > deadline:
-        phase, why = c.PHASE_FAILED, (c.REASON_DEADLINE_EXCEEDED, f"activeDeadlineSeconds {deadline} passed")
-    else:
-        ready_all = all(rd >= d for rd, d in roles.values())
-        learner_up = roles["learner"][0] >= max(1, roles["learner"][1])
-        was_running = prev.get("phase") == c.PHASE_RUNNING
-        phase = c.PHASE_RUNNING if learner_up or was_running else c.PHASE_PENDING
-        why = (c.REASON_ALL_ROLES_READY if ready_all else c.REASON_ROLES_NOT_READY, _summary(roles))
-        if not ready_all and pending:
-            why = (c.REASON_UNSCHEDULABLE, f"{_summary(roles)}; {summary(pending)}"[:MAX_MESSAGE])
-        start = start or c.rfc3339(now)
-    out["startTime"] = start
-    ready = phase in (c.PHASE_RUNNING, c.PHASE_PENDING) and why[0] == c.REASON_ALL_ROLES_READY
-    progressing = phase in (c.PHASE_RUNNING, c.PHASE_PENDING) and not ready
-    degraded = phase == c.PHASE_RUNNING and not ready
-    susp_reason = why[0] if held else (
-        c.REASON_RESUMED if c.is_true(conds, c.SUSPENDED) else c.REASON_NOT_SUSPENDED)
-    updates: list[tuple[str, bool, str, str]] = [
-        (c.READY, ready, why[0], why[1]),
-        (c.PROGRESSING, progressing, c.REASON_RECONCILING if progressing else c.REASON_RECONCILED, _summary(roles)),
-        (c.DEGRADED, degraded, (why[0] if why[0] == c.REASON_UNSCHEDULABLE else c.REASON_REPLICAS_UNAVAILABLE)
-         if degraded else c.REASON_ALL_ROLES_READY, why[1] if degraded else _summary(roles)),
-        (c.SUSPENDED, held, susp_reason, why[1] if held else "spec.suspend is false" + (
-            f" and Kueue admitted the job ({queue.message})" if queue else "")),
-        (c.COMPLETE, phase == c.PHASE_SUCCEEDED, c.REASON_STEPS_COMPLETED if learner.done else c.REASON_RUNNING,
-         why[1] if learner.done else "training"),
-        (c.FAILED, phase == c.PHASE_FAILED, why[0] if phase == c.PHASE_FAILED else c.REASON_RUNNING,
-         why[1] if phase == c.PHASE_FAILED else "no failure"),
-    ]
-    if queue is not None:
-        updates.append((c.QUEUE_ADMITTED, queue.admitted, queue.reason, queue.message[:MAX_MESSAGE]))
-    target = spec.roles.generator.autoscaling.target_starvation
-    tol = spec.roles.generator.autoscaling.tolerance
-    if learner.starvation is not None:
-        starved = learner.starvation > target * (1 + tol)
-        updates.append((c.LEARNER_STARVED, starved, c.REASON_STARVED if starved else c.REASON_FED,
-                        f"the learner waits {learner.starvation:.1%} of its step time for batches (target "
-                        f"{target:.0%})"))
-    if learner.staleness is not None:
-        at = learner.staleness >= k
-        lag_reason = c.REASON_STALENESS_AT_BOUND if at else c.REASON_STALENESS_WITHIN_BOUND
-        updates.append((c.POLICY_LAG_EXCEEDED, at, lag_reason,
-                        f"staleness {learner.staleness:g} policy versions, bound k={k}"))
-    for type_, flag, reason, message in updates:
-        conds = c.set_condition(conds, type_, "True" if flag else "False", reason, message, gen, now)
-    return {**out, "phase": phase, "conditions": conds}
 
 
 EnsureTopics = Callable[[str, list[str], list[str], int], None]
@@ -386,27 +272,7 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
     return out
 
 
-def spec_replicas_status(spec: RLJobSpec, *, terminal: bool) -> dict[str, Any]:
-    """status.scaling.<role>.specReplicas of the pools the operator does not autoscale: the spec
-    replicas applied now (None while suspended or terminal, so a resume applies spec.replicas again)."""
-    off = [r for r in ("generator", "verifier") if not getattr(spec.roles, r).autoscaling.enabled]
-    return {r: {SPEC_REPLICAS: None if spec.suspend or terminal else getattr(spec.roles, r).replicas} for r in off}
-
-
-def write_status(kube: Kube, obj: dict[str, Any], patch: dict[str, Any]) -> None:
-    """Patch /status; post an Event when the phase changes."""
-    old = (obj.get("status") or {}).get("phase")
-    kube.patch_status(obj["metadata"]["namespace"], obj["metadata"]["name"], patch)
-    new = patch.get("phase")
-    if new is not None and new != old:
-        failed = c.get_condition(patch.get("conditions"), c.FAILED)
-        warn = new == c.PHASE_FAILED
-        msg = f"phase {old or 'None'} -> {new}" + (f": {failed['message']}" if warn and failed else "")
-        kube.event(obj, "Warning" if warn else "Normal", failed["reason"] if warn and failed else f"Phase{new}",
-                   msg, "PhaseChange")
-
-
 def _fail(kube: Kube, obj: dict[str, Any], reason: str, message: str, now: datetime) -> Outcome:
     log.warning("RLJob %s/%s cannot be realised: %s", obj["metadata"]["namespace"], obj["metadata"]["name"], message)
-    write_status(kube, obj, _failed(obj, reason, message, now))
+    write_status(kube, obj, failed_status(obj, reason, message, now))
     return Outcome(phase=c.PHASE_FAILED, error=message)

@@ -3,7 +3,7 @@
 For an RLJob named J (labels `app.kubernetes.io/{name,instance,component,managed-by}` and
 `scalerl.dev/job: J` on every object and pod):
 - ConfigMap `J-spec`: `job.yaml`, the full JobSpec (spec.job + name + runtime.bus/store/partitions/
-  pool_file), and `pool.json`, the devices the job holds with these replicas (scalerl_operator.devices);
+  pool_file), and `pool.json`, the devices the job holds with these replicas (scalerl_operator.render.devices);
   it is not part of the spec hash, so a scale change rewrites it without rolling any pod;
 - Deployments `J-generator`, `J-verifier`, `J-curriculum`: `scalerl serve <role>` with gRPC on 50051
   and the side port (/healthz, /readyz, /metrics) on `telemetry.metricsPort`. Readiness is /readyz:
@@ -15,21 +15,19 @@ For an RLJob named J (labels `app.kubernetes.io/{name,instance,component,managed
   headless Service publishes not-ready addresses, so rank 0's name resolves before it is ready;
 - Services `J-generator`, `J-verifier` (grpc 50051, metrics);
 - PodDisruptionBudget `J-learner` (minAvailable = nodes; the StatefulSet updates OnDelete: the
-  operator restarts and updates the torchrun group as one, scalerl_operator.gang).
+  operator restarts and updates the torchrun group as one, scalerl_operator.control.gang).
 A pod template carries `scalerl.dev/spec-hash` (`spec_hash`): a change of spec.job rolls the pods,
 which read job.yaml only at start. The hash covers only the JobSpec fields whose value differs from
 the field's default (canonical JSON of `model_dump(exclude_defaults=True)`), so an operator upgrade
 that adds a defaulted JobSpec field (which the upgraded CRD then fills into every stored RLJob)
 renders the same hash and restarts nothing. Owner references are added by the reconciler (kopf.adopt).
 
-Images: a role's image is roles.<role>.image, else spec.image, else the operator's default
-(`ImageDefaults`, from the environment the chart sets: SCALERL_DEFAULT_IMAGE,
-SCALERL_DEFAULT_IMAGE_PULL_POLICY, SCALERL_DEFAULT_IMAGE_PULL_SECRETS). The defaults a job's children
-were first created with are recorded on them (annotation `scalerl.dev/image-defaults`) and kept
-(`pinned_image_defaults`): upgrading the operator to a new image does not roll running jobs.
-Pod-template overrides (spec.podTemplate, roles.<role>.podTemplate; scalerl_operator.podtemplate)
+Images: a role's image is roles.<role>.image, else spec.image, else the operator's default, pinned
+on the children when first created (scalerl_operator.render.images). Names, labels, selectors and
+topics: scalerl_operator.render.names.
+Pod-template overrides (spec.podTemplate, roles.<role>.podTemplate; scalerl_operator.api.podtemplate)
 are merged into every pod template: labels, annotations, scheduling fields, volumes, env, mounts.
-With spec.queueName, Kueue's queue label goes on the job's Workload only (scalerl_operator.kueue), never on
+With spec.queueName, Kueue's queue label goes on the job's Workload only (scalerl_operator.control.kueue), never on
 these children: Kueue's own pod/deployment/statefulset integrations would queue each of them again.
 
 Replica counts are an input (`replicas`), computed by `desired_replicas` from the spec and what the
@@ -40,18 +38,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from scalerl.config import JobSpec, RuntimeConfig, dump_spec
 from scalerl.scaling.devices import POOL_FILE
-from scalerl_operator.devices import device_pool, pool_json
-from scalerl_operator.secure import add_secure_volumes, secure_env
-from scalerl_operator.spec import PodPlacement, RLJobSpec
-from scalerl_operator.spec import RoleName as Role
+from scalerl_operator.api.spec import PodPlacement, RLJobSpec
+from scalerl_operator.api.spec import RoleName as Role
+from scalerl_operator.render.devices import device_pool, pool_json
+from scalerl_operator.render.images import IMAGE_DEFAULTS_ANNOTATION, ImageDefaults
+from scalerl_operator.render.names import ROLES, bus_prefix, child_name, labels, partitions, selector
+from scalerl_operator.render.secure import add_secure_volumes, secure_env
 
 GRPC_PORT = 50051
 TORCH_PORT = 29500
@@ -62,50 +60,7 @@ WORK_DIR = "/home/scalerl"  # the image's WORKDIR and HOME (runs/<job>, caches);
 UID = 10001  # the image's non-root user
 PRESTOP_S = 5
 GRACE_S = {"generator": 120, "verifier": 60, "curriculum": 60, "learner": 300}
-ROLES = ("generator", "verifier", "curriculum", "learner")
 SPEC_HASH_ANNOTATION = "scalerl.dev/spec-hash"
-IMAGE_DEFAULTS_ANNOTATION = "scalerl.dev/image-defaults"
-IMAGE_ENV, PULL_POLICY_ENV, PULL_SECRETS_ENV = ("SCALERL_DEFAULT_IMAGE", "SCALERL_DEFAULT_IMAGE_PULL_POLICY",
-                                                "SCALERL_DEFAULT_IMAGE_PULL_SECRETS")
-PULL_POLICIES = ("Always", "IfNotPresent", "Never")
-# the roles' topics `<job>.<kind>` (scalerl.bus.base.TOPIC_KINDS; a unit test keeps the two equal):
-DATA_TOPIC_KINDS = ("prompts", "rollouts", "scored")  # partitioned by prompt id
-SINGLE_TOPIC_KINDS = ("policy", "metrics", "dlq")  # one partition: the policy announcements stay in order
-
-
-def child_name(job: str, role: str) -> str:
-    return f"{job}-spec" if role == "spec" else f"{job}-{role}"
-
-
-def labels(job: str, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "scalerl", "app.kubernetes.io/instance": job,
-            "app.kubernetes.io/component": component, "app.kubernetes.io/managed-by": "scalerl-operator",
-            "scalerl.dev/job": job}
-
-
-def selector(job: str, role: str) -> dict[str, str]:
-    """Immutable Deployment/StatefulSet selectors: the smallest label set that names the pods."""
-    return {"app.kubernetes.io/instance": job, "app.kubernetes.io/component": role}
-
-
-def partitions(spec: RLJobSpec) -> int:
-    """Partitions of the data topics: spec.bus.partitions, or (0) enough for the largest pool that
-    can share a topic: max(generator, verifier) over maxReplicas and replicas."""
-    if spec.bus.partitions > 0:
-        return spec.bus.partitions
-    g, v = spec.roles.generator, spec.roles.verifier
-    return max(g.autoscaling.max_replicas, v.autoscaling.max_replicas, g.replicas, v.replicas, 1)
-
-
-def topics(job: str) -> tuple[list[str], list[str]]:
-    """(data topics, single-partition topics) of a job, as the roles name them."""
-    return [f"{job}.{k}" for k in DATA_TOPIC_KINDS], [f"{job}.{k}" for k in SINGLE_TOPIC_KINDS]
-
-
-def bus_prefix(name: str, namespace: str) -> str:
-    """The prefix of an RLJob's topics and consumer groups: `<namespace>.<name>` (one Kafka cluster can
-    serve RLJobs of the same name in different namespaces)."""
-    return f"{namespace}.{name}"
 
 
 def full_job_spec(name: str, namespace: str, spec: RLJobSpec) -> JobSpec:
@@ -126,58 +81,6 @@ def spec_hash(job: JobSpec) -> str:
     tree = job.model_dump(mode="json", exclude_defaults=True)
     return hashlib.sha256(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
-
-@dataclass(frozen=True)
-class ImageDefaults:
-    """The operator's image defaults for roles whose RLJob names none (the chart's image values)."""
-
-    image: str = ""
-    pull_policy: str = "IfNotPresent"
-    pull_secrets: tuple[str, ...] = ()
-
-    def annotation(self) -> str:
-        return json.dumps({"image": self.image, "pullPolicy": self.pull_policy, "pullSecrets": list(self.pull_secrets)},
-                          sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_annotation(cls, text: str) -> ImageDefaults | None:
-        try:
-            d = json.loads(text)
-            out = cls(str(d["image"]), str(d["pullPolicy"]), tuple(str(s) for s in d["pullSecrets"]))
-        except (ValueError, KeyError, TypeError):
-            return None
-        return out if out.pull_policy in PULL_POLICIES else None
-
-
-def image_defaults(environ: Mapping[str, str]) -> ImageDefaults:
-    """The operator's defaults from its environment; ValueError names the variable when one is bad."""
-    policy = environ.get(PULL_POLICY_ENV) or "IfNotPresent"
-    if policy not in PULL_POLICIES:
-        raise ValueError(f"{PULL_POLICY_ENV}: must be one of {', '.join(PULL_POLICIES)} (got {policy!r})")
-    image = environ.get(IMAGE_ENV, "").strip()
-    if any(c.isspace() for c in image) or len(image) > 512:
-        raise ValueError(f"{IMAGE_ENV}: must be an image reference such as registry/scalerl:1.2.3 (got {image!r})")
-    secrets = tuple(s.strip() for s in environ.get(PULL_SECRETS_ENV, "").split(",") if s.strip())
-    return ImageDefaults(image, policy, secrets)
-
-
-def pinned_image_defaults(live: Mapping[str, dict[str, Any] | None], current: ImageDefaults) -> ImageDefaults:
-    """The image defaults recorded on the job's existing workloads (the learner's first), else `current`."""
-    for role in ("learner", "generator", "verifier", "curriculum"):
-        text = (((live.get(role) or {}).get("metadata") or {}).get("annotations") or {}).get(IMAGE_DEFAULTS_ANNOTATION)
-        if text and (pinned := ImageDefaults.from_annotation(text)) is not None:
-            return pinned
-    return current
-
-
-def image_problem(spec: RLJobSpec, images: ImageDefaults) -> str | None:
-    """One line naming the field when a role has no image at all, else None."""
-    if spec.image or images.image:
-        return None
-    if missing := [r for r in ROLES if not getattr(spec.roles, r).image]:
-        return (f"spec.image: no image for {', '.join(missing)}: set spec.image (or roles.<role>.image), or the "
-                f"operator's default ({IMAGE_ENV}; the chart's image.repository and image.tag)")
-    return None
 
 
 def _clamp(n: int, lo: int, hi: int) -> int:
@@ -347,7 +250,7 @@ def _learner(job: str, ns: str, spec: RLJobSpec, replicas: int, hashed: str, ima
     name = child_name(job, "learner")
     return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _workload_meta(job, ns, "learner", images),
             "spec": {"replicas": replicas, "serviceName": name, "podManagementPolicy": "Parallel",
-                     "updateStrategy": {"type": "OnDelete"},  # the operator recreates the group (gang.py)
+                     "updateStrategy": {"type": "OnDelete"},  # the operator recreates the group (control/gang.py)
                      "selector": {"matchLabels": selector(job, "learner")},
                      "template": _pod_template(job, "learner", spec, images, hashed, c)}}
 
@@ -388,9 +291,6 @@ def learner_pdb(job: str, ns: str, spec: RLJobSpec) -> dict[str, Any]:
             "metadata": _meta(job, ns, child_name(job, "learner"), "learner"),
             "spec": {"minAvailable": spec.roles.learner.nodes, "selector": {"matchLabels": selector(job, "learner")},
                      "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
-
-
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # on the job's Workload (scalerl_operator.kueue)
 
 
 def parse_job_yaml(text: str) -> dict[str, Any]:

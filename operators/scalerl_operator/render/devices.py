@@ -19,7 +19,7 @@ from typing import Any
 
 from scalerl.config import RoleDevices
 from scalerl.scaling.devices import DevicePool, RolePool
-from scalerl_operator.spec import PodPlacement, RLJobSpec
+from scalerl_operator.api.spec import PodPlacement, RLJobSpec
 
 ACCELERATORS = ("nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915", "habana.ai/gaudi", "google.com/tpu",
                 "aws.amazon.com/neuron")

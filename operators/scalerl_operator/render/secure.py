@@ -1,4 +1,4 @@
-"""What an RLJob's Kafka security and S3 settings add to the role pods (pure; rendered by render.py).
+"""What an RLJob's Kafka security and S3 settings add to the role pods (pure; rendered by render/children.py).
 
 Kafka (`spec.bus.security`): SCALERL_KAFKA_SECURITY_PROTOCOL and _SASL_MECHANISM as values, the SASL
 username and password as `secretKeyRef`s (never in the pod spec itself), and the CA bundle of the Secret
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scalerl_operator.spec import RLJobSpec
+from scalerl_operator.api.spec import RLJobSpec
 
 KAFKA_CA_DIR = "/etc/scalerl/kafka-ca"
 KAFKA_CA_FILE = "ca.crt"

@@ -1,4 +1,4 @@
-"""Table tests of the autoscaler math (operators/scalerl_operator/autoscaler.py); every expected
+"""Table tests of the autoscaler math (operators/scalerl_operator/autoscale/autoscaler.py); every expected
 number is worked by hand in the row's comment."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerl_operator.autoscaler import (
+from scalerl_operator.autoscale.autoscaler import (
     BELOW_ACTIVATION,
     DEFAULT_SCALE_UP,
     FAILED_GET_METRIC,

@@ -1,4 +1,4 @@
-"""The autoscaler traps (scalerl_operator.autoscaler, render.desired_replicas), pure: scale from zero, never
+"""The autoscaler traps (scalerl_operator.autoscale.autoscaler, render.desired_replicas), pure: scale from zero, never
 zero with work waiting, unschedulable Pending pods are not capacity, and pools the operator does not
 autoscale keep what an external scaler set. Every expected number is worked by hand in the comments."""
 
@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from scalerl.config import SpecError
-from scalerl_operator import conditions as c
-from scalerl_operator.autoscaler import (
+from scalerl_operator.api import conditions as c
+from scalerl_operator.api.spec import parse_spec
+from scalerl_operator.autoscale.autoscaler import (
     BELOW_ACTIVATION,
     LAG,
     NO_COMMITTED_OFFSET,
@@ -29,8 +30,7 @@ from scalerl_operator.autoscaler import (
     unschedulable,
     verifier_proposal,
 )
-from scalerl_operator.render import desired_replicas
-from scalerl_operator.spec import parse_spec
+from scalerl_operator.render.children import desired_replicas
 
 T0 = 1_800_000_000.0
 ZERO_MIN = ScalerConfig(min_replicas=0, max_replicas=8)

@@ -1,5 +1,5 @@
 """The Helm chart's copy of the RLJob CRD (helm/scalerl/files/rljob-crd.yaml) is exactly what
-`python -m scalerl_operator.crd` prints today, and the chart's template takes it from there.
+`python -m scalerl_operator.api.crd` prints today, and the chart's template takes it from there.
 
 A change to the operator's pydantic models without `make crd` (scripts/gen_crd.sh) fails here, so a
 chart never ships a schema older than the operator that reads it.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from scalerl_operator.crd import crd, crd_yaml
+from scalerl_operator.api.crd import crd, crd_yaml
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "helm" / "scalerl"
@@ -27,7 +27,7 @@ def test_chart_crd_file_is_the_generated_crd() -> None:
     generated = crd_yaml()
     if committed != generated:
         diff = "".join(list(difflib.unified_diff(committed.splitlines(True), generated.splitlines(True),
-                                                 str(CHART_CRD), "python -m scalerl_operator.crd", n=1))[:40])
+                                                 str(CHART_CRD), "python -m scalerl_operator.api.crd", n=1))[:40])
         raise AssertionError(f"{CHART_CRD.relative_to(REPO)} is stale: run `make crd`\n{diff}")
     # the same object, not only the same text: the YAML parses back to crd()
     assert yaml.safe_load(committed) == crd()

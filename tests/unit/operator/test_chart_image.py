@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from scalerl_operator.render import IMAGE_ENV, PULL_POLICY_ENV, PULL_SECRETS_ENV
-from scalerl_operator.spec import parse_spec
+from scalerl_operator.api.spec import parse_spec
+from scalerl_operator.render.images import IMAGE_ENV, PULL_POLICY_ENV, PULL_SECRETS_ENV
 
 CHART = Path(__file__).resolve().parents[3] / "helm" / "scalerl"
 

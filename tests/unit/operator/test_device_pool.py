@@ -13,10 +13,11 @@ import pytest
 
 from scalerl.runtime.devices import DeviceLedger, DevicePool, read_pool_file
 from scalerl.runtime.trainer import TrainerHost
-from scalerl_operator.reconcile import status_patch, unrealisable
-from scalerl_operator.render import POOL_PATH, SPEC_HASH_ANNOTATION, desired_replicas, parse_job_yaml, render
-from scalerl_operator.rlstatus import LearnerStatus
-from scalerl_operator.spec import RLJobSpec, parse_spec
+from scalerl_operator.api.spec import RLJobSpec, parse_spec
+from scalerl_operator.cluster.rlstatus import LearnerStatus
+from scalerl_operator.control.jobstatus import status_patch
+from scalerl_operator.control.reconcile import unrealisable
+from scalerl_operator.render.children import POOL_PATH, SPEC_HASH_ANNOTATION, desired_replicas, parse_job_yaml, render
 
 GPUS_PER_GENERATOR = 2
 LEARNER_NODES, GPUS_PER_LEARNER_POD = 2, 4

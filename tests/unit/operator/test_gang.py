@@ -1,11 +1,11 @@
-"""The learner gang's pure decisions (scalerl_operator.gang): when the whole torchrun group restarts,
+"""The learner gang's pure decisions (scalerl_operator.control.gang): when the whole torchrun group restarts,
 which pods are outdated, and the progress watchdog's clock."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from scalerl_operator.gang import Progress, failure, live, outdated, watchdog
+from scalerl_operator.control.gang import Progress, failure, live, outdated, watchdog
 
 
 def pod(name: str, restarts: int = 0, phase: str = "Running", deleting: bool = False, rev: str | None = None,

@@ -1,4 +1,4 @@
-"""The operator's own health endpoint (scalerl_operator.health): what each state answers, and the
+"""The operator's own health endpoint (scalerl_operator.control.health): what each state answers, and the
 flag check of `python -m scalerl_operator --liveness`."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from scalerl_operator.__main__ import EXIT_BAD_INPUT, main
-from scalerl_operator.health import HealthState, parse_endpoint, serve
+from scalerl_operator.control.health import HealthState, parse_endpoint, serve
 
 
 def test_report_per_state() -> None:

@@ -1,4 +1,4 @@
-"""Unit tests of the pure parts of the Kueue integration (operators/scalerl_operator/kueue.py): the
+"""Unit tests of the pure parts of the Kueue integration (operators/scalerl_operator/control/kueue.py): the
 Workload's podSets (learner × nodes, pools × their minimum, curriculum × 1), where a Workload stands
 from its status, and the admitted placement merged into the pod templates. The integration against a
 real Kueue is tests/k8s/test_kueue.py."""
@@ -8,8 +8,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from scalerl_operator import conditions as c
-from scalerl_operator.kueue import (
+from scalerl_operator.api import conditions as c
+from scalerl_operator.api.spec import RLJobSpec, parse_spec
+from scalerl_operator.control.kueue import (
     HASH_ANNOTATION,
     REASON_ADMITTED,
     REASON_QUEUED,
@@ -19,8 +20,9 @@ from scalerl_operator.kueue import (
     state,
     workload_name,
 )
-from scalerl_operator.render import QUEUE_LABEL, ImageDefaults, render
-from scalerl_operator.spec import RLJobSpec, parse_spec
+from scalerl_operator.render.children import render
+from scalerl_operator.render.images import ImageDefaults
+from scalerl_operator.render.names import QUEUE_LABEL
 
 ROLES = ("learner", "generator", "verifier", "curriculum")
 

@@ -1,4 +1,4 @@
-"""Fields only a newer CRD serves (scalerl_operator.newer_fields): an older operator build leaves such an
+"""Fields only a newer CRD serves (scalerl_operator.api.newer_fields): an older operator build leaves such an
 RLJob (as the API server serves it: parse_served_spec) alone instead of failing it; any other problem,
 and any unknown field in a spec read from a file (parse_spec), is still a plain SpecError naming the field."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from scalerl.config import SpecError
-from scalerl_operator.newer_fields import FieldsFromNewerCRD
-from scalerl_operator.spec import parse_served_spec, parse_spec
+from scalerl_operator.api.newer_fields import FieldsFromNewerCRD
+from scalerl_operator.api.spec import parse_served_spec, parse_spec
 
 BASE: dict[str, Any] = {
     "job": {"train": {"steps": 5, "prompts_per_step": 4}, "off_policy": {"k": 4}},

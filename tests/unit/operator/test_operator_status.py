@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from scalerl.messages import MetricRecord
-from scalerl_operator import conditions as c
-from scalerl_operator.autoscaler import LAG, PARTITION_LIMIT, Decision, ScalerState, Timed
-from scalerl_operator.leader import LeaseRecord, next_action
-from scalerl_operator.reconcile import is_terminal, status_patch
-from scalerl_operator.rlstatus import LearnerStatus, fold, to_status
-from scalerl_operator.scaler import scaling_status
-from scalerl_operator.spec import parse_spec
+from scalerl_operator.api import conditions as c
+from scalerl_operator.api.spec import parse_spec
+from scalerl_operator.autoscale.autoscaler import LAG, PARTITION_LIMIT, Decision, ScalerState, Timed
+from scalerl_operator.autoscale.scaler import scaling_status
+from scalerl_operator.cluster.rlstatus import LearnerStatus, fold, to_status
+from scalerl_operator.control.jobstatus import is_terminal, status_patch
+from scalerl_operator.control.leader import LeaseRecord, next_action
 
 NOW = datetime(2027, 1, 15, 8, 0, 0, tzinfo=UTC)
 SPEC = parse_spec({"job": {"off_policy": {"k": 4}}, "bus": {"bootstrap": "k:9092"},
@@ -131,7 +131,7 @@ def test_lease_next_action(rec: LeaseRecord | None, want: str) -> None:
 def test_what_the_operator_writes_fits_the_status_schema() -> None:
     """status_patch + scaling_status + lag, merged as the API server merges them, validate against
     the RLJobStatus model the CRD's status schema is generated from (no field the server would prune)."""
-    from scalerl_operator.status import RLJobStatus
+    from scalerl_operator.api.status import RLJobStatus
 
     learner = fold(LearnerStatus(), [MetricRecord("train", 7, {"staleness_max": 2.0, "batch_wait_frac": 0.2}),
                                      MetricRecord("eval", 7, {"pass_rate": 0.5}), MetricRecord("checkpoint", 6, {}),

@@ -1,4 +1,4 @@
-"""Pod-template overrides (scalerl_operator.podtemplate), the operator's image defaults and the spec
+"""Pod-template overrides (scalerl_operator.api.podtemplate), the operator's image defaults and the spec
 hash (scalerl_operator.render): pure rendering, checked field by field and against the Kubernetes 1.34
 schemas (kubernetes-validate, strict)."""
 
@@ -15,20 +15,16 @@ import pytest
 from pydantic import Field
 
 from scalerl.config import JobSpec, SpecError, TrainConfig
-from scalerl_operator import podtemplate as pt
-from scalerl_operator.render import (
+from scalerl_operator.api import podtemplate as pt
+from scalerl_operator.api.spec import RLJobSpec, parse_spec
+from scalerl_operator.render.children import SPEC_HASH_ANNOTATION, desired_replicas, full_job_spec, render, spec_hash
+from scalerl_operator.render.images import (
     IMAGE_DEFAULTS_ANNOTATION,
-    SPEC_HASH_ANNOTATION,
     ImageDefaults,
-    desired_replicas,
-    full_job_spec,
     image_defaults,
     image_problem,
     pinned_image_defaults,
-    render,
-    spec_hash,
 )
-from scalerl_operator.spec import RLJobSpec, parse_spec
 
 REPO = Path(__file__).resolve().parents[3]
 BASE: dict[str, Any] = {

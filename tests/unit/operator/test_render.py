@@ -1,4 +1,4 @@
-"""Unit tests of the RLJob → children rendering (operators/scalerl_operator/render.py): pure dicts,
+"""Unit tests of the RLJob → children rendering (operators/scalerl_operator/render/children.py): pure dicts,
 checked field by field, against the Kubernetes 1.34 schemas (kubernetes-validate, strict) and with
 the owner references kopf.adopt adds."""
 
@@ -12,20 +12,19 @@ import pytest
 
 from scalerl.bus.base import TopicNames
 from scalerl.config import spec_from_dict
-from scalerl_operator.reconcile import unrealisable
-from scalerl_operator.render import (
+from scalerl_operator.api.spec import RLJobSpec, parse_spec
+from scalerl_operator.control.reconcile import unrealisable
+from scalerl_operator.render.children import (
     GRPC_PORT,
     JOB_FILE,
     PRESTOP_S,
     SPEC_HASH_ANNOTATION,
-    ImageDefaults,
     desired_replicas,
     parse_job_yaml,
-    partitions,
     render,
-    topics,
 )
-from scalerl_operator.spec import RLJobSpec, parse_spec
+from scalerl_operator.render.images import ImageDefaults
+from scalerl_operator.render.names import partitions, topics
 
 JOB = "j1"
 OPERATOR_IMAGES = ImageDefaults("registry.example/scalerl:1.2.3", "Always", ("regcred",))

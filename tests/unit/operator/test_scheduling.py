@@ -1,4 +1,4 @@
-"""Unit tests of scalerl_operator.scheduling (the scheduler's verdict on Pending pods) and of how the
+"""Unit tests of scalerl_operator.cluster.scheduling (the scheduler's verdict on Pending pods) and of how the
 status reports it (reconcile.status_patch with `pending`)."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from scalerl_operator import conditions as c
-from scalerl_operator.reconcile import status_patch
-from scalerl_operator.rlstatus import LearnerStatus
-from scalerl_operator.scheduling import Unschedulable, missing_resources, summary, unschedulable
-from scalerl_operator.spec import parse_spec
+from scalerl_operator.api import conditions as c
+from scalerl_operator.api.spec import parse_spec
+from scalerl_operator.cluster.rlstatus import LearnerStatus
+from scalerl_operator.cluster.scheduling import Unschedulable, missing_resources, summary, unschedulable
+from scalerl_operator.control.jobstatus import status_patch
 
 NOW = datetime(2027, 1, 15, 8, 0, 0, tzinfo=UTC)
 SPEC = parse_spec({"bus": {"bootstrap": "k:9092"},

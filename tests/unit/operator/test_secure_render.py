@@ -9,7 +9,7 @@ import pytest
 from test_render import make_spec
 
 from scalerl.config import SpecError
-from scalerl_operator.render import render
+from scalerl_operator.render.children import render
 
 
 def _pods(spec: Any) -> list[dict[str, Any]]:

@@ -21,8 +21,8 @@ import pytest
 from pydantic import BaseModel
 
 from scalerl.config import JobSpec, SpecError
-from scalerl_operator import crd as crd_mod
-from scalerl_operator.spec import RLJobSpec, RLJobStatus, parse_rljob, parse_spec
+from scalerl_operator.api import crd as crd_mod
+from scalerl_operator.api.spec import RLJobSpec, RLJobStatus, parse_rljob, parse_spec
 
 MINIMAL = {"bus": {"bootstrap": "kafka:9092"}, "store": {"uri": "s3://scalerl-test/jobs"}}
 
@@ -279,5 +279,5 @@ def test_job_spec_joins_name_and_runtime() -> None:
 
 
 def test_cli_rejects_arguments() -> None:
-    out = subprocess.run([sys.executable, "-m", "scalerl_operator.crd", "--bogus"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "scalerl_operator.api.crd", "--bogus"], capture_output=True, text=True)
     assert out.returncode == 2 and "unexpected arguments: --bogus" in out.stderr

@@ -1,4 +1,4 @@
-"""The operator's shared pool of periodic passes (scalerl_operator.workqueue): backoff arithmetic, and the
+"""The operator's shared pool of periodic passes (scalerl_operator.control.workqueue): backoff arithmetic, and the
 queue's guarantees with real threads (one run per key at a time, dirty re-runs, forgetting, backoff)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Hashable
 
 import pytest
 
-from scalerl_operator.workqueue import WorkQueue, backoff_delay
+from scalerl_operator.control.workqueue import WorkQueue, backoff_delay
 from waiting import wait_for
 
 
