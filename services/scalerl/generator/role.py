@@ -4,7 +4,8 @@ Between decode steps the engine asks `poll_policy()`; when a new `PolicyVersion`
 its weights are fetched from the store (checksum verified) and swapped in, keeping the KV cache
 (PipelineRL). The policy topic has one partition, so the last announcement read is the learner's
 current policy: it is loaded whenever it differs from the loaded one, also when its version number is
-lower (a learner that restarted from a checkpoint announces its versions again).
+lower (a learner that restarted from a checkpoint announces its versions again), except an announcement of a
+fenced learner (an older learner epoch than the newest seen: `scalerl.bus.fencing`), which is ignored.
 
 Offsets of `prompts` are committed only after the rollouts are published, so a
 generator killed mid-batch leaves its prompts to be re-delivered.
@@ -27,6 +28,7 @@ import torch
 from scalerl.bus import Bus, TopicNames
 from scalerl.bus.base import Consumer
 from scalerl.bus.dlq import DeadLetters
+from scalerl.bus.fencing import FenceFilter
 from scalerl.bus.validate import Limits, reason_for
 from scalerl.config import JobSpec
 from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
@@ -77,6 +79,7 @@ class GeneratorRole:
         self.policy = bus.reader([topics.policy])
         self.dead = DeadLetters(bus, topics.dlq, group)
         self.policy_skipped = 0  # records on `policy` that are not announcements
+        self.fence = FenceFilter()  # announcements of a learner epoch older than the newest seen are ignored
         self.sampling = SamplingParams(spec.generation.temperature, spec.generation.top_p)
         self.length = length_control(spec, tokenizer)
         self.paused = threading.Event()  # set -> stop taking new work (evaluation in progress)
@@ -98,6 +101,8 @@ class GeneratorRole:
         """The current policy if it is not the loaded one (called between decode steps)."""
         latest: PolicyVersion | None = None
         for rec in self.policy.poll(timeout_s=timeout_s):
+            if isinstance(rec.value, PolicyVersion) and not self.fence.admits(rec.headers):
+                continue  # a fenced learner's announcement (scalerl.bus.fencing)
             if isinstance(rec.value, PolicyVersion):
                 latest = rec.value
                 self.newest_announced = max(self.newest_announced, latest.version)

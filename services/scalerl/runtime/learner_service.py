@@ -9,6 +9,9 @@ seeks to those positions and re-reads from there: every group before them is in 
 the resumed timeline (its train.jsonl is restored from the checkpoint too), every group after them is
 read again. Each step record lists its group ids, so the accounting can be checked.
 
+Fencing (`scalerl.bus.fencing`): every start takes a new learner epoch from the store and announces with it;
+a learner that finds a newer epoch in the store before an upload stops (`Fenced`, exit 3).
+
 A learner that starts without a checkpoint (a new job, or one killed before its first checkpoint) reads
 `scored` from the beginning of every partition, never from a dead learner's committed offsets, starts its run
 files afresh, and writes a step-0 checkpoint (its positions: the beginning) before it reads anything; every
@@ -60,6 +63,7 @@ from typing import Any
 from scalerl.bus import TopicNames, open_bus
 from scalerl.bus.base import Bus, Record
 from scalerl.bus.dlq import DeadLetters
+from scalerl.bus.fencing import EPOCH_HEADER
 from scalerl.bus.validate import reason_for
 from scalerl.learner.batch import stale_reason
 from scalerl.learner.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
@@ -69,6 +73,7 @@ from scalerl.runtime.roles import ServiceContext, ensure_job_topics, input_lag, 
 from scalerl.runtime.trainer import TrainerHost
 from scalerl.store import open_store
 from scalerl.store.checkpoints import download_latest_checkpoint, upload_checkpoint
+from scalerl.store.fencing import check_epoch, take_epoch
 from scalerl.store.weights import highest_version
 from scalerl.telemetry.hops import hop
 from scalerl.telemetry.steps import StepTimes
@@ -123,6 +128,7 @@ class LearnerService(TrainerHost):
             start = retry_io(lambda: self.bus.partitions(self.topics.scored), what="read partitions")
             self.scored.seek({f"{self.topics.scored}:{p}": 0 for p in start})
         state = load_trainer_state(ckpt) if ckpt is not None else None
+        self.epoch = retry_io(lambda: take_epoch(self.store), what="take the learner epoch")  # (bus/fencing)
         # versions never repeat: number past the highest ever uploaded (scalerl.learner.lineage)
         high = retry_io(lambda: highest_version(self.store), what="read policy versions")
         learner_state = state["learner"] if state is not None else None
@@ -208,9 +214,11 @@ class LearnerService(TrainerHost):
                 + self.waiting_batch)
 
     def _policy_headers(self) -> dict[str, str]:
-        return {**super()._policy_headers(), "learner_consumed": str(self._consumed())}
+        return {**super()._policy_headers(), "learner_consumed": str(self._consumed()),
+                EPOCH_HEADER: str(self.epoch)}
 
     def _publish(self) -> None:
+        check_epoch(self.store, self.epoch)  # a fenced learner uploads nothing more (scalerl.bus.fencing)
         super()._publish()
         self.versions_published += 1
         self.announced_consumed, self.announced_at = self._consumed(), time.monotonic()
@@ -293,6 +301,7 @@ class LearnerService(TrainerHost):
         if weights is not None and self.eval_copy is not None:  # save the unsharded copy, not the FSDP module
             self.eval_copy.load_state_dict(weights)
             model, weights = self.eval_copy, None
+        check_epoch(self.store, self.epoch)
         folder = save_checkpoint(self.out.checkpoints, self.learner.version, model, self.tokenizer, state,
                                  keep=self.spec.train.keep_checkpoints, state_dict=weights)
         (folder / "run").mkdir(exist_ok=True)

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from scalerl.bus import Bus, TopicNames, open_bus
 from scalerl.bus.background import BackgroundConsumer
 from scalerl.bus.dlq import DeadLetters
+from scalerl.bus.fencing import FenceFilter
 from scalerl.bus.validate import reason_for
 from scalerl.config import JobSpec
 from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted
@@ -41,6 +42,7 @@ from scalerl.runtime.setup import (
     seed_everything,
 )
 from scalerl.store import Store, open_store
+from scalerl.store.fencing import Fenced
 from scalerl.telemetry.hops import hop
 from scalerl.telemetry.steps import StepTimes
 from scalerl.verifier.role import VerifierRole
@@ -103,7 +105,8 @@ PROCESS_RETRY = RetryPolicy()
 def retry_io(fn: Callable[[], T], stop: threading.Event | None = None, *, what: str = "bus/store call",
              max_outage_s: float | None = None, on_error: Callable[[], None] | None = None) -> T:
     """Call `fn` until it succeeds: a broker restart or a store hiccup is waited out (retry every
-    second, `on_error` first, e.g. to rewind a consumer to its committed offsets). After `max_outage_s`
+    second, `on_error` first, e.g. to rewind a consumer to its committed offsets; a fenced learner's
+    `Fenced` is raised at once). After `max_outage_s`
     (default `PROCESS_RETRY.max_outage_s`) of failures it raises OutageTooLong, so the process exits
     non-zero and its supervisor restarts it; a stop (`stop`, default `PROCESS_RETRY.stop`) raises
     RetryStopped. Neither is retried by an enclosing retry_io, so nested retries share one limit."""
@@ -113,7 +116,7 @@ def retry_io(fn: Callable[[], T], stop: threading.Event | None = None, *, what: 
     while True:
         try:
             return fn()
-        except OutageTooLong:
+        except (OutageTooLong, Fenced):
             raise
         except Exception as exc:
             now = time.monotonic()
@@ -278,6 +281,7 @@ class CurriculumService:
         self.learner_version = 0
         self.learner_consumed: int | None = None
         self.dead_upstream = 0  # issued groups dead-lettered before `scored` (see the class docstring)
+        self.fence = FenceFilter()
         self.exhausted = False
         if self.store.exists(CURRICULUM_STATE):
             state = json.loads(self.store.get_bytes(CURRICULUM_STATE))
@@ -333,6 +337,8 @@ class CurriculumService:
     def step(self, timeout_s: float = POLL_S) -> int:
         """One round: read progress, issue what flow control allows, save state. Returns prompts issued."""
         for rec in self.policy.poll(timeout_s=0.0):
+            if isinstance(rec.value, PolicyVersion) and not self.fence.admits(rec.headers):
+                continue  # a fenced learner's (scalerl.bus.fencing)
             if isinstance(rec.value, PolicyVersion):  # the last announcement carries the learner's step
                 step = rec.headers.get("learner_step", "")
                 self.learner_version = int(step) if step.isdigit() else rec.value.version

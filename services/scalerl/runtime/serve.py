@@ -26,6 +26,7 @@ from scalerl.runtime.roles import (
     VerifierService,
     retry_io,
 )
+from scalerl.store.fencing import FENCED_EXIT, Fenced
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,9 @@ def serve(role: str, ctx: ServiceContext, *, grpc_port: int | None = None, http_
     except RetryStopped as exc:  # stopped while the bus/store was down: what was not committed is redelivered
         log.info("stopped during an outage (%s): uncommitted work is redelivered to the group", exc)
         return None
+    except Fenced as exc:  # a newer learner of this job runs (scalerl.bus.fencing)
+        log.error("%s", exc)
+        raise SystemExit(FENCED_EXIT) from None
     finally:
         servers.stop()
 

@@ -143,3 +143,36 @@ def _wait(predicate, what: str, timeout_s: float = 120) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def test_a_learner_outlived_by_its_replacement_is_fenced(job, tokenizer, tiny_model):
+    """#27 finding 7: two live learners (a force-deleted Pod still running): the newer one's epoch wins; the
+    older stops before its next upload, and readers of `policy` ignore its announcements."""
+    from scalerl.bus.fencing import FenceFilter
+    from scalerl.bus.validate import Limits
+    from scalerl.generator.role import GeneratorRole
+    from scalerl.generator.torch_engine import TorchEngine
+    from scalerl.store.fencing import Fenced
+
+    spec, bus, ctx = job
+    old = LearnerService(ctx())
+    old.build()
+    new = LearnerService(ctx())
+    new.build()
+    assert (old.epoch, new.epoch) == (1, 2)
+    with pytest.raises(Fenced, match="epoch 1, the store says 2"):
+        old._publish()
+    with pytest.raises(Fenced):
+        old._checkpoint()
+    # a zombie announcement that got out before the check (the same object again, with its old epoch)
+    bus.publish(TopicNames.of(spec).policy, old.announced, key="policy", headers=old._policy_headers())
+    fence = FenceFilter()
+    admitted = [r.value for r in bus._logs[TopicNames.of(spec).policy] if fence.admits(r.headers)]
+    assert admitted[-1] == new.announced and fence.fenced == 1
+    generator = GeneratorRole(spec, TorchEngine(tiny_model, tokenizer, seed=0), tokenizer, bus,
+                              open_store(ctx().store_url), TopicNames.of(spec),
+                              Limits(vocab_size=10_000, group_size=spec.generation.group_size,
+                                     max_completion_tokens=10_000), group="job.generators")
+    assert generator.poll_policy() is not None
+    assert generator.loaded == new.announced and generator.fence.fenced == 1  # not the zombie's, announced last
+    new.close()
