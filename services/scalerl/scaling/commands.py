@@ -18,7 +18,8 @@ paragraph on stderr saying what is wrong and what is needed; never a traceback.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from scalerl.scaling.compute import AXES
 from scalerl.scaling.constants import A_MARGIN
 
 FORMULA = "R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B)"
+METRICS_SUFFIXES = frozenset({".jsonl", ".json", ".csv"})
+EXIT_BAD_INPUT = 2
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="fit only points up to F × the run's largest compute; later points become a held-out "
                      "check (e.g. 0.5: does the first half forecast the second?)")
     fit.add_argument("--points", action="store_true", help="also print every eval point with its residual")
-    fit.set_defaults(func=lazy_handler("scalerl.scaling.handlers", "fit_command"))
+    fit.set_defaults(func=_paths_first("fit", "fit_command"))
 
     cmp = subparsers.add_parser(
         "compare",
@@ -63,7 +66,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmp.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run folders or metrics files")
     _common(cmp)
     cmp.add_argument("--margin", type=float, default=A_MARGIN, help=f"margin on A (default {A_MARGIN})")
-    cmp.set_defaults(func=lazy_handler("scalerl.scaling.handlers", "compare_command"))
+    cmp.set_defaults(func=_paths_first("compare", "compare_command"))
+
+
+def path_problems(command: str, args: argparse.Namespace) -> list[str]:
+    """Every input that is not a run folder or metrics file, every input given twice (`compare`), and an
+    unusable --plot: one line each. Reads only the file system, so a bad path is refused before numpy/scipy."""
+    from scalerl.endpoints import output_file_problem
+    from scalerl.report.runfiles import RunFileError, metrics_file
+
+    problems: list[str] = []
+    seen: dict[Path, Path] = {}
+    for path in [args.file] if command == "fit" else args.runs:
+        if command == "compare" and path.is_file() and path.suffix.lower() not in METRICS_SUFFIXES:
+            continue  # the handler skips it with a note (e.g. a glob that caught compare.png)
+        try:
+            src = metrics_file(path).resolve()
+        except RunFileError as exc:
+            problems.append(str(exc))
+            continue
+        if src in seen:
+            problems.append(f"{path} and {seen[src]} are the same metrics file ({src}): a run compared with itself "
+                            "ties by construction; give each run once")
+        seen.setdefault(src, path)
+    if args.plot is not None and (problem := output_file_problem("--plot", args.plot)):
+        problems.append(problem)
+    return problems
+
+
+def _paths_first(command: str, handler: str) -> Callable[[argparse.Namespace], int]:
+    """The command's handler (`scaling.handlers`), imported and run once `path_problems` finds nothing."""
+    run = lazy_handler("scalerl.scaling.handlers", handler)
+
+    def checked(args: argparse.Namespace) -> int:
+        problems = path_problems(command, args)
+        for line in problems:
+            print(f"scalerl {command}: error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT if problems else run(args)
+
+    checked.__qualname__ = checked.__name__ = handler
+    return checked
 
 
 def _common(p: argparse.ArgumentParser) -> None:

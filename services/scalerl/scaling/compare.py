@@ -6,6 +6,9 @@
    compute-efficient at the same ceiling; the paper's LOO comparison). C_mid is reported, not ranked.
 3. Otherwise rank by A (the paper's priority: raise the ceiling first). Neighbours within the margin
    are flagged as ties in the reason.
+4. A ranking is conclusive only when the bootstrap interval of the ranking parameter (A, or B at the
+   shared A) of the first run does not overlap the second's; otherwise no winner is named (`caveat`),
+   as `scalerl fit` warns for an A interval wider than the margin.
 
 B intervals come from a bootstrap at the A used for ranking (own A, or the shared A).
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -51,6 +54,11 @@ class RunComparison:
         """The fit whose parameters the rank is based on."""
         return self.shared_fit or self.fit
 
+    @property
+    def ranked_ci(self) -> tuple[float, float] | None:
+        """The interval of the ranking parameter: B at the shared A, else the run's own A."""
+        return self.B_ci if self.shared_fit is not None else self.A_ci
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Comparison:
@@ -63,10 +71,21 @@ class Comparison:
     a_spread: float
     """max(A) − min(A) over the runs' own fits."""
     margin: float
+    caveat: str | None = None
+    """Why the ranking is not conclusive (the first two runs' intervals overlap), else None."""
+
+    @property
+    def conclusive(self) -> bool | None:
+        """False when the first two runs' intervals overlap, None without intervals (no bootstrap)."""
+        if self.caveat is not None:
+            return False
+        return None if any(r.ranked_ci is None for r in self.rows[:2]) else True
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "rule": self.rule,
+            "conclusive": self.conclusive,
+            "caveat": self.caveat,
             "shared_A": self.shared_a,
             "a_spread": self.a_spread,
             "margin": self.margin,
@@ -174,13 +193,33 @@ def compare_curves(
                 window=wins[i],
             )
         )
+    caveat = overlap_caveat(rows, level)
+    if caveat is not None:  # the first row leads on the point estimate only
+        rows[0] = replace(rows[0], reason=f"{rows[0].reason} as a point estimate; its interval overlaps "
+                          f"{rows[1].name!r}'s: not conclusive")
     return Comparison(
         rows=tuple(rows),
         rule="shared_A" if shared else "A",
         shared_a=shared_a,
         a_spread=spread,
         margin=margin,
+        caveat=caveat,
     )
+
+
+def overlap_caveat(rows: Sequence[RunComparison], level: float) -> str | None:
+    """Why the first run cannot be called the winner: its interval of the ranking parameter overlaps the
+    second run's (the data do not separate them). None when they are apart or there are no intervals."""
+    if len(rows) < 2 or rows[0].tied:
+        return None  # a tie already says so
+    first, second = rows[0], rows[1]
+    a, b = first.ranked_ci, second.ranked_ci
+    if a is None or b is None or a[0] > b[1] or b[0] > a[1]:
+        return None
+    what = "B at the shared A" if first.shared_fit is not None else "A"
+    return (f"not conclusive: the {level:.0%} intervals of {what} of {first.name!r} [{a[0]:.3f}, {a[1]:.3f}] and "
+            f"{second.name!r} [{b[0]:.3f}, {b[1]:.3f}] overlap, so these runs do not show which is better; no "
+            "winner is named (more held-out prompts, seeds or compute would narrow the intervals)")
 
 
 def heldout_set_warning(runs: Sequence[tuple[str, Sequence[str]]]) -> str | None:

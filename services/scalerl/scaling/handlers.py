@@ -17,7 +17,7 @@ from scalerl.report import plots, tables
 from scalerl.report.online import analysis_options
 from scalerl.report.runfiles import RunFileError, fit_settings, json_safe, metrics_file, read_records, run_name
 from scalerl.scaling.analysis import CurveAnalysis, analyse_curve
-from scalerl.scaling.commands import FORMULA
+from scalerl.scaling.commands import FORMULA, METRICS_SUFFIXES
 from scalerl.scaling.compare import Comparison, compare_curves, heldout_set_warning
 from scalerl.scaling.compute import AXES, axis_label, column_unit
 from scalerl.scaling.constants import A_AT_BOUND
@@ -36,9 +36,10 @@ def _guarded(cmd: str, body: Callable[[argparse.Namespace], int], args: argparse
     try:
         return body(args)
     except (FitError, RunFileError) as e:
-        print(f"scalerl {cmd}: {e}", file=sys.stderr)
+        print(f"scalerl {cmd}: error: {e}", file=sys.stderr)
     except OSError as e:
-        print(f"scalerl {cmd}: cannot write {e.filename}: {e.strerror}. Check the output path.", file=sys.stderr)
+        print(f"scalerl {cmd}: error: cannot write {e.filename}: {e.strerror}. Check the output path.",
+              file=sys.stderr)
     return EXIT_BAD_INPUT
 
 
@@ -160,18 +161,15 @@ def compare_command(args: argparse.Namespace) -> int:
     return _guarded("compare", _compare, args)
 
 
-_METRICS_SUFFIXES = frozenset({".jsonl", ".json", ".csv"})
-
-
 def _compare(args: argparse.Namespace) -> int:
     x = _x_column(args)
     runs: list[tuple[str, Curve]] = []
     sources: list[Path] = []
     heldout: list[tuple[str, list[str]]] = []
     for path in args.runs:
-        if path.is_file() and path.suffix.lower() not in _METRICS_SUFFIXES:  # e.g. a glob caught compare.png
+        if path.is_file() and path.suffix.lower() not in METRICS_SUFFIXES:  # e.g. a glob caught compare.png
             print(f"scalerl compare: skipping {path}: not a run folder or a metrics file "
-                  f"({', '.join(sorted(_METRICS_SUFFIXES))})", file=sys.stderr)
+                  f"({', '.join(sorted(METRICS_SUFFIXES))})", file=sys.stderr)
             continue
         src, curve, sets = _load_run(path, x, args.y)
         sources.append(src)
@@ -217,4 +215,7 @@ def format_comparison(cmp: Comparison, *, x: str = "compute") -> str:
     else:
         rule = f"A spread {cmp.a_spread:.3f} exceeds ±{cmp.margin:g}: ranked by A (the ceiling comes first)."
     head = f"  x = {x} ({tables.compute_unit(x)}); {rule}"
-    return "\n".join(["scalerl compare", head, "", tables.render_text(tables.comparison_table(cmp, x=x))])
+    lines = ["scalerl compare", head, "", tables.render_text(tables.comparison_table(cmp, x=x))]
+    if cmp.caveat is not None:  # the order above is of point estimates only
+        lines += ["", f"  Ranking {cmp.caveat}."]
+    return "\n".join(lines)
