@@ -8,6 +8,7 @@
 #   make bench  side-by-side speed ratios -> bench/results.json
 #   make lint   ruff + mypy + import-linter contracts
 #   make lock   re-resolve requirements/*.lock from pyproject.toml (after changing a dependency)
+#   make docs   regenerate the references from the code, build the documentation site into build/site
 #
 # Everything is installed into the project-local virtual environment $(VENV) (never the interpreter
 # that runs make): its Python comes from `python3 -m venv`, its packages from the pinned lock files
@@ -35,7 +36,7 @@ PYTEST_ARGS ?=
 RETRAIN_TESTS ?= tests/unit tests/e2e
 ALT_KERNELS = $(PY) -c "import torch; print('default' if torch.backends.cpu.get_cpu_capability() == 'AVX2' else 'avx2')"
 
-.PHONY: install install-vllm lock-vllm test-vllm install-dev run test test-unit test-other-kernels lint typecheck bench crd protos lock \
+.PHONY: install install-vllm lock-vllm test-vllm install-dev run test test-unit test-other-kernels lint typecheck bench crd protos lock docs \
         infra-up infra-build infra-down clean
 
 install: $(RUNTIME_STAMP)
@@ -124,6 +125,12 @@ protos: install
 # The Helm chart's copy of the RLJob CRD, regenerated from the operator's models (a test fails when stale).
 crd: install
 	PY=$(PY) bash scripts/gen_crd.sh
+
+# The documentation site (mkdocs.yml): the references generated from the code (scripts/gen_docs.py: JobSpec,
+# CLI, RLJob CRD, metrics), then a strict build (a broken link, a missing page or an unknown anchor fails).
+docs: install-dev
+	$(PY) scripts/gen_docs.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 infra-up: install
 	$(VENV_PATH) bash scripts/infra/up.sh
