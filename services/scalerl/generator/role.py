@@ -31,6 +31,7 @@ from scalerl.bus.dlq import DeadLetters
 from scalerl.bus.fencing import FenceFilter
 from scalerl.bus.validate import Limits, reason_for
 from scalerl.config import JobSpec
+from scalerl.faults.points import crash_point
 from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
 from scalerl.messages import Completion, PolicyVersion, PromptTask, RolloutGroup
 from scalerl.model.text import encode_prompt, end_ids, text_ids, think_close_spellings
@@ -151,6 +152,7 @@ class GeneratorRole:
         flat = [p for p, (_, t) in zip(prompt_ids, tasks, strict=True) for _ in range(t.group_size)]
         comps = self.engine.generate(flat, self.sampling, self.length,
                                      policy_source=self.poll_policy if in_flight else None)
+        crash_point("generator.batch")
         i = 0
         for (rec, task), pids in zip(tasks, prompt_ids, strict=True):
             group = comps[i:i + task.group_size]

@@ -7,20 +7,23 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from scalerl.runtime import ROLES
+
 if TYPE_CHECKING:
     from scalerl.config import JobSpec
-
-ROLES = ("generator", "verifier", "curriculum", "learner")
 
 EXIT_BAD_INPUT = 2
 EXIT_OUTAGE = 1
 
 
-def _fail(msg: str) -> int:
-    print(f"scalerl: error: {msg}", file=sys.stderr)
+def _fail(command: str, problems: str | list[str]) -> int:
+    """Print every problem as `scalerl COMMAND: error: PROBLEM`, one line each; the exit status of bad input."""
+    for line in problems.splitlines() if isinstance(problems, str) else problems:
+        print(f"scalerl {command}: error: {line}", file=sys.stderr)
     return EXIT_BAD_INPUT
 
 
@@ -31,6 +34,10 @@ def check_urls(args: argparse.Namespace, spec_bus: str, spec_store: str | None,
     from scalerl.endpoints import bus_problem, store_problem
 
     bus, store = args.bus or spec_bus, args.store or spec_store or default_store
+    if not args.bus and bus == "memory://":  # the spec's default: a bus inside one process
+        return bus, store, ("--bus: missing; with every role in its own process the roles meet on Kafka: give "
+                            "--bus kafka://HOST:PORT, or set runtime.bus: kafka://HOST:PORT in the spec (its "
+                            "runtime.bus 'memory://' lives in one process)")
     problem = (bus_problem("--bus" if args.bus else "runtime.bus", bus, allow_memory=False)
                or store_problem("--store" if args.store else "runtime.store", store))
     if problem is None and bus.startswith("kafka://"):
@@ -44,31 +51,51 @@ def check_urls(args: argparse.Namespace, spec_bus: str, spec_store: str | None,
     return bus, store, problem
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from scalerl.config import SpecError, load_spec
-    from scalerl.generator.factory import check_engine
+def fault_plan_problem(path: str) -> str | None:
+    """Why `--faults PATH` cannot be used (a readable plan of `scalerl.faults.plan`), or None."""
+    from scalerl.faults.plan import FaultPlan
 
     try:
-        spec = load_spec(args.job, args.set)
-        if args.role == "generator":
-            check_engine(spec)
-    except SpecError as exc:
-        return _fail(str(exc))
-    from scalerl.endpoints import output_dir_problem
+        FaultPlan.load(Path(path))
+    except OSError as exc:
+        return f"--faults {path}: cannot read the fault plan ({exc.strerror or exc})"
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"--faults {path}: not a fault plan ({exc}); see scalerl.faults.plan"
+    return None
 
-    bus, store, problem = check_urls(args, spec.runtime.bus, spec.runtime.store)
-    problem = problem or (output_dir_problem("--out", args.out) if args.out else None)
-    if problem:
-        return _fail(problem)
-    if args.role == "learner" and spec.off_policy.mode != "pipeline":
-        return _fail(f"off_policy.mode: the distributed learner runs 'pipeline' (PipelineRL-k), got "
-                     f"{spec.off_policy.mode!r}")
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from scalerl.config import SpecError, load_spec
+    from scalerl.endpoints import output_dir_problem
+    from scalerl.generator.factory import engine_problem
+
+    problems = []
+    if args.out and (problem := output_dir_problem("--out", args.out)):
+        problems.append(problem)
     if not args.max_outage > 0:
-        return _fail(f"--max-outage {args.max_outage:g}: expected seconds > 0")
+        problems.append(f"--max-outage {args.max_outage:g}: expected seconds > 0")
+    if args.faults and (problem := fault_plan_problem(args.faults)):
+        problems.append(problem)
+    try:
+        spec = load_spec(args.job, args.set)
+    except SpecError as exc:
+        return _fail("serve", [*str(exc).splitlines(), *problems])
+    bus, store, problem = check_urls(args, spec.runtime.bus, spec.runtime.store)
+    for why in (engine_problem(spec) if args.role == "generator" else None, problem):
+        problems += [why] if why else []
+    if args.role == "learner" and spec.off_policy.mode != "pipeline":
+        problems.append(f"off_policy.mode: the distributed learner runs 'pipeline' (PipelineRL-k), got "
+                        f"{spec.off_policy.mode!r}")
+    if problems:
+        return _fail("serve", problems)
     from scalerl.runtime.roles import PROCESS_RETRY, OutageTooLong, ServiceContext
     from scalerl.runtime.serve import install_stop_signals, serve
 
     PROCESS_RETRY.max_outage_s = args.max_outage
+    if args.faults:
+        from scalerl.faults.points import activate
+
+        activate(Path(args.faults), args.role, args.id or f"{args.role}-0")
 
     out = Path(args.out) if args.out else Path("runs") / spec.name
     ctx = ServiceContext(spec, bus, store, args.id or f"{args.role}-0", out)
@@ -103,20 +130,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_distributed(spec: JobSpec, out: Path, args: argparse.Namespace) -> int:
+def _distributed(spec: JobSpec, out: Path, args: argparse.Namespace) -> tuple[str, str, list[str]]:
+    """(bus, store, every reason `scalerl run --distributed` cannot start), checked before any work."""
+    bus, store, problem = check_urls(args, spec.runtime.bus, spec.runtime.store, f"file://{(out / 'store').resolve()}")
+    problems = [f"{problem} (run --distributed)"] if problem else []
+    if spec.off_policy.mode != "pipeline":
+        problems.append(f"off_policy.mode: --distributed runs 'pipeline' (PipelineRL-k), got {spec.off_policy.mode!r}")
+    if args.learner_ranks < 1:
+        problems.append(f"--learner-ranks {args.learner_ranks}: expected 1 or more processes")
+    return bus, store, problems
+
+
+def distributed_problems(spec: JobSpec, out: Path, args: argparse.Namespace) -> list[str]:
+    """Every reason `scalerl run --distributed` cannot start (bus, store, off-policy mode, learner ranks)."""
+    return _distributed(spec, out, args)[2]
+
+
+def run_distributed(spec: JobSpec, out: Path, args: argparse.Namespace,
+                    show_summary: Callable[[Path, dict[str, object]], None]) -> int:
+    """Start every role as its own process, wait for the learner, stop the rest; `show_summary(out, summary)`
+    prints the finished run (the CLI's, which imports this module: it is passed in, not imported)."""
     from scalerl.runtime.launcher import LocalCluster, reset_job
 
     logging.getLogger("kafka").setLevel(logging.ERROR)  # the launcher's own client: its chatter, not the user's
-    bus, store, problem = check_urls(args, spec.runtime.bus, spec.runtime.store,
-                                     f"file://{(out / 'store').resolve()}")
-    if problem:
-        return _fail(problem + " (run --distributed)")
-    if spec.off_policy.mode != "pipeline":
-        return _fail(f"off_policy.mode: --distributed runs 'pipeline' (PipelineRL-k), got {spec.off_policy.mode!r}")
+    bus, store, problems = _distributed(spec, out, args)
+    if problems:
+        return _fail("run", problems)
     if args.overwrite:
         reset_job(spec, bus, store)
-    if args.learner_ranks < 1:
-        return _fail(f"--learner-ranks {args.learner_ranks}: expected 1 or more processes")
     cluster = LocalCluster(spec, out, bus, store, generators=args.generators, verifiers=args.verifiers,
                            learner_ranks=args.learner_ranks, max_restarts=args.max_restarts)
     cluster.start_all()
@@ -128,9 +169,7 @@ def run_distributed(spec: JobSpec, out: Path, args: argparse.Namespace) -> int:
     if rc != 0:
         print(cluster.tail("learner-0"), file=sys.stderr)
         return rc
-    from scalerl.cli import _print_summary
-
-    _print_summary(out, cluster.summary())
+    show_summary(out, cluster.summary())
     return 0
 
 
@@ -146,6 +185,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     help="wait out an unreachable bus/store this long (plus the call in flight, at most the "
                     "30 s request timeout), then exit 1 for the supervisor to restart the role (default 120)")
     sp.add_argument("--out", help="learner: run folder for metrics/report (default runs/<name>)")
+    sp.add_argument("--faults", metavar="PLAN.json",
+                    help="for fault-injection tests only: fire the faults of this plan (scalerl.faults.plan) in "
+                         "this process, each once per run")
     sp.add_argument("--grpc-port", type=int, default=50051, help="gRPC port (0: a free one; -1: none)")
     sp.add_argument("--http-port", type=int, default=9090,
                     help="side port for /healthz /readyz /metrics (0: a free one; -1: none)")

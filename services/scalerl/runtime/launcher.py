@@ -53,6 +53,8 @@ class LocalCluster:
     """> 1: the learner runs under torchrun with this many processes (FSDP over gloo on CPU)."""
     max_restarts: int = 0
     env: dict[str, str] = field(default_factory=dict)
+    faults: Path | None = None
+    """A fault plan (`scalerl.faults.plan`) every role process fires from (fault-injection tests)."""
     procs: dict[str, RoleProcess] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -100,6 +102,8 @@ class LocalCluster:
                "--http-port", "0"]
         if role != "learner":
             cmd += ["--set", f"runtime.threads={self.role_threads}"]
+        if self.faults is not None:
+            cmd += ["--faults", str(self.faults)]
         return cmd
 
     def start(self, role: str, role_id: str) -> RoleProcess:
@@ -151,21 +155,29 @@ class LocalCluster:
         """Wait for the learner to exit; restart crashed roles within `max_restarts`. Returns its code."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            self.update_pool()  # a role that exited stops counting
-            for rid, p in list(self.procs.items()):
-                rc = p.popen.poll()
-                if rc is None:
-                    continue
-                if p.role == "learner" and rc == 0:
-                    return 0
-                if p.restarts < self.max_restarts:
-                    print(f"scalerl: {rid} exited with {rc}; restarting ({p.restarts + 1}/{self.max_restarts})",
-                          file=sys.stderr)
-                    self.start(p.role, rid)
-                elif p.role == "learner":
-                    return rc
+            rc = self.check_roles()
+            if rc is not None:
+                return rc
             time.sleep(poll_s)
         raise TimeoutError(f"the learner did not finish within {timeout_s:.0f} s; logs in {self.out / 'logs'}")
+
+    def check_roles(self) -> int | None:
+        """One look at the roles: restart those that exited, within `max_restarts`; the learner's exit code once
+        it finished (0) or exited for good, else None."""
+        self.update_pool()  # a role that exited stops counting
+        for rid, p in list(self.procs.items()):
+            rc = p.popen.poll()
+            if rc is None:
+                continue
+            if p.role == "learner" and rc == 0:
+                return 0
+            if p.restarts < self.max_restarts:
+                print(f"scalerl: {rid} exited with {rc}; restarting ({p.restarts + 1}/{self.max_restarts})",
+                      file=sys.stderr)
+                self.start(p.role, rid)
+            elif p.role == "learner":
+                return rc
+        return None
 
     def tail(self, role_id: str, lines: int = 30) -> str:
         text = self.procs[role_id].log_path.read_text(errors="replace").splitlines()

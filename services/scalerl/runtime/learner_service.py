@@ -65,6 +65,8 @@ from scalerl.bus.base import Bus, Record
 from scalerl.bus.dlq import DeadLetters
 from scalerl.bus.fencing import EPOCH_HEADER
 from scalerl.bus.validate import reason_for
+from scalerl.faults.bus import wrap_bus
+from scalerl.faults.points import crash_point
 from scalerl.learner.batch import stale_reason
 from scalerl.learner.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from scalerl.learner.lineage import lineage_of, resume_lineage
@@ -116,7 +118,7 @@ class LearnerService(TrainerHost):
         spec = self.spec
         self._setup_common()
         self.store = open_store(self.ctx.store_url)
-        self.bus: Bus = open_bus(self.ctx.bus_url)
+        self.bus: Bus = wrap_bus(open_bus(self.ctx.bus_url))  # (under a fault plan only: scalerl.faults)
         retry_io(lambda: ensure_job_topics(self.bus, spec), what="create the job's topics")
         self.dead = DeadLetters(self.bus, self.topics.dlq, self.topics.group("learner"))
         self.scored = retry_io(lambda: self.bus.consumer([self.topics.scored], self.topics.group("learner"),
@@ -157,10 +159,12 @@ class LearnerService(TrainerHost):
         self.pending_drops = [(str(g), str(r)) for g, r in state.get("pending_drops", [])]
         self.scored.seek(state["bus_positions"])
         set_rng_state(state["rng"])
-        for name in RUN_FILES:  # the run files as of the checkpoint: later records are redone
-            src = ckpt / "run" / name
+        for name in RUN_FILES:  # the run files as of the checkpoint (none yet: none): later records are redone
+            src, dst = ckpt / "run" / name, self.out.root / name
             if src.is_file():
-                shutil.copyfile(src, self.out.root / name)
+                shutil.copyfile(src, dst)
+            else:
+                dst.unlink(missing_ok=True)
         log.info("learner resumed from %s at step %d", ckpt.name, self.learner.version)
 
     # -- pieces ------------------------------------------------------------------------------------
@@ -387,6 +391,7 @@ class LearnerService(TrainerHost):
             stats["batch/dropped_lost_lineage"] = (stats.get("batch/dropped_lost_lineage", 0.0)
                                                    + sum(why == "lost" for _, why in drops))
             self._count(stats)
+            crash_point("learner.step")
             safe = self.safe_positions()
             retry_io(partial(self.scored.commit, safe), what="commit scored offsets")  # (for lag metrics)
             retry_io(self._publish, what="publish policy")

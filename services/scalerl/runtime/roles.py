@@ -29,6 +29,8 @@ from scalerl.bus.fencing import FenceFilter
 from scalerl.bus.validate import reason_for
 from scalerl.config import JobSpec
 from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted
+from scalerl.faults.bus import wrap_bus
+from scalerl.faults.points import crash_point
 from scalerl.generator.factory import make_engine
 from scalerl.generator.role import GeneratorRole
 from scalerl.messages import PolicyVersion, PromptTask, ScoredGroup
@@ -64,7 +66,7 @@ class ServiceContext:
     out_dir: Path = field(default_factory=lambda: Path("runs"))
 
     def open(self) -> tuple[Bus, Store, TopicNames]:
-        bus = open_bus(self.bus_url)
+        bus = wrap_bus(open_bus(self.bus_url))  # (under a fault plan only: scalerl.faults)
         retry_io(lambda: ensure_job_topics(bus, self.spec), what="create the job's topics")
         return bus, open_store(self.store_url), TopicNames.of(self.spec)
 
@@ -372,6 +374,8 @@ class CurriculumService:
                 self.bus.publish(self.topics.prompts, task, key=task.prompt_id, headers=headers)
         if tasks or scored or dead:
             self.bus.flush()
+            if tasks:
+                crash_point("curriculum.issue")
             self.issued += len(tasks)
             self.store.put_bytes(CURRICULUM_STATE, json.dumps(
                 {"curriculum": self.curriculum.state_dict(), "issued": self.issued,

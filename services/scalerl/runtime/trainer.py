@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from scalerl.bus import Bus, TopicNames
 from scalerl.config import JobSpec, dump_spec
 from scalerl.evaluation import evaluate_mean_at_k, paired_gain
+from scalerl.faults.points import crash_point
 from scalerl.generator.engine import SamplingParams
 from scalerl.generator.role import length_control
 from scalerl.generator.torch_engine import TorchEngine
@@ -102,6 +103,18 @@ class IdleSteps:
                 "task, or a larger generation.group_size; or set loss.zero_variance_filter: false")
 
 
+def step_postfix(rec: dict[str, Any]) -> dict[str, str]:
+    """The progress bar's numbers for one step record, "—" where the step has none (no loss when every group
+    was dropped: a 0.000 would read as a converged loss)."""
+
+    def shown(key: str, fmt: str) -> str:
+        value = rec.get(key)
+        return "—" if value is None else format(value, fmt)
+
+    return {"loss": shown("loss", ".3f"), "train_pass": shown("train_pass_rate", ".2f"),
+            "stale": shown("staleness_mean", ".1f")}
+
+
 class TrainerHost:
     """Owns the learner, the evaluator and the run folder. Subclasses bring the rollouts, and the bus and
     store the policy is published to."""
@@ -134,7 +147,7 @@ class TrainerHost:
         self.threads = configure_threads(spec)
         self.task = make_task(spec)
         self.train_problems = self.task.problems("train")
-        self.eval_problems = self.task.problems("eval")
+        self.eval_problems = self.task.problems("eval")[:spec.eval.limit_prompts]  # None: all
         self.heldout_set = problem_set_fingerprint(self.eval_problems)
         self.verifier = make_verifier(spec, self.task)
         self.out.root.mkdir(parents=True, exist_ok=True)
@@ -233,13 +246,13 @@ class TrainerHost:
         self.out.train_record(rec)
         if self.idle.observe(rec["effective_batch"], rec["dropped_zero_variance"]):
             log.warning("%s", self.idle.warning())
-        bar.update(1, loss=f"{rec['loss'] or 0:.3f}", train_pass=f"{rec['train_pass_rate'] or 0:.2f}",
-                   stale=f"{rec['staleness_mean'] or 0:.1f}")
+        bar.update(1, **step_postfix(rec))
         return rec
 
     def _publish(self) -> None:
         """Upload the current weights, then announce them on `policy`."""
         self.announced = publish_weights(self.store, self.learner.policy_version, self.ranks.full_state_dict())
+        crash_point("learner.announce")
         self.bus.publish(self.topics.policy, self.announced, key="policy", headers=self._policy_headers())
         self.bus.flush()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from scalerl.faults.points import crash_point
 from scalerl.store.base import Store
 
 PREFIX = "checkpoints"
@@ -19,8 +20,10 @@ LATEST = f"{PREFIX}/LATEST"
 def upload_checkpoint(store: Store, folder: Path, *, keep: int = 2) -> str:
     """Upload `folder` (e.g. .../checkpoints/step_000050) and point LATEST at it; prune to `keep`."""
     name = folder.name
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for i, path in enumerate(sorted(p for p in folder.rglob("*") if p.is_file())):
         store.put_bytes(f"{PREFIX}/{name}/{path.relative_to(folder).as_posix()}", path.read_bytes())
+        if i == 0:
+            crash_point("learner.checkpoint_upload")
     store.put_bytes(LATEST, name.encode())
     steps = sorted({k.split("/")[1] for k in store.list(f"{PREFIX}/") if k.count("/") >= 2})
     for old in steps[:-keep] if keep > 0 else []:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from scalerl.bus import Bus, TopicNames
 from scalerl.bus.dlq import DeadLetters
 from scalerl.bus.validate import Limits, reason_for
+from scalerl.faults.points import crash_point
 from scalerl.messages import RolloutGroup
 from scalerl.telemetry.hops import hop
 from scalerl.verifier.verifier import Verifier
@@ -51,6 +52,7 @@ class VerifierRole:
                 self.bus.publish(self.topics.scored, scored, key=rec.key, headers=headers)
             self.scored += 1
         if records:
+            crash_point("verifier.batch")
             self.bus.flush()
             self.consumer.commit()
         return len(records)

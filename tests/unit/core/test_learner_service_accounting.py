@@ -176,3 +176,18 @@ def test_a_learner_outlived_by_its_replacement_is_fenced(job, tokenizer, tiny_mo
     assert generator.poll_policy() is not None
     assert generator.loaded == new.announced and generator.fence.fenced == 1  # not the zombie's, announced last
     new.close()
+
+
+def test_a_restore_from_the_step_0_checkpoint_drops_the_dead_timelines_run_files(job):
+    """The step-0 checkpoint holds no train.jsonl: a learner killed at step 2 and restored from it must not
+    append its redone steps to the dead process's records (found by the chaos run: steps 1, 2, 3 twice)."""
+    spec, bus, ctx = job
+    first = LearnerService(ctx())
+    first.build()
+    out = ctx().out_dir
+    (out / "train.jsonl").write_text('{"kind": "step", "step": 1}\n{"kind": "step", "step": 2}\n')
+    first.close()  # (killed: nothing more is checkpointed)
+    resumed = LearnerService(ctx())
+    resumed.build()
+    assert not (out / "train.jsonl").exists()
+    resumed.close()
