@@ -63,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.distributed:
         from scalerl.runtime.commands import run_distributed
 
-        return run_distributed(spec, out, args)
+        return run_distributed(spec, out, args, show_summary=_print_summary)
     from scalerl.runtime.embedded import EmbeddedRun
 
     summary = EmbeddedRun(spec, out, resume=args.resume, show_progress=not args.quiet).run()

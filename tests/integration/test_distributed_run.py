@@ -31,7 +31,7 @@ from scalerl.messages import PolicyVersion, ScoredGroup
 from scalerl.model.factory import model_vocab_size
 from scalerl.rpc.convert import decode_envelope
 from scalerl.runtime.launcher import LocalCluster
-from scalerl.store.base import open_store
+from scalerl.store.factory import open_store
 from scalerl.store.weights import highest_version
 from warm_start import mixed_reward_warm_start
 

@@ -29,7 +29,7 @@ from scalerl.rpc.client import CurriculumClient, GeneratorClient, LearnerClient,
 from scalerl.rpc.convert import to_proto
 from scalerl.rpc.gen.scalerl.v1 import services_pb2 as spb
 from scalerl.rpc.server import serve_grpc
-from scalerl.store.base import open_store
+from scalerl.store.factory import open_store
 from scalerl.store.weights import publish_weights
 from scalerl.tasks.registry import build_task
 from scalerl.telemetry.metrics import RoleMetrics

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from scalerl.bus.base import TopicNames, open_bus
+from scalerl.bus.base import TopicNames
+from scalerl.bus.factory import open_bus
 from scalerl.messages import (
     SCHEMA_VERSION,
     Completion,

@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from scalerl.store.base import StoreError, open_store
+from scalerl.store.base import StoreError
+from scalerl.store.factory import open_store
 from scalerl.store.weights import load_weights, publish_weights, weights_key
 
 pytestmark = pytest.mark.infra

@@ -13,7 +13,7 @@ from scalerl.bus import TopicNames, open_bus
 from scalerl.bus.kafka import KafkaBus
 from scalerl.bus.security import KafkaConnectError
 from scalerl.messages import MetricRecord
-from scalerl.store.base import open_store
+from scalerl.store.factory import open_store
 from scalerl.store.s3 import S3Store
 
 pytestmark = pytest.mark.infra

@@ -1,6 +1,8 @@
 """The code's own contracts, checked by the suite (CI runs `make test`, not `make lint`): the import-linter
-contracts of pyproject.toml (pure math and the renderer import no I/O, services do not import each other)
-and ruff. mypy stays in `make lint` (a minute of CPU)."""
+contracts of pyproject.toml (pure math and the renderer import no I/O, services do not import each other,
+the operator's layers, no import cycles), no module-level import cycle at all (below: import-linter's
+acyclic contract ignores two known package-level circles) and ruff. mypy stays in `make lint` (a minute of
+CPU)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grimp
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,3 +45,56 @@ def test_test_modules_have_distinct_names() -> None:
     for path in (REPO / "tests").rglob("test_*.py"):
         names.setdefault(path.name, []).append(str(path.relative_to(REPO)))
     assert not {n: p for n, p in names.items() if len(p) > 1}
+
+
+def _reachable(imports: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` imports, directly or through others (itself only when on a cycle)."""
+    seen: set[str] = set()
+    todo = list(imports[start])
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(imports[module])
+    return seen
+
+
+def _path(imports: dict[str, set[str]], start: str, within: set[str]) -> list[str]:
+    """A shortest cycle `[start, ..., start]` through modules of `within` (breadth-first)."""
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while start not in came_from:
+        following = []
+        for node in frontier:
+            for child in sorted(imports[node] & within):
+                if child not in came_from:
+                    came_from[child] = node
+                    following.append(child)
+        frontier = following
+    path = [start, came_from[start]]
+    while path[-1] != start:
+        path.append(came_from[path[-1]])
+    return path[::-1]
+
+
+def _cycles(imports: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per group of modules that import one another (a strongly connected component)."""
+    reach = {m: _reachable(imports, m) for m in imports}
+    groups = {frozenset(n for n in reach[m] if m in reach[n]) for m in imports if m in reach[m]}
+    return [_path(imports, min(g), set(g)) for g in groups]
+
+
+def test_cycle_finder_names_each_cycle() -> None:
+    # a -> b -> c -> a is one cycle; d -> e -> d another; f is no part of either
+    imports = {"a": {"b"}, "b": {"c"}, "c": {"a", "f"}, "d": {"e"}, "e": {"d"}, "f": set()}
+    assert sorted(_cycles(imports)) == [["a", "b", "c", "a"], ["d", "e", "d"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_import_cycles() -> None:
+    # every import counts, also those inside functions and under TYPE_CHECKING: a factory goes in a module
+    # of its own (bus/factory.py), a type both sides need in a third module (evaluation/context.py)
+    graph = grimp.build_graph("scalerl", "scalerl_operator", cache_dir=None)
+    imports = {m: graph.find_modules_directly_imported_by(m) for m in graph.modules}
+    cycles = _cycles(imports)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)

@@ -5,6 +5,7 @@ prompt ids so that a prompt group stays on one partition. Consumers commit offse
 output is produced; a record that cannot be decoded goes to the dead-letter topic.
 """
 
-from scalerl.bus.base import Bus, Consumer, Record, TopicNames, open_bus
+from scalerl.bus.base import Bus, Consumer, Record, TopicNames
+from scalerl.bus.factory import open_bus
 
 __all__ = ["Bus", "Consumer", "Record", "TopicNames", "open_bus"]

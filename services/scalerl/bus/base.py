@@ -143,16 +143,3 @@ class Bus(ABC):
 
     def close(self) -> None:  # noqa: B027
         """Release connections."""
-
-
-def open_bus(url: str) -> Bus:
-    """Open a bus from its URL: `memory://` or `kafka://host:port[,host:port]`."""
-    if url.startswith("memory://"):
-        from scalerl.bus.memory import MemoryBus
-
-        return MemoryBus()
-    if url.startswith("kafka://"):
-        from scalerl.bus.kafka import KafkaBus  # type: ignore[import-not-found,unused-ignore]
-
-        return KafkaBus(url.removeprefix("kafka://"))
-    raise ValueError(f"bus URL {url!r}: expected memory:// or kafka://HOST:PORT")

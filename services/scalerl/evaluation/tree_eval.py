@@ -34,7 +34,7 @@ from scalerl.messages import Completion
 from scalerl.tasks import Problem, arithmetic_only_failure, solvable_state
 
 if TYPE_CHECKING:
-    from scalerl.evaluation.runner import Context, EvalOptions
+    from scalerl.evaluation.context import Context, EvalOptions
 
 PREFIX_VALUE_DIR = "prefix_value"
 TREE_METHODS = ("beam", "unique")

@@ -110,7 +110,7 @@ class VLLMEngine(GenerationEngine):
         if weight_transfer == BROADCAST_BACKEND:
             from scalerl.generator.vllm_weight_transfer import register
 
-            register()
+            register(BROADCAST_BACKEND)
         if weight_transfer is not None:
             transfer["weight_transfer_config"] = {"backend": weight_transfer}
         self.llm = LLM(model=str(model_path), dtype=dtype, seed=seed, skip_tokenizer_init=True,

@@ -1,7 +1,7 @@
 """vLLM's weight-transfer seam (`weight_transfer_config`, `init_weight_transfer_engine`,
 `start_weight_update` / `update_weights` / `finish_weight_update`), and our backend for it.
 
-`VLLMEngine(weight_transfer=BACKEND)` builds vLLM with `weight_transfer_config={"backend": ...}`;
+`VLLMEngine(weight_transfer=BROADCAST_BACKEND)` builds vLLM with `weight_transfer_config={"backend": ...}`;
 `connect_weight_transfer(init_info)` and `receive_weights(update_info, version)` then drive vLLM's own
 worker calls. The backend names vLLM's registry knows:
 
@@ -27,7 +27,6 @@ from typing import Any
 from vllm.distributed.weight_transfer import WeightTransferEngine, WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.base import WeightTransferInitInfo, WeightTransferUpdateInfo
 
-from scalerl.generator.vllm_engine import BROADCAST_BACKEND as BACKEND
 from scalerl.model.weight_broadcast import BroadcastEndpoint, join_group, open_store, receive_tensors
 
 
@@ -92,7 +91,8 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         self.group = self.store = None
 
 
-def register() -> None:
-    """Make `BACKEND` known to vLLM's registry in this process (the engine runs vLLM in-process)."""
+def register(backend: str) -> None:
+    """Make our broadcast engine known to vLLM's registry in this process under `backend` (the engine runs
+    vLLM in-process and passes its BROADCAST_BACKEND: this module does not import vllm_engine, which imports it)."""
     with contextlib.suppress(ValueError):  # ValueError: already registered in this process
-        WeightTransferEngineFactory.register_engine(BACKEND, BroadcastWeightTransferEngine)
+        WeightTransferEngineFactory.register_engine(backend, BroadcastWeightTransferEngine)

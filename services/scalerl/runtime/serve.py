@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from scalerl.runtime.commands import ROLES
+from scalerl.runtime import ROLES
 from scalerl.runtime.roles import (
     PROCESS_RETRY,
     CurriculumService,

@@ -4,6 +4,7 @@
 mode). Writes are atomic: a reader never sees half an object.
 """
 
-from scalerl.store.base import Store, open_store
+from scalerl.store.base import Store
+from scalerl.store.factory import open_store
 
 __all__ = ["Store", "open_store"]

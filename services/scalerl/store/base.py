@@ -1,4 +1,4 @@
-"""Store interface and URL factory."""
+"""Store interface (the URL factory, `open_store`, is store/factory.py)."""
 
 from __future__ import annotations
 
@@ -41,14 +41,3 @@ class Store(ABC):
         if not uri.startswith(base):
             raise StoreError(f"{uri} is not in store {base}")
         return uri[len(base):]
-
-
-def open_store(url: str) -> Store:
-    """`file:///abs/path`, a plain path, or `s3://bucket/prefix` (endpoint and keys from the env)."""
-    if url.startswith("s3://"):
-        from scalerl.store.s3 import S3Store  # type: ignore[import-not-found,unused-ignore]
-
-        return S3Store.from_url(url)
-    from scalerl.store.local import LocalStore
-
-    return LocalStore(url.removeprefix("file://"))

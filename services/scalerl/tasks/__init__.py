@@ -15,7 +15,6 @@ from scalerl.tasks.countdown import (
     CountdownTask,
     check_countdown_answer,
     format_countdown_prompt,
-    parse_countdown_prompt,
     steps_to_expression,
 )
 from scalerl.tasks.countdown_search import (
@@ -23,6 +22,7 @@ from scalerl.tasks.countdown_search import (
     arithmetic_only_failure,
     countdown_moves,
     countdown_step,
+    parse_countdown_prompt,
     solvable_state,
     solve_countdown,
     step_result,

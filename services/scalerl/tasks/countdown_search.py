@@ -19,6 +19,16 @@ from scalerl.model.tokenizer import THINK_CLOSE, THINK_OPEN
 # 4300 digits it raises), and no Countdown value comes near.
 STEP_PATTERN = re.compile(r"\s*(\d{1,15})\s*([-+*/])\s*(\d{1,15})\s*=\s*(\d{1,15})\s*")
 STEP_SEPARATOR = ","
+# A prompt "3 7 25 50 -> 125:" or an answer "3 7 25 50 -> 125" (the numbers, then the target).
+_PROMPT = re.compile(r"\s*((?:\d+\s+)*\d+)\s*->\s*(\d+)\s*:?\s*")
+
+
+def parse_countdown_prompt(prompt: str) -> tuple[list[int], int]:
+    """`(numbers, target)` from a prompt `"3 7 25 50 -> 125:"` or an answer `"3 7 25 50 -> 125"`."""
+    m = _PROMPT.fullmatch(prompt)
+    if m is None:
+        raise ValueError(f"not a Countdown prompt: {prompt[:80]!r}")
+    return [int(x) for x in m.group(1).split()], int(m.group(2))
 
 
 def apply_op(a: int, op: str, b: int) -> int | None:
@@ -199,7 +209,7 @@ def arithmetic_only_failure(prompt: str, completion: str) -> bool:
     """True iff a chain's steps are all well formed with available operands (pool updated by the results
     as written) and legal operations, but at least one written result is wrong: a calculator alone would
     have fixed its arithmetic (whether it then reaches the target is another matter)."""
-    pool, _ = _parse(prompt)
+    pool, _ = parse_countdown_prompt(prompt)
     thinking = completion.removeprefix(THINK_OPEN).split(THINK_CLOSE, 1)[0]
     wrong = False
     for step in filter(None, thinking.split(STEP_SEPARATOR)):
@@ -220,13 +230,8 @@ def arithmetic_only_failure(prompt: str, completion: str) -> bool:
 def solvable_state(prompt: str, prefix: str) -> bool:
     """Whether the exhaustive solver can still make the target from the pool after `prefix`'s steps
     (both "a op b=c," and calculator "a op b=c" prefixes)."""
-    pool, target = _parse(prompt)
+    pool, target = parse_countdown_prompt(prompt)
     for step in filter(None, prefix.removeprefix(THINK_OPEN).split(THINK_CLOSE, 1)[0].split(STEP_SEPARATOR)):
         pool = countdown_step(pool, step) or []
     return bool(pool) and solve_countdown(pool, target) is not None
 
-
-def _parse(prompt: str) -> tuple[list[int], int]:
-    from scalerl.tasks.countdown import parse_countdown_prompt  # countdown.py imports this module
-
-    return parse_countdown_prompt(prompt)

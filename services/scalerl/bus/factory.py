@@ -1,0 +1,20 @@
+"""`open_bus`: a bus from its URL. Apart from the interface (`bus/base.py`) so that the transports, which
+implement that interface, are never imported by it: base ← memory, kafka ← factory.
+"""
+
+from __future__ import annotations
+
+from scalerl.bus.base import Bus
+
+
+def open_bus(url: str) -> Bus:
+    """Open a bus from its URL: `memory://` or `kafka://host:port[,host:port]`."""
+    if url.startswith("memory://"):
+        from scalerl.bus.memory import MemoryBus
+
+        return MemoryBus()
+    if url.startswith("kafka://"):
+        from scalerl.bus.kafka import KafkaBus  # type: ignore[import-not-found,unused-ignore]
+
+        return KafkaBus(url.removeprefix("kafka://"))
+    raise ValueError(f"bus URL {url!r}: expected memory:// or kafka://HOST:PORT")
