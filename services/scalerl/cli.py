@@ -33,6 +33,11 @@ def _load(args: argparse.Namespace) -> JobSpec:
     from scalerl.runtime.setup import validate_resources
 
     spec = load_spec(args.spec, args.set)
+    if getattr(args, "smoke", False):
+        from scalerl.runtime.smoke import smoke_banner, smoke_spec
+
+        spec, overrides = smoke_spec(args.spec, args.set, spec)
+        print(smoke_banner(overrides))
     validate_resources(spec)
     return spec
 
@@ -44,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec = _load(args)
     except SpecError as exc:
         return _fail(str(exc))
-    out = Path(args.out) if args.out else Path("runs") / spec.name
+    out = Path(args.out) if args.out else Path("runs") / (f"{spec.name}-smoke" if args.smoke else spec.name)
     from scalerl.endpoints import output_dir_problem
 
     problem = output_dir_problem("--out", out)
@@ -150,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     spec_args(run)
     run.add_argument("--out", help="run folder (default runs/<name>)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    run.add_argument("--smoke", action="store_true",
+                     help="check the set-up: a few steps with a tiny evaluation (caps printed; default --out "
+                          "runs/<name>-smoke)")
     run.set_defaults(func=cmd_run)
     add_distributed_args(run)
     register_serve(sub)

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 # The interruption phrase of the ScaleRL paper (v1 main text, scalerl-spec.md §2.9). It must match
 # exactly; the revision's wording differs ("...formulate an answer now.").
@@ -73,9 +74,18 @@ class ModelConfig(_Strict):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available.")
 
 
+# Task kinds built into scalerl (tasks/registry.py builds them); any other kind is a plugin's (plugins.py).
+TASK_KINDS: tuple[str, ...] = ("addition", "multiplication", "countdown", "jsonl")
+
+
 class TaskConfig(_Strict):
-    kind: Literal["addition", "multiplication", "countdown", "jsonl"] = Field(
-        "addition", description="Verifiable task family.")
+    kind: str = Field("addition", min_length=1, max_length=100, description=(
+        "Verifiable task family: addition, multiplication, countdown, jsonl (a JSON Lines dataset), or the "
+        "name of a task an installed package registers in the `scalerl.tasks` entry-point group "
+        "(docs/guides/own-task.md)."))
+    options: dict[str, Any] = Field({}, description=(  # pydantic copies the {} per instance
+        "Settings of a plugin task, checked by the plugin's own Options model when the spec is loaded; "
+        "must be empty for the built-in kinds and for a plugin that declares no Options."))
     digits: int = Field(3, ge=1, le=12, description="Operand digits (addition, multiplication).")
     countdown_numbers: int = Field(4, ge=3, le=6, description="Numbers given in a Countdown problem.")
     countdown_max_number: int = Field(25, ge=2, le=1000, description="Largest small number in Countdown.")
@@ -93,6 +103,31 @@ class TaskConfig(_Strict):
         "else the last number or expression; see each task's docstring). Default: the quickstart's."))
     reward_correct: float = Field(1.0, description="Reward of a correct completion (ScaleRL: +1).")
     reward_incorrect: float = Field(-1.0, description="Reward of an incorrect completion (ScaleRL: −1).")
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        if kind not in TASK_KINDS:  # a plugin's: its entry point must load (plugins.py)
+            from scalerl.plugins import PluginError, load_task_plugin
+
+            try:
+                load_task_plugin(kind, TASK_KINDS)
+            except PluginError as exc:
+                raise PydanticCustomError("task_kind", "{error}", {"error": str(exc)}) from None
+        return kind
+
+    @field_validator("options")
+    @classmethod
+    def _plugin_options(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        kind = info.data.get("kind")  # absent when the kind itself was refused
+        if kind is not None and (options or kind not in TASK_KINDS):
+            from scalerl.plugins import PluginError, check_task_options
+
+            try:
+                check_task_options(kind, options, TASK_KINDS)  # a ValidationError keeps its own paths
+            except PluginError as exc:
+                raise PydanticCustomError("task_options", "{error}", {"error": str(exc)}) from None
+        return options
 
     @model_validator(mode="after")
     def _jsonl_needs_path(self) -> TaskConfig:
@@ -220,6 +255,9 @@ class EvalConfig(_Strict):
         "Held-out prompts sampled together (× samples_per_prompt sequences); null = "
         "generation.prompts_per_batch. On a CPU a decode step reads every weight once whatever the batch, "
         "so a larger eval batch costs little more per step than a small one."))
+    limit_prompts: int | None = Field(None, ge=1, le=100_000, description=(
+        "Evaluate only the first N held-out prompts during training (the fingerprint of the held-out set "
+        "says which); null = all of them. `scalerl run --smoke` sets 8. `scalerl eval` has its own --limit."))
 
 
 class SFTConfig(_Strict):

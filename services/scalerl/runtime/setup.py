@@ -24,7 +24,8 @@ from scalerl.generator.factory import check_engine
 from scalerl.learner.sft import run_sft
 from scalerl.model.factory import load_model_and_tokenizer, resolve_device, save_model_and_tokenizer
 from scalerl.model.sources import ModelSourceError, check_model_path
-from scalerl.tasks import DatasetError, Problem, Task, build_task, validate_jsonl
+from scalerl.tasks import DatasetError, Problem, Task, validate_jsonl
+from scalerl.tasks.registry import plugin_task_problem, task_from_config
 from scalerl.verifier.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ def validate_resources(spec: JobSpec) -> None:
                 validate_jsonl(path)
             except DatasetError as exc:
                 raise SpecError(f"task.{field}: {exc}") from None
+    elif (problem := plugin_task_problem(t)) is not None:  # a plugin's task that cannot be built
+        raise SpecError(problem)
     if spec.model.path is not None:
         try:
             check_model_path(spec.model.path)
@@ -67,10 +70,7 @@ def configure_threads(spec: JobSpec) -> int:
 
 def make_task(spec: JobSpec) -> Task:
     """The spec's task; its problems and split depend on `task.data_seed` only (not on the run's `seed`)."""
-    t = spec.task
-    return build_task(t.kind, seed=t.data_seed, train_size=t.train_size, eval_size=t.eval_size, digits=t.digits,
-                      countdown_numbers=t.countdown_numbers, countdown_max_number=t.countdown_max_number,
-                      train_path=t.train_path, eval_path=t.eval_path, phrasing=t.phrasing)
+    return task_from_config(spec.task)
 
 
 def make_verifier(spec: JobSpec, task: Task) -> Verifier:

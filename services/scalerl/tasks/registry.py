@@ -1,16 +1,21 @@
 """`build_task`: one entry point from the `task` section of a job spec to a `Task`.
 
-Kinds dispatch through `_BUILDERS` (one small function each), not an if/elif ladder. Every bad value
+Kinds dispatch through `_BUILDERS` (one small function each), not an if/elif ladder; any other kind
+is a plugin's, found in the `scalerl.tasks` entry-point group (scalerl/plugins.py). Every bad value
 raises ValueError naming the parameter and what is allowed, so a direct caller (tests, the CLI's
 `eval`) gets the same quality of message as `JobSpec` validation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from scalerl.config import TaskConfig
+from scalerl.plugins import PluginError, check_options, load_task_plugin, options_problems
 from scalerl.tasks.arithmetic import MAX_DIGITS, AdditionTask, MultiplicationTask
 from scalerl.tasks.base import Task, check_phrasing, check_range
 from scalerl.tasks.countdown import CountdownTask
@@ -65,16 +70,16 @@ def build_task(
     train_path: str | Path | None = None,
     eval_path: str | Path | None = None,
     phrasing: str = "symbolic",
+    options: Mapping[str, Any] | None = None,
 ) -> Task:
-    """The task `kind` ("addition", "multiplication", "countdown" or "jsonl") with these settings.
+    """The task `kind` ("addition", "multiplication", "countdown", "jsonl" or a plugin's) with these settings.
 
     Generated kinds ignore the paths; "jsonl" ignores the generator settings and `train_size`
-    (the file decides) and needs `train_path`.
+    (the file decides) and needs `train_path`. A plugin task gets `seed`, `train_size`, `eval_size`,
+    `phrasing` and its `options` (plugins.py); the other settings are the built-in kinds'.
     `phrasing`: "symbolic" or "chat" (tasks/base.py). Problems are generated lazily, on the first
     `problems()` call; a JSONL dataset is read and validated here (`DatasetError`).
     """
-    if kind not in _BUILDERS:
-        raise ValueError(f"kind must be one of {list(TASK_KINDS)}, got {kind!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     check_range("train_size", train_size, 1, MAX_TRAIN_SIZE)
@@ -82,6 +87,45 @@ def build_task(
     check_range("digits", digits, 1, MAX_DIGITS)
     check_range("countdown_numbers", countdown_numbers, 3, 6)
     check_range("countdown_max_number", countdown_max_number, 2, 1000)
+    if kind not in _BUILDERS:
+        return _plugin_task(kind, seed=seed, train_size=train_size, eval_size=eval_size,
+                            phrasing=check_phrasing(phrasing), options=options or {})
+    if options:
+        raise ValueError(f"options: only plugin tasks take options; kind {kind!r} is built in")
     return _BUILDERS[kind](seed=seed, train_size=train_size, eval_size=eval_size, digits=digits,
                            countdown_numbers=countdown_numbers, countdown_max_number=countdown_max_number,
                            train_path=train_path, eval_path=eval_path, phrasing=check_phrasing(phrasing))
+
+
+def task_from_config(t: TaskConfig) -> Task:
+    """The task of a job spec's `task` section; its problems and split depend on `data_seed` only."""
+    return build_task(t.kind, seed=t.data_seed, train_size=t.train_size, eval_size=t.eval_size, digits=t.digits,
+                      countdown_numbers=t.countdown_numbers, countdown_max_number=t.countdown_max_number,
+                      train_path=t.train_path, eval_path=t.eval_path, phrasing=t.phrasing, options=t.options)
+
+
+def plugin_task_problem(t: TaskConfig) -> str | None:
+    """Why a plugin task cannot be built with these settings (one line naming `task`), or None; None for
+    the built-in kinds, whose settings JobSpec validation and the dataset checks cover."""
+    if t.kind in TASK_KINDS:
+        return None
+    try:
+        task_from_config(t)
+    except ValueError as exc:
+        return f"task: {exc}"
+    return None
+
+
+def _plugin_task(kind: str, *, options: Mapping[str, Any], **settings: Any) -> Task:
+    """The plugin task `kind` (entry-point group `scalerl.tasks`), built and checked to be a `Task`."""
+    try:
+        factory = load_task_plugin(kind, TASK_KINDS)
+        checked = check_options(kind, factory, options)
+    except PluginError as exc:
+        raise ValueError(f"kind: {exc}") from None
+    except ValidationError as exc:
+        raise ValueError(options_problems(exc)) from None
+    task = factory(**settings, options=checked)
+    if not isinstance(task, Task):
+        raise ValueError(f"kind: plugin task {kind!r} built a {type(task).__name__}, not a scalerl.tasks.Task")
+    return task

@@ -6,11 +6,12 @@ import re
 
 import pytest
 
+from scalerl.config import TASK_KINDS as CONFIG_KINDS
 from scalerl.tasks import TASK_KINDS, AdditionTask, CountdownTask, MultiplicationTask, build_task
 
 
 def test_kinds() -> None:
-    assert TASK_KINDS == ("addition", "multiplication", "countdown", "jsonl")
+    assert TASK_KINDS == ("addition", "multiplication", "countdown", "jsonl") == CONFIG_KINDS
     assert isinstance(build_task("addition", train_size=5, eval_size=2), AdditionTask)
     assert isinstance(build_task("multiplication", train_size=5, eval_size=2), MultiplicationTask)
     assert isinstance(build_task("countdown", train_size=5, eval_size=2), CountdownTask)
@@ -22,8 +23,9 @@ def test_kinds() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"kind": "subtraction"}, re.escape("kind must be one of ['addition', 'multiplication', 'countdown', "
-                                            "'jsonl'], got 'subtraction'")),
+        ({"kind": "subtraction"}, re.escape("kind: unknown task kind; allowed: addition, multiplication, "
+                                            "countdown, jsonl (built in), or a plugin task (")),
+        ({"kind": "addition", "options": {"digits": 2}}, "options: only plugin tasks take options"),
         ({"kind": "addition", "digits": 0}, r"digits must be an integer in \[1, 12\], got 0"),
         ({"kind": "addition", "digits": 13}, r"digits must be an integer in \[1, 12\]"),
         ({"kind": "addition", "digits": 2.5}, "digits must be an integer"),

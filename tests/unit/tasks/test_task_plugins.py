@@ -1,0 +1,134 @@
+"""Tasks from other packages (`scalerl.tasks` entry points): found, validated, built, refused clearly.
+
+The example plugin (examples/plugin, `reverse`) and a few broken ones are "installed" as dist-info
+folders in the test's own temporary folder put on `sys.path` (tests/plugin_dist.py), so the shared
+environment is never changed and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plugin_dist import REPO, forget_modules, install_example_plugin, write_dist
+from scalerl.config import TASK_KINDS, SpecError, spec_from_dict
+from scalerl.plugins import task_plugin_names
+from scalerl.tasks import Task, build_task
+
+BUILTIN = "addition, multiplication, countdown, jsonl (built in)"
+
+
+@pytest.fixture
+def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The example plugin plus broken ones, on sys.path for this test only."""
+    root = install_example_plugin(tmp_path / "site")
+    write_dist(tmp_path / "site", "broken-plugins", {"scalerl.tasks": {
+        "no_options": "broken_tasks:NoOptions",
+        "not_a_task": "broken_tasks:not_a_task",
+        "missing": "no_such_module:Task",
+        "twice": "broken_tasks:NoOptions",
+        "addition": "broken_tasks:not_a_task",  # shadowed by the built-in kind, never loaded
+    }}, {"broken_tasks.py": (
+        "from scalerl.tasks import AdditionTask\n"
+        "class NoOptions(AdditionTask):\n"
+        "    def __init__(self, *, seed, train_size, eval_size, phrasing, options):\n"
+        "        assert options is None\n"
+        "        super().__init__(digits=1, seed=seed, train_size=train_size, eval_size=eval_size, phrasing=phrasing)\n"
+        "def not_a_task(**kw):\n"
+        "    return 'a string'\n")})
+    write_dist(tmp_path / "site", "other-twice", {"scalerl.tasks": {"twice": "other_module:Twice"}})
+    monkeypatch.syspath_prepend(str(root))
+    yield root
+    forget_modules("scalerl_reverse", "broken_tasks")
+
+
+def _refusal(task: dict) -> str:
+    with pytest.raises(SpecError) as exc:
+        spec_from_dict({"task": task})
+    return str(exc.value)
+
+
+def test_plugin_names_leave_out_builtins(plugins) -> None:
+    assert task_plugin_names(TASK_KINDS) == ("missing", "no_options", "not_a_task", "reverse", "twice")
+
+
+def test_unknown_kind_lists_builtins_and_installed_plugins(plugins) -> None:
+    assert _refusal({"kind": "subtraction"}) == (
+        f"task.kind: unknown task kind; allowed: {BUILTIN}, or a plugin task (missing, no_options, not_a_task, "
+        "reverse, twice; entry-point group scalerl.tasks) (got 'subtraction')")
+
+
+def test_unknown_kind_without_plugins() -> None:
+    assert _refusal({"kind": "reverse"}) == (
+        f"task.kind: unknown task kind; allowed: {BUILTIN}, or a plugin task (none installed; entry-point group "
+        "scalerl.tasks) (got 'reverse')")
+
+
+def test_plugin_kind_and_its_options_are_validated(plugins) -> None:
+    spec = spec_from_dict({"task": {"kind": "reverse", "options": {"length": 3}}})
+    assert spec.task.kind == "reverse" and spec.task.options == {"length": 3}
+    assert _refusal({"kind": "reverse", "options": {"length": 30}}).startswith(
+        "task.options.length: Input should be less than or equal to 12 (got 30)")
+    assert _refusal({"kind": "reverse", "options": {"colour": "red"}}).startswith(
+        "task.options.colour: unknown field")
+
+
+def test_options_are_refused_where_nothing_reads_them(plugins) -> None:
+    assert _refusal({"kind": "addition", "options": {"digits": 2}}) == (
+        "task.options: only plugin tasks take options; task.kind 'addition' is built in (set its task.* fields)")
+    assert _refusal({"kind": "no_options", "options": {"x": 1}}).startswith(
+        "task.options: plugin task 'no_options' takes no options (it declares no Options model); got ['x']")
+    assert isinstance(build_task("no_options", train_size=5, eval_size=2), Task)
+
+
+def test_broken_plugins_are_refused_in_one_line(plugins) -> None:
+    missing = _refusal({"kind": "missing"})
+    assert missing.startswith("task.kind: plugin task 'missing' (no_such_module:Task) cannot be loaded: "
+                              "ModuleNotFoundError: No module named 'no_such_module'")
+    assert "\n" not in missing
+    twice = _refusal({"kind": "twice"})
+    assert twice.startswith("task.kind: plugin task 'twice' is registered twice: ") and "uninstall one" in twice
+    with pytest.raises(ValueError, match=r"kind: plugin task 'not_a_task' built a str, not a scalerl\.tasks\.Task"):
+        build_task("not_a_task")
+
+
+def test_the_example_plugin_builds_a_task(plugins) -> None:
+    task = build_task("reverse", seed=3, train_size=50, eval_size=5, options={"length": 3, "letters": 4})
+    train, held = task.problems("train"), task.problems("eval")
+    assert len(train) == 50 and len(held) == 5
+    assert not {p.prompt for p in train} & {p.prompt for p in held}
+    p = held[0]
+    word = p.prompt.removeprefix("rev ").removesuffix("=")
+    assert len(word) == 3 and set(word) <= set("abcd") and p.answer == word[::-1]
+    assert p.solution == f"<think>{' '.join(word[::-1])}</think>{word[::-1]}"
+    assert task.is_correct(p.solution, p.answer) and not task.is_correct(f"<think></think>{word}x", p.answer)
+    # the data seed decides the problems
+    assert build_task("reverse", seed=3, train_size=50, eval_size=5).problems("eval") != held
+    with pytest.raises(ValueError, match=r"options.length: Input should be less than or equal to 12 \(got 13\)"):
+        build_task("reverse", options={"length": 13})
+
+
+def test_a_bad_kind_is_refused_by_the_cli_without_importing_torch(plugins, tmp_path: Path) -> None:
+    """The real process: exit 2, one line naming task.kind and the installed plugin, and no torch."""
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("task:\n  kind: revers\n")
+    probe = ("import sys\nfrom scalerl.cli import main\ncode = main(sys.argv[1:])\n"
+             "print(f'torch imported: {\"torch\" in sys.modules}', file=sys.stderr)\nsys.exit(code)\n")
+    env = {"PYTHONPATH": f"{plugins}:{REPO / 'services'}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", probe, "run", str(spec), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, env=env, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert "error: task.kind: unknown task kind; allowed: " in lines[0] and "reverse" in lines[0]
+    assert lines[1:] == ["torch imported: False"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_spec_with_a_plugin_task_round_trips(plugins) -> None:
+    spec = spec_from_dict({"task": {"kind": "reverse", "options": {"letters": 5}}})
+    again = spec_from_dict(json.loads(spec.model_dump_json()))
+    assert again.task == spec.task
