@@ -21,16 +21,21 @@ if TYPE_CHECKING:
     from scalerl.config import JobSpec
 
 EXIT_BAD_INPUT = 2
+log = logging.getLogger("scalerl.cli")
 
 
-def _fail(msg: str) -> int:
-    print(f"scalerl: error: {msg}", file=sys.stderr)
+def _fail(command: str, problems: str | list[str]) -> int:
+    """Print every problem as `scalerl COMMAND: error: PROBLEM`, one line each; the exit status of bad input."""
+    for line in problems.splitlines() if isinstance(problems, str) else problems:
+        print(f"scalerl {command}: error: {line}", file=sys.stderr)
     return EXIT_BAD_INPUT
 
 
 def _load(args: argparse.Namespace) -> JobSpec:
+    """The validated spec and every check of what it points at (runtime/preflight.py: no torch imported);
+    SpecError lists every problem, one line each."""
     from scalerl.config import load_spec
-    from scalerl.runtime.setup import validate_resources
+    from scalerl.runtime.preflight import check_spec
 
     spec = load_spec(args.spec, args.set)
     if getattr(args, "smoke", False):
@@ -38,31 +43,37 @@ def _load(args: argparse.Namespace) -> JobSpec:
 
         spec, overrides = smoke_spec(args.spec, args.set, spec)
         print(smoke_banner(overrides))
-    validate_resources(spec)
+    if args.command == "sft":  # `scalerl sft` trains from the base model whatever init_checkpoint says
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"init_checkpoint": None})})
+    check_spec(spec)
     return spec
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from scalerl.config import SpecError
+    from scalerl.endpoints import output_dir_problem
 
+    spec, problems = None, []
     try:
         spec = _load(args)
     except SpecError as exc:
-        return _fail(str(exc))
-    out = Path(args.out) if args.out else Path("runs") / (f"{spec.name}-smoke" if args.smoke else spec.name)
-    from scalerl.endpoints import output_dir_problem
+        problems += str(exc).splitlines()
+    out = Path(args.out) if args.out else None
+    if out is None and spec is not None:
+        out = Path("runs") / (f"{spec.name}-smoke" if args.smoke else spec.name)
+    if out is not None and (problem := output_dir_problem("--out", out)):
+        problems.append(problem)
+    if spec is not None and out is not None and args.distributed:
+        from scalerl.runtime.commands import distributed_problems
 
-    problem = output_dir_problem("--out", out)
-    if problem is None and args.distributed:
-        from scalerl.runtime.commands import check_urls
-
-        bad_url = check_urls(args, spec.runtime.bus, spec.runtime.store, f"file://{out.absolute()}/store")[2]
-        problem = bad_url and f"{bad_url} (run --distributed)"
-    if problem:
-        return _fail(problem)
-    if out.exists() and any(out.iterdir()) and not (args.resume or args.overwrite):
-        return _fail(f"{out} already holds a run: pass --resume to continue it, --overwrite to replace it, "
-                     f"or --out DIR")
+        problems += distributed_problems(spec, out, args)
+    if problems or spec is None or out is None:
+        return _fail("run", problems)
+    if out.exists() and any(p.name != "sft" for p in out.iterdir()) and not (args.resume or args.overwrite):
+        return _fail("run", f"{out} already holds a run: pass --resume to continue it, --overwrite to replace "
+                     "it, or --out DIR")
+    log.info("spec %s checked: task %s, %d SFT + %d RL steps, model %s; run folder %s", args.spec, spec.task.kind,
+             spec.sft.steps, spec.train.steps, spec.model.path or "tiny (built from model.tiny)", out)
     if args.overwrite and not args.resume:
         shutil.rmtree(out, ignore_errors=True)
     if args.distributed:
@@ -70,7 +81,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return run_distributed(spec, out, args, show_summary=_print_summary)
     from scalerl.runtime.embedded import EmbeddedRun
+    from scalerl.runtime.progress import quiet_third_party_bars
 
+    quiet_third_party_bars()
     summary = EmbeddedRun(spec, out, resume=args.resume, show_progress=not args.quiet).run()
     _print_summary(out, summary)
     return 0
@@ -96,6 +109,9 @@ def _print_summary(out: Path, s: dict[str, object]) -> None:
     print(f"\nrun {s['name']}: {s['steps']} RL steps, {f('train_wall_s', '{:.0f}')} s of training "
           f"= {f('compute', '{:.4f}')} device-hours")
     print(f"  held-out pass rate (mean@k): {f('initial_pass_rate')} -> {f('final_pass_rate')}{_gain_text(s)}")
+    warnings = s.get("warnings")
+    for warning in warnings if isinstance(warnings, list) else []:  # e.g. the idle-steps warning: nothing learned
+        print(f"  warning: {warning}")
     if s.get("A") is not None:
         print(f"  fitted curve: A={f('A')} (asymptotic pass rate), B={f('B', '{:.2f}')} (exponent), "
               f"C_mid={f('C_mid', '{:.4f}')} device-hours")
@@ -106,26 +122,29 @@ def _print_summary(out: Path, s: dict[str, object]) -> None:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     from scalerl.config import SpecError
+    from scalerl.endpoints import output_dir_problem
 
+    spec, problems = None, []
     try:
         spec = _load(args)
     except SpecError as exc:
-        return _fail(str(exc))
-    from scalerl.runtime.progress import Progress
+        problems += str(exc).splitlines()
+    out = Path(args.out) if args.out else None if spec is None else Path("runs") / spec.name
+    if out is not None and (problem := output_dir_problem("--out", out)):
+        problems.append(problem)
+    if problems or spec is None or out is None:
+        return _fail("sft", problems)
+    if (out / "sft" / "config.json").exists() and not args.overwrite:
+        return _fail("sft", f"{out / 'sft'} exists; pass --overwrite to retrain")
+    log.info("spec %s checked: task %s, %d SFT steps, model %s; writing %s", args.spec, spec.task.kind,
+             spec.sft.steps, spec.model.path or "tiny (built from model.tiny)", out / "sft")
+    from scalerl.runtime.progress import Progress, quiet_third_party_bars
     from scalerl.runtime.setup import configure_threads, initial_model, make_task, seed_everything
 
-    out = Path(args.out)
-    from scalerl.endpoints import output_dir_problem
-
-    problem = output_dir_problem("--out", out)
-    if problem:
-        return _fail(problem)
-    if (out / "sft" / "config.json").exists() and not args.overwrite:
-        return _fail(f"{out / 'sft'} exists; pass --overwrite to retrain")
+    quiet_third_party_bars()
     shutil.rmtree(out / "sft", ignore_errors=True)
     seed_everything(spec.seed)
     configure_threads(spec)
-    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"init_checkpoint": None})})
     bar = Progress(not args.quiet).bar("SFT", spec.sft.steps, unit="step")
     _, _, info = initial_model(spec, make_task(spec), out,
                                on_sft_step=lambda s, loss: bar.update(1, loss=f"{loss:.3f}"))
@@ -146,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a field by dotted path, e.g. --set loss.type=dapo (repeatable)")
         sp.add_argument("--quiet", action="store_true", help="no progress bars")
+        sp.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log scalerl's INFO lines (also `scalerl -v COMMAND`)")
         sp.add_argument("--overwrite", action="store_true", help="replace existing outputs")
 
     from scalerl.runtime.commands import add_distributed_args
@@ -167,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sft = sub.add_parser("sft", help="supervised warm start on the task's gold chains of thought")
     spec_args(sft)
-    sft.add_argument("--out", required=True, help="folder; the model is written to OUT/sft")
+    sft.add_argument("--out", help="run folder; the model is written to OUT/sft, where `scalerl run` with the same "
+                     "--out starts from it (default runs/<name>, as for run)")
     sft.set_defaults(func=cmd_sft)
 
     from scalerl.evaluation.commands import register as register_eval
@@ -181,12 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command in ("run", "sft", "eval"):
-        from scalerl.runtime.progress import quiet_third_party_bars
-
-        quiet_third_party_bars()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.verbose:  # ours at INFO; third-party INFO chatter stays off the terminal
+        logging.getLogger("scalerl").setLevel(logging.INFO)
     return int(args.func(args))
 
 

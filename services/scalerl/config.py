@@ -28,13 +28,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from scalerl.config_errors import empty_spec_line, format_validation_error, yaml_error_line
+
 # The interruption phrase of the ScaleRL paper (v1 main text, scalerl-spec.md §2.9). It must match
 # exactly; the revision's wording differs ("...formulate an answer now.").
 SCALERL_INTERRUPTION_PHRASE = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
 
 
 class SpecError(ValueError):
-    """A job spec that cannot be run. `str()` is the one-line message shown to the user."""
+    """A job spec that cannot be run. `str()` is the message shown to the user: one line per problem."""
 
 
 class _Strict(BaseModel):
@@ -368,18 +370,7 @@ class JobSpec(_Strict):
 
 
 def _format_error(err: ValidationError) -> str:
-    first = err.errors()[0]
-    path = ".".join(str(p) for p in first["loc"]) or "<root>"
-    msg = first["msg"]
-    if first["type"] == "value_error" and not first["loc"]:  # a check across sections names its own fields
-        return msg.removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        msg = "unknown field"
-    extra = f" (and {err.error_count() - 1} more problem(s))" if err.error_count() > 1 else ""
-    value = first.get("input")
-    shown = "" if first["type"] in ("extra_forbidden", "missing") or isinstance(value, dict) \
-        else f" (got {value!r})"
-    return f"{path}: {msg}{shown}{extra}"
+    return format_validation_error(JobSpec, err)
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -437,7 +428,9 @@ def _read_tree(p: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     try:
         tree = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError(f"{p}: not valid YAML: {exc}") from None
+        raise SpecError(yaml_error_line(p, exc)) from None
+    if not tree and not seen:  # None (no document, only comments) or {}; an empty base of `extends` is fine
+        raise SpecError(empty_spec_line(p))
     if tree is None:
         tree = {}
     if not isinstance(tree, dict):

@@ -11,12 +11,14 @@ s in metrics.jsonl, else of its step record in train.jsonl; None when the run fo
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from scalerl.report.runfiles import load_run
 
 CHECKPOINT_GLOB = "step_*"
+SCORER_META = "scorer.json"
 
 
 class TargetError(ValueError):
@@ -28,6 +30,20 @@ class CheckpointRef:
     step: int
     folder: Path
     rl_device_hours: float | None
+
+
+def is_sequence_classifier(folder: Path) -> bool:
+    """A Hugging Face *ForSequenceClassification model folder (a reward model `--scorer` can use)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or [])
+
+
+def is_scorer_folder(folder: Path) -> bool:
+    """A folder `--scorer` accepts: a scalerl outcome scorer (scorer.json) or a sequence classifier."""
+    return (folder / SCORER_META).is_file() or is_sequence_classifier(folder)
 
 
 def _is_model(folder: Path) -> bool:

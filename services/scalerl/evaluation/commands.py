@@ -176,12 +176,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def plan(args: argparse.Namespace) -> Plan:
-    """Validate every argument (no model is loaded); BadArgument names the first bad one."""
+    """Validate every argument (no model is loaded, and no torch imported until all are valid); BadArgument
+    names the first bad one (every problem of the spec, one line each)."""
     from scalerl.config import SpecError, load_spec
-    from scalerl.evaluation.checkpoints import TargetError, resolve_target, start_ref
-    from scalerl.evaluation.runner import EvalOptions
-    from scalerl.evaluation.scorer import is_scorer_folder
-    from scalerl.evaluation.scorer_training import ScorerTrainingConfig
+    from scalerl.evaluation.checkpoints import TargetError, is_scorer_folder, resolve_target, start_ref
     from scalerl.generator.factory import check_engine
     from scalerl.report.runfiles import RunFileError
 
@@ -233,6 +231,9 @@ def plan(args: argparse.Namespace) -> Plan:
     if (min_thinking > 0) != (max_waits > 0):
         raise BadArgument("--min-thinking/--max-waits: give both (a minimum is enforced by at most m 'Wait' "
                           f"insertions), got --min-thinking {min_thinking} --max-waits {max_waits}")
+    from scalerl.evaluation.runner import EvalOptions
+    from scalerl.evaluation.scorer_training import ScorerTrainingConfig
+
     opts = EvalOptions(
         strategies=strategies, ks=ks, samples=samples, temperature=temperature, top_p=spec.generation.top_p,
         seed=_int("--seed", args.seed, lo=0), scorer=args.scorer,
@@ -258,8 +259,12 @@ def eval_command(args: argparse.Namespace) -> int:
     try:
         p = plan(args)
     except BadArgument as exc:
-        print(f"scalerl eval: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"scalerl eval: error: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from scalerl.runtime.progress import quiet_third_party_bars
+
+    quiet_third_party_bars()
     from scalerl.evaluation.scorer_training import ScorerDataError
     from scalerl.evaluation.session import run_plan
 

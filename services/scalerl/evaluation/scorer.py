@@ -32,10 +32,10 @@ from typing import Any, Protocol
 import torch
 from safetensors.torch import load_file, save_file
 
+from scalerl.evaluation.checkpoints import SCORER_META, is_sequence_classifier
 from scalerl.generator.role import encode_prompt
 from scalerl.model.factory import lm_head_logits, save_model_and_tokenizer, trunk_of
 
-SCORER_META = "scorer.json"
 HEAD_FILE = "value_head.safetensors"
 
 
@@ -192,18 +192,6 @@ class SequenceClassifierScorer:
         return Scores(values=values, forward_tokens=[len(s) for s in seqs])
 
 
-def is_scorer_folder(folder: Path) -> bool:
-    return (folder / SCORER_META).is_file() or _is_sequence_classifier(folder)
-
-
-def _is_sequence_classifier(folder: Path) -> bool:
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or [])
-
-
 def load_scorer(folder: Path, *, device: torch.device | None = None) -> Scorer:
     """An `OutcomeScorer` (folder with scorer.json) or a `SequenceClassifierScorer`; ValueError otherwise."""
     if (folder / SCORER_META).is_file():
@@ -217,7 +205,7 @@ def load_scorer(folder: Path, *, device: torch.device | None = None) -> Scorer:
         if device is not None:
             model.to(device)
         return OutcomeScorer(model, tokenizer, meta=meta)
-    if _is_sequence_classifier(folder):
+    if is_sequence_classifier(folder):
         return SequenceClassifierScorer(folder, device=None if device is None else str(device))
     raise ValueError(f"--scorer: {folder} is neither a scalerl outcome scorer (no {SCORER_META}) nor a Hugging "
                      "Face *ForSequenceClassification model folder")

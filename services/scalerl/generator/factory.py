@@ -10,24 +10,31 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from scalerl.config import JobSpec, SpecError
-from scalerl.generator.engine import GenerationEngine
+
+if TYPE_CHECKING:
+    from scalerl.generator.engine import GenerationEngine
 
 VLLM_MISSING = ("generation.engine: 'vllm' needs the vllm package, which this Python environment lacks; run "
                 "scalerl with the vLLM environment's python (`make install-vllm` builds it and prints its path; "
                 "the GPU image has CUDA vLLM), or set generation.engine: torch")
 
 
+def engine_problem(spec: JobSpec) -> str | None:
+    """Why the spec's engine cannot run in this environment (one line naming the field), or None. Imports
+    nothing heavy: the command line asks before loading torch."""
+    if spec.generation.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        return VLLM_MISSING
+    return None
+
+
 def check_engine(spec: JobSpec) -> None:
     """Raise SpecError (one line naming the field) when the spec's engine cannot run here."""
-    if spec.generation.engine != "vllm":
-        return
-    if importlib.util.find_spec("vllm") is None:
-        raise SpecError(VLLM_MISSING)
+    problem = engine_problem(spec)
+    if problem is not None:
+        raise SpecError(problem)
 
 
 def make_engine(spec: JobSpec, model: Any, tokenizer: Any, *, seed: int, workdir: Path,
@@ -38,6 +45,8 @@ def make_engine(spec: JobSpec, model: Any, tokenizer: Any, *, seed: int, workdir
         from scalerl.generator.torch_engine import TorchEngine
 
         return TorchEngine(model, tokenizer, fp32_head=spec.model.fp32_lm_head, seed=seed)
+    import torch
+
     from scalerl.generator.vllm_engine import VLLMEngine
     from scalerl.model.factory import save_model_and_tokenizer
 

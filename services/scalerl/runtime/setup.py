@@ -1,8 +1,7 @@
 """Building a job's parts from its spec: task, problems, verifier, model (with SFT warm start).
 
-`validate_resources` runs before anything is written, so a missing or malformed dataset is rejected
-with the field's dotted path just like a bad value in the YAML (exit status 2, output folder
-untouched).
+What the spec points at (datasets, model files, budgets against the model's positions, the engine) is
+checked before this module and its torch are imported: `runtime/preflight.py`, called by the command line.
 """
 
 from __future__ import annotations
@@ -18,42 +17,15 @@ import numpy as np
 import torch
 
 from scalerl.bus.validate import Limits
-from scalerl.config import JobSpec, SpecError
+from scalerl.config import JobSpec
 from scalerl.curriculum.curriculum import Curriculum
-from scalerl.generator.factory import check_engine
 from scalerl.learner.sft import run_sft
 from scalerl.model.factory import load_model_and_tokenizer, resolve_device, save_model_and_tokenizer
-from scalerl.model.sources import ModelSourceError, check_model_path
-from scalerl.tasks import DatasetError, Problem, Task, validate_jsonl
-from scalerl.tasks.registry import plugin_task_problem, task_from_config
+from scalerl.tasks import Problem, Task
+from scalerl.tasks.registry import task_from_config
 from scalerl.verifier.verifier import Verifier
 
 log = logging.getLogger(__name__)
-
-
-def validate_resources(spec: JobSpec) -> None:
-    """Check every file the spec names; raise SpecError naming the field."""
-    t = spec.task
-    if t.kind == "jsonl":
-        for field in ("train_path", "eval_path"):
-            path = getattr(t, field)
-            if path is None:
-                continue
-            try:
-                validate_jsonl(path)
-            except DatasetError as exc:
-                raise SpecError(f"task.{field}: {exc}") from None
-    elif (problem := plugin_task_problem(t)) is not None:  # a plugin's task that cannot be built
-        raise SpecError(problem)
-    if spec.model.path is not None:
-        try:
-            check_model_path(spec.model.path)
-        except ModelSourceError as exc:
-            raise SpecError(f"model.path: {exc}") from None
-    init = spec.model.init_checkpoint
-    if init is not None and not (Path(init) / "config.json").is_file():
-        raise SpecError(f"model.init_checkpoint: {init} is not a Hugging Face model folder (no config.json)")
-    check_engine(spec)
 
 
 def seed_everything(seed: int) -> None:

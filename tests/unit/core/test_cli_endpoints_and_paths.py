@@ -14,7 +14,8 @@ from scalerl.cli import main
 from scalerl.endpoints import bus_problem, output_dir_problem, output_file_problem, store_problem, target_problem
 from scalerl.evaluation.commands import frontier_plot_path
 
-GOOD = "name: t\ntask:\n  kind: addition\n  digits: 2\noff_policy:\n  mode: pipeline\n"
+GOOD = ("name: t\ntask:\n  kind: addition\n  digits: 2\noff_policy:\n  mode: pipeline\ngeneration:\n"
+        "  thinking_budget_tokens: 48\n  answer_budget_tokens: 8\n  interruption:\n    window_tokens: [40, 48]\n")
 STORE = "--store=file:///tmp/x"
 
 
@@ -25,10 +26,11 @@ def spec(tmp_path: Path) -> str:
     return str(path)
 
 
-def _one_error_line(capsys: pytest.CaptureFixture[str], code: int, *expect: str) -> None:
+def _one_error_line(capsys: pytest.CaptureFixture[str], code: int, *expect: str, lines: int = 1) -> None:
     err = capsys.readouterr().err
     assert code == 2, err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.count("\n") == lines and "Traceback" not in err, err
+    assert all(line.startswith("scalerl ") and ": error: " in line for line in err.splitlines()), err
     for text in expect:
         assert text in err, err
 
@@ -47,6 +49,7 @@ def _one_error_line(capsys: pytest.CaptureFixture[str], code: int, *expect: str)
     (["serve", "learner", "--bus", "kafka://h:1", "--store", "relative/dir"], ("--store", "absolute path")),
     (["serve", "generator", STORE], ("runtime.bus", "'memory://'")),  # the spec's default bus, named as its field
     (["run", "{spec}", "--distributed", "--bus", "kafka://h:x"], ("--bus", "'x'", "(run --distributed)")),
+    (["run", "{spec}", "--distributed"], ("--bus: missing", "--bus kafka://HOST:PORT", "(run --distributed)")),
     (["eval", "/nonexistent/run", "--engine", "grpc", "--target", "localhost"], ("--target", "HOST:PORT")),
     (["eval", "/nonexistent/run", "--engine", "grpc"], ("--target", "missing")),
     (["eval", "/nonexistent/run", "--engine", "grpc", "--target", "h:0"], ("--target", "1-65535")),
@@ -65,15 +68,16 @@ def test_malformed_endpoint_exits_2_naming_the_option(spec, tmp_path, capsys, ar
     (["eval", "{tmp}/ghost-run", "--json", "/nonexistent/x.json"], ("--json", "'/nonexistent'", "does not exist")),
     (["eval", "{tmp}/ghost-run", "--plot", "/nonexistent/x.png"], ("--plot", "does not exist")),
     (["eval", "{tmp}/ghost-run", "--plot", "{tmp}"], ("--plot", "is a folder")),
-    (["fit", "{tmp}/ghost.jsonl", "--plot", "/nonexistent/fit.png"], ("--plot", "does not exist")),
-    (["compare", "{tmp}/a", "{tmp}/b", "--plot", "/nonexistent/c.png"], ("--plot", "does not exist")),
+    # every problem is listed: the missing inputs as well as the plot's folder
+    (["fit", "{tmp}/ghost.jsonl", "--plot", "/nonexistent/fit.png"], ("--plot", "ghost.jsonl does not exist")),
+    (["compare", "{tmp}/a", "{tmp}/b", "--plot", "/nonexistent/c.png"], ("--plot", "/a does not exist", "/b does")),
     (["run", "{spec}", "--out", "{tmp}/spec.yaml/out"], ("--out", "cannot be created")),
     (["run", "{spec}", "--out", "{tmp}/spec.yaml"], ("--out", "is a file")),
     (["sft", "{spec}", "--out", "{tmp}/spec.yaml"], ("--out", "is a file")),
 ])
 def test_unusable_output_path_exits_2_before_any_work(spec, tmp_path, capsys, argv, expect):
     argv = [a.replace("{spec}", spec).replace("{tmp}", str(tmp_path)) for a in argv]
-    _one_error_line(capsys, main(argv), *expect)
+    _one_error_line(capsys, main(argv), *expect, lines={"fit": 2, "compare": 3}.get(argv[0], 1))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"], "nothing written"
 
 

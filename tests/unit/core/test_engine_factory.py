@@ -15,7 +15,8 @@ from scalerl.generator.factory import VLLM_MISSING, make_engine
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.model.factory import load_model_and_tokenizer, save_model_and_tokenizer
 
-SPEC = "name: t\ntask:\n  kind: addition\n  digits: 2\ngeneration:\n  engine: vllm\n"
+SPEC = ("name: t\ntask:\n  kind: addition\n  digits: 2\ngeneration:\n  engine: vllm\n  thinking_budget_tokens: 48\n"
+        "  answer_budget_tokens: 8\n  interruption:\n    window_tokens: [40, 48]\n")
 
 
 def _one_line_exit_2(code: int, capsys: pytest.CaptureFixture[str]) -> None:

@@ -50,3 +50,27 @@ def test_group_of_one_with_zero_variance_filter_is_rejected():
     assert "\n" not in msg and "allowed:" in msg
     assert spec_from_dict({"generation": {"group_size": 1}, "loss": {"zero_variance_filter": False}})
     assert spec_from_dict({"generation": {"group_size": 2}})
+
+
+def test_bar_shows_a_dash_where_the_step_has_no_loss():
+    from scalerl.runtime.trainer import step_postfix
+
+    idle = {"loss": None, "train_pass_rate": 0.0, "staleness_mean": None}
+    assert step_postfix(idle) == {"loss": "—", "train_pass": "0.00", "stale": "—"}
+    assert step_postfix({"loss": 0.0, "train_pass_rate": 0.5, "staleness_mean": 1.25})["loss"] == "0.000"
+
+
+def test_final_summary_states_the_idle_warning(tmp_path, capsys):
+    from scalerl.cli import _print_summary
+
+    idle = IdleSteps(warn_after=2)
+    for _ in range(3):
+        idle.observe(0, 4)
+    summary = {"name": "idle", "steps": 3, "initial_pass_rate": 0.1, "final_pass_rate": 0.1, "gain": 0.0,
+               "warnings": [idle.warning()]}
+    _print_summary(tmp_path, summary)
+    out = capsys.readouterr().out
+    assert "gain +0.000" in out
+    assert "  warning: 3 consecutive RL steps trained on nothing" in out and "the policy is not learning" in out
+    _print_summary(tmp_path, {**summary, "warnings": None})
+    assert "warning" not in capsys.readouterr().out
