@@ -36,7 +36,7 @@ PYTEST_ARGS ?=
 RETRAIN_TESTS ?= tests/unit tests/e2e
 ALT_KERNELS = $(PY) -c "import torch; print('default' if torch.backends.cpu.get_cpu_capability() == 'AVX2' else 'avx2')"
 
-.PHONY: install install-vllm lock-vllm test-vllm install-dev run test test-unit test-other-kernels lint typecheck bench crd protos lock docs \
+.PHONY: install install-vllm lock-vllm test-vllm install-dev run test test-unit test-other-kernels lint typecheck bench bench-chaos crd protos lock docs \
         infra-up infra-build infra-down clean
 
 install: $(RUNTIME_STAMP)
@@ -116,7 +116,15 @@ typecheck: install-dev
 bench: install-dev install-vllm infra-up
 	set -a; source build/infra.env; set +a; $(PY) bench/run_bench.py --out bench/results.json && \
 	$(VLLM_RUN) bench/model_bench.py --out bench/results.json && \
-	$(VLLM_RUN) bench/bf16_head_bench.py --out bench/results.json
+	$(VLLM_RUN) bench/bf16_head_bench.py --out bench/results.json && \
+	$(PY) bench/chaos_bench.py --out bench/results.json $(CHAOS_ARGS)
+
+# The chaos section alone (bench/chaos_bench.py: distributed runs under seeded fault plans, >= 50 seeds,
+# about 2 minutes each on 2 cores); CHAOS_ARGS="--seeds 5" for a shorter look.
+CHAOS_ARGS ?=
+bench-chaos: install-dev
+	$(VENV_PATH) bash scripts/infra/up.sh kafka minio
+	set -a; source build/infra.env; set +a; $(PY) bench/chaos_bench.py --out bench/results.json $(CHAOS_ARGS)
 
 # Python stubs of protos/ into the gitignored scalerl/rpc/gen (also done by install and on import).
 protos: install

@@ -77,6 +77,18 @@ def addition_run_spec():
     return make
 
 
+@pytest.fixture(scope="session")
+def mixed_start(tmp_path_factory, addition_run_spec) -> str:
+    """One mixed-reward warm start (`warm_start.mixed_reward_warm_start`) of the addition run, shared by the
+    session's runs: its SFT reads only the model, task, SFT settings and seed, the same in every
+    `addition_run_spec` (the steps, k and checkpoints given here do not enter it)."""
+    from warm_start import mixed_reward_warm_start
+
+    spec = addition_run_spec("sft", None, steps=1, off_policy={"mode": "pipeline", "k": 1}, checkpoint_every=1,
+                             eval_every=1)
+    return mixed_reward_warm_start(spec, tmp_path_factory.mktemp("mixed-start"))
+
+
 @pytest.fixture
 def tiny_model(tiny_spec, tokenizer):
     from scalerl.model.factory import build_tiny_model

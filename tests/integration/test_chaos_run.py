@@ -16,19 +16,17 @@ import pytest
 
 from scalerl.faults.chaos import run_chaos
 from scalerl.faults.plan import CRASH_POINTS, KINDS, chaos_plan
-from warm_start import mixed_reward_warm_start
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 
-STEPS, CHECKPOINT_EVERY = 10, 4
+STEPS, CHECKPOINT_EVERY = 8, 4
 RUN = {"steps": STEPS, "off_policy": {"mode": "pipeline", "k": 2}, "checkpoint_every": CHECKPOINT_EVERY,
        "eval_every": STEPS, "partitions": 2}
 
 
 @pytest.mark.timeout(1200)
-def test_chaos_run_keeps_the_accounting_identity(infra, s3_env, unique, tmp_path, addition_run_spec):
-    start = mixed_reward_warm_start(addition_run_spec("sft", None, **RUN), tmp_path / "sft")
-    spec = addition_run_spec(unique, start, **RUN)
+def test_chaos_run_keeps_the_accounting_identity(infra, s3_env, unique, tmp_path, addition_run_spec, mixed_start):
+    spec = addition_run_spec(unique, mixed_start, **RUN)
     plan = chaos_plan(7, n_faults=12, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY)
     assert len(plan.faults) >= 10 and set(plan.kinds()) == set(KINDS)
 

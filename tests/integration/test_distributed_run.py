@@ -33,7 +33,6 @@ from scalerl.rpc.convert import decode_envelope
 from scalerl.runtime.launcher import LocalCluster
 from scalerl.store.factory import open_store
 from scalerl.store.weights import highest_version
-from warm_start import mixed_reward_warm_start
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 
@@ -45,10 +44,10 @@ RUN = {"steps": STEPS, "off_policy": {"mode": "pipeline", "k": 2}, "checkpoint_e
        "partitions": 2}
 
 
-@pytest.fixture(scope="module")
-def sft_start(tmp_path_factory, addition_run_spec) -> str:
-    """One warm start whose groups have mixed rewards by construction (checked), shared by the tests here."""
-    return mixed_reward_warm_start(addition_run_spec("sft", None, **RUN), tmp_path_factory.mktemp("sft"))
+@pytest.fixture
+def sft_start(mixed_start) -> str:
+    """One warm start whose groups have mixed rewards by construction (checked), shared by the session."""
+    return mixed_start
 
 
 @pytest.mark.timeout(900)

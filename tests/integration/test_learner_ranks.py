@@ -27,7 +27,6 @@ from scalerl.runtime.launcher import LocalCluster
 from scalerl.store import open_store
 from scalerl.store.checkpoints import latest_checkpoint_name
 from scalerl.store.weights import load_weights
-from warm_start import mixed_reward_warm_start
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 
@@ -70,9 +69,9 @@ def _replay(spec, folder: str | Path, groups_per_step: list[list[ScoredGroup]],
 
 
 @pytest.mark.timeout(900)
-def test_two_rank_learner_matches_one_process_and_resumes(infra, unique, tmp_path, addition_run_spec):
-    warm = mixed_reward_warm_start(addition_run_spec("sft", None, **RUN), tmp_path / "warm")  # mixed groups
-    spec = addition_run_spec(unique, warm, **RUN)
+def test_two_rank_learner_matches_one_process_and_resumes(infra, unique, tmp_path, addition_run_spec,
+                                                          mixed_start):
+    spec = addition_run_spec(unique, mixed_start, **RUN)  # mixed groups
     out = tmp_path / "run"
     store_url = f"s3://{unique}/job"
     cluster = LocalCluster(spec, out, f"kafka://{infra.kafka_bootstrap}", store_url, generators=1, verifiers=1,

@@ -30,7 +30,6 @@ import pytest
 
 from scalerl.bus.kafka import KafkaBus
 from scalerl.runtime.launcher import LocalCluster
-from warm_start import mixed_reward_warm_start
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 
@@ -76,11 +75,10 @@ def _side_ports(cluster: LocalCluster, deadline: float) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def run(infra: Any, observability: Any, tmp_path_factory: pytest.TempPathFactory,
-        addition_run_spec: Any) -> Iterator[Run]:
+        addition_run_spec: Any, mixed_start: str) -> Iterator[Run]:
     """The run, its roles exporting traces to Jaeger and listed in Prometheus's file_sd, until the module ends."""
     job = f"it-obs-{time.time_ns() % 10**10:010d}"
-    warm = mixed_reward_warm_start(addition_run_spec("sft", None, **RUN), tmp_path_factory.mktemp("sft"))
-    spec = addition_run_spec(job, warm, **RUN)
+    spec = addition_run_spec(job, mixed_start, **RUN)
     spec = spec.model_copy(update={"fit": spec.fit.model_copy(update={"bootstrap": 20, "min_compute_fraction": 0.0})})
     env = {**infra.s3_env(), "OTEL_EXPORTER_OTLP_ENDPOINT": observability.jaeger_otlp_grpc,
            "OTEL_RESOURCE_ATTRIBUTES": f"scalerl.job={job}"}

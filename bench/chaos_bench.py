@@ -1,0 +1,131 @@
+"""`make bench`'s chaos section (`make bench-chaos` alone): distributed runs over the real Kafka and MinIO, each
+under its own seeded fault plan (`scalerl.faults.plan.chaos_plan`), every crashed role restarted, each checked
+by the accounting identity from the bus and the store (`scalerl.faults.accounting`).
+
+Reported under `chaos` in bench/results.json: runs finished (the learner reached its last step), groups lost,
+groups double-trained, repeated step numbers and groups dead-lettered twice, summed over the runs; per fault
+kind, how often it fired and its recovery time (seconds from the fault to the next learner step; one
+ordinary step included: `step_s` is the median time between steps, for comparison); and every run's result.
+
+The runs share one warm start (`tests/warm_start.py`'s mixed-reward SFT, made once into --work).
+Environment: KAFKA_BOOTSTRAP and S3_* (build/infra.env; `make bench` starts the servers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the warm start the tests use
+
+
+def _spec(name: str, init: str | None, steps: int, checkpoint_every: int) -> Any:
+    from scalerl.config import spec_from_dict
+
+    return spec_from_dict({
+        "name": name, "seed": 3,
+        "model": {"tiny": {"hidden_size": 64, "intermediate_size": 192, "num_layers": 2, "num_heads": 2,
+                           "max_positions": 96}, "init_checkpoint": init},
+        "task": {"kind": "addition", "digits": 1, "train_size": 400, "eval_size": 8},
+        "sft": {"steps": 300, "batch_size": 32, "lr": 0.003},
+        "generation": {"group_size": 4, "thinking_budget_tokens": 32, "answer_budget_tokens": 6,
+                       "interruption": {"window_tokens": [28, 32]}, "prompts_per_batch": 4},
+        "off_policy": {"mode": "pipeline", "k": 2},
+        "optim": {"lr": 1e-4, "warmup_steps": 2},
+        "train": {"prompts_per_step": 4, "steps": steps, "checkpoint_every": checkpoint_every},
+        "eval": {"every_steps": steps, "samples_per_prompt": 2},
+        "runtime": {"threads": 1, "partitions": 2},
+    })
+
+
+def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The section's totals from the runs' results (pure)."""
+    reports = [r["report"] for r in results if r["report"] is not None]
+    kinds: dict[str, list[float]] = {}
+    fired: dict[str, int] = {}
+    for r in results:
+        for f in r["fired"]:
+            fired[str(f["kind"])] = fired.get(str(f["kind"]), 0) + 1
+        for kind, times in r["recovery_s"].items():
+            kinds.setdefault(kind, []).extend(times)
+    steps = [r["step_s"] for r in results if r["step_s"] is not None]
+    return {
+        "runs": len(results), "runs_finished": sum(r["finished"] for r in results),
+        "runs_checked": len(reports), "runs_identity_held": sum(bool(rep["ok"]) for rep in reports),
+        "groups_issued": sum(rep["issued"] for rep in reports),
+        "groups_lost": sum(len(rep["lost"]) + len(rep["lost_upstream"]) for rep in reports),
+        "groups_double_trained": sum(len(rep["double_trained"]) for rep in reports),
+        "groups_dead_lettered_twice": sum(len(rep["dead_lettered_twice"]) for rep in reports),
+        "repeated_steps": sum(len(rep["repeated_steps"]) for rep in reports),
+        "faults_fired": dict(sorted(fired.items())),
+        "recovery_s": {k: {"n": len(v), "median": round(statistics.median(v), 1), "max": round(max(v), 1)}
+                       for k, v in sorted(kinds.items())},
+        "step_s_median": round(statistics.median(steps), 2) if steps else None,
+        "recovery_unit": "seconds from the fault to the next learner step",
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="bench/results.json")
+    ap.add_argument("--seeds", type=int, default=50, help="runs, one seeded fault plan each (>= 50 for the section)")
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--faults", type=int, default=12, help="faults per plan (>= 12: every kind once + an early "
+                                                           "learner kill)")
+    ap.add_argument("--steps", type=int, default=8, help="learner steps per run")
+    ap.add_argument("--checkpoint-every", type=int, default=4)
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it counts as unfinished")
+    ap.add_argument("--work", default="build/chaos-bench", help="runs and the shared warm start go here")
+    args = ap.parse_args()
+    missing = [k for k in ("KAFKA_BOOTSTRAP", "S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY") if not os.environ.get(k)]
+    if missing:
+        print(f"chaos bench: error: {', '.join(missing)} not set (source build/infra.env; `make bench-chaos` "
+              "starts the servers)", file=sys.stderr)
+        return 2
+    from results_file import merge_sections
+    from scalerl.faults.chaos import run_chaos
+    from scalerl.faults.plan import chaos_plan
+    from scalerl.runtime.progress import quiet_third_party_bars
+    from warm_start import mixed_reward_warm_start
+
+    quiet_third_party_bars()
+    work = Path(args.work)
+    start = work / "warm-start"
+    init = str(start) if (start / "config.json").is_file() else mixed_reward_warm_start(
+        _spec("chaos-sft", None, args.steps, args.checkpoint_every), start)
+    env = {k: v for k, v in os.environ.items() if k.startswith("S3_")}
+    results: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    for i, seed in enumerate(range(args.first_seed, args.first_seed + args.seeds)):
+        job = f"chaos-{seed}-{uuid.uuid4().hex[:6]}"
+        plan = chaos_plan(seed, n_faults=args.faults, steps=args.steps, checkpoint_every=args.checkpoint_every)
+        result = run_chaos(_spec(job, init, args.steps, args.checkpoint_every), work / job, plan,
+                           bootstrap=os.environ["KAFKA_BOOTSTRAP"], store_url=f"s3://{job}/job", env=env,
+                           timeout_s=args.timeout)
+        results.append(result.to_dict())
+        done = i + 1
+        eta = (time.monotonic() - t0) / done * (args.seeds - done)
+        rep = result.report
+        print(f"chaos seed {seed}: {'finished' if result.finished else 'NOT finished'} in {result.wall_s:.0f} s, "
+              f"{len(result.fired)} faults fired; {rep.describe() if rep else result.error} "
+              f"[{done}/{args.seeds}, ETA {eta / 60:.0f} min]", flush=True)
+        merge_sections(args.out, {"chaos": {**summarise(results), "plan": {"faults": args.faults, "steps": args.steps,
+                                                                           "checkpoint_every": args.checkpoint_every},
+                                            "results": results}})
+    total = summarise(results)
+    print(f"chaos: {total['runs_finished']}/{total['runs']} runs finished, {total['groups_lost']} groups lost, "
+          f"{total['groups_double_trained']} double-trained, {total['repeated_steps']} repeated steps "
+          f"(written to {args.out})")
+    ok = total["runs_finished"] == total["runs"] == total["runs_identity_held"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
