@@ -1,6 +1,6 @@
 """`make bench`'s chaos section (`make bench-chaos` alone): distributed runs over the real Kafka and MinIO, each
 under its own seeded fault plan (`scalerl.faults.plan.chaos_plan`), every crashed role restarted, each checked
-by the accounting identity from the bus and the store (`scalerl.faults.accounting`).
+by the accounting identity from the bus and the store (`scalerl.chaos.accounting`).
 
 Reported under `chaos` in bench/results.json: runs finished (the learner reached its last step), groups lost,
 groups double-trained, repeated step numbers and groups dead-lettered twice, summed over the runs; per fault
@@ -90,7 +90,7 @@ def main() -> int:
               "starts the servers)", file=sys.stderr)
         return 2
     from results_file import merge_sections
-    from scalerl.faults.chaos import run_chaos
+    from scalerl.chaos.run import run_chaos
     from scalerl.faults.plan import chaos_plan
     from scalerl.runtime.progress import quiet_third_party_bars
     from warm_start import mixed_reward_warm_start

@@ -3,7 +3,7 @@ every kind (`scalerl.faults.plan.chaos_plan`: the learner SIGKILLed before its f
 mid-step, mid-upload and mid-announcement; a generator, a verifier and the curriculum killed mid-batch; sends,
 flushes and dead-letter sends that fail; membership dropped; the policy reader delayed), every crashed role
 restarted, and poison records that must be dead-lettered. The run must finish, and the accounting identity
-(`scalerl.faults.accounting`), read from the bus and the store, must hold: every issued group decided in
+(`scalerl.chaos.accounting`), read from the bus and the store, must hold: every issued group decided in
 exactly one step, dead-lettered once, or still in flight; no step number repeated; nothing committed without
 its output.
 """
@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from scalerl.faults.chaos import run_chaos
+from scalerl.chaos.run import run_chaos
 from scalerl.faults.plan import CRASH_POINTS, KINDS, chaos_plan
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]

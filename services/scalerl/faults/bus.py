@@ -102,8 +102,9 @@ class FaultyBus(Bus):
     def __init__(self, inner: Bus, injector: Injector) -> None:
         self.inner = inner
         self._injector = injector
-        if hasattr(inner, "_get_producer"):  # Kafka: inject under the bus's own delivery bookkeeping
-            inner._producer = FaultyProducer(inner._get_producer(), injector)
+        get_producer = getattr(inner, "_get_producer", None)
+        if get_producer is not None:  # Kafka: inject under the bus's own delivery bookkeeping
+            inner._producer = FaultyProducer(get_producer(), injector)  # type: ignore[attr-defined]
 
     def publish(self, topic: str, value: Any, *, key: str | None = None,
                 headers: dict[str, str] | None = None) -> None:

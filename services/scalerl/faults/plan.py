@@ -3,7 +3,7 @@
 A `Fault` names a role (learner, generator, verifier, curriculum), a kind and an occurrence `at` (the
 at-th time that process reaches the fault's site; counted per process lifetime). Kinds:
 
-  crash points (the process SIGKILLs itself there; `scalerl.faults.inject.crash_point`):
+  crash points (the process SIGKILLs itself there; `scalerl.faults.points.crash_point`):
     learner.step              after an optimizer step, before its commit, announcement and checkpoint
                               (at < train.checkpoint_every: before the first periodic checkpoint)
     learner.checkpoint_upload after the first file of a checkpoint is uploaded, before LATEST moves
@@ -11,7 +11,7 @@ at-th time that process reaches the fault's site; counted per process lifetime).
     generator.batch           after a batch is generated, before its rollouts are published and committed
     verifier.batch            after a batch is scored, before it is flushed and committed
     curriculum.issue          after prompts are published, before the curriculum's state is saved
-  bus faults (`scalerl.faults.inject.FaultyProducer` / `FaultyConsumer`):
+  bus faults (`scalerl.faults.bus.FaultyProducer` / `FaultyConsumer`):
     send        the at-th send of the process fails without reaching the broker (an outage past the
                 producer's delivery timeout)
     flush       the at-th flush times out (its records stay in flight)

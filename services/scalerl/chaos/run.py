@@ -1,6 +1,6 @@
 """One chaos run: a distributed job (every role its own process over Kafka and the store) under a seeded fault
 plan, with every crashed role restarted, checked at the end by the accounting identity
-(`scalerl.faults.accounting`). Used by the CI chaos test and `make bench`'s chaos section.
+(`scalerl.chaos.accounting`). Used by the CI chaos test and `make bench`'s chaos section.
 
 Besides the plan's faults the run is given records that must be dead-lettered: an undecodable record on
 `rollouts` and on `scored`, a scored group with a non-finite reward, and a prompt of a known id (a new
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalerl.faults.accounting import AccountingReport, check_accounting
+from scalerl.chaos.accounting import AccountingReport, check_accounting
 from scalerl.faults.plan import FaultPlan
 from scalerl.faults.points import fired_faults
 
