@@ -181,7 +181,7 @@ def test_a_learner_outlived_by_its_replacement_is_fenced(job, tokenizer, tiny_mo
 def test_a_restore_from_the_step_0_checkpoint_drops_the_dead_timelines_run_files(job):
     """The step-0 checkpoint holds no train.jsonl: a learner killed at step 2 and restored from it must not
     append its redone steps to the dead process's records (found by the chaos run: steps 1, 2, 3 twice)."""
-    spec, bus, ctx = job
+    _, _, ctx = job
     first = LearnerService(ctx())
     first.build()
     out = ctx().out_dir
