@@ -27,12 +27,12 @@ import torch
 
 from results_file import merge_sections
 from scalerl.config import ModelConfig
+from scalerl.console import quiet_third_party_bars
 from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
 from scalerl.generator.role import encode_prompt
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.generator.vllm_engine import VLLMEngine
 from scalerl.model.factory import completion_logprobs, load_model_and_tokenizer, save_model_and_tokenizer
-from scalerl.runtime.progress import quiet_third_party_bars
 
 TEMPERATURE = 0.7
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 2, "max_positions": 256}

@@ -91,8 +91,8 @@ def main() -> int:
         return 2
     from results_file import merge_sections
     from scalerl.chaos.run import run_chaos
+    from scalerl.console import quiet_third_party_bars
     from scalerl.faults.plan import chaos_plan
-    from scalerl.runtime.progress import quiet_third_party_bars
     from warm_start import mixed_reward_warm_start
 
     quiet_third_party_bars()

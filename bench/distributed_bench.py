@@ -25,11 +25,12 @@ from scalerl.config import JobSpec, load_spec
 from scalerl.generator.role import GeneratorRole
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.messages import RolloutGroup
+from scalerl.parts import make_task
 from scalerl.rpc.convert import encode_envelope
 from scalerl.runtime.embedded import EmbeddedRun
 from scalerl.runtime.launcher import LocalCluster
 from scalerl.runtime.roles import ensure_job_topics
-from scalerl.runtime.setup import job_limits, make_task
+from scalerl.runtime.setup import job_limits
 from scalerl.store.s3 import S3Store
 from scalerl.store.weights import publish_weights
 

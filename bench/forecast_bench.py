@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from results_file import merge_sections
-from scalerl.runtime.progress import quiet_third_party_bars
+from scalerl.console import quiet_third_party_bars
 
 FRACTIONS = (0.25, 0.5)
 """Fractions of the run's final compute the forecast may see (the default; `--forecast-fractions`)."""
@@ -254,9 +254,10 @@ def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], w
     summary.json written, its spec.yaml the one this run would write) is read, not trained again, and so
     is an SFT start in `work/sft`: an interrupted bench resumes, and kept runs can be re-analysed."""
     from scalerl.config import dump_spec, load_spec
+    from scalerl.parts import make_task, seed_everything
     from scalerl.runtime.embedded import EmbeddedRun
     from scalerl.runtime.outputs import RunOutputs
-    from scalerl.runtime.setup import initial_model, make_task, seed_everything
+    from scalerl.runtime.setup import initial_model
 
     t0 = time.perf_counter()
     base = load_spec(spec_path, list(overrides))
@@ -351,7 +352,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def _fractions(text: str) -> list[float]:
-    from scalerl.scaling.commands import open_fraction  # `scalerl fit --max-compute-fraction`'s own check
+    from scalerl.report.commands import open_fraction  # `scalerl fit --max-compute-fraction`'s own check
 
     try:
         fractions = sorted({open_fraction(s) for s in text.split(",") if s.strip()})

@@ -25,9 +25,10 @@ from typing import Any
 
 from results_file import merge_sections
 from scalerl.config import load_spec
+from scalerl.console import quiet_third_party_bars
+from scalerl.parts import make_task, seed_everything
 from scalerl.runtime.embedded import EmbeddedRun
-from scalerl.runtime.progress import quiet_third_party_bars
-from scalerl.runtime.setup import initial_model, make_task, seed_everything
+from scalerl.runtime.setup import initial_model
 
 KS = (1, 2, 4, 8)
 

@@ -38,14 +38,14 @@ import distributed_bench as db
 from results_file import merge_sections
 from run_bench import _median_time, bench_learner, scored_groups
 from scalerl.config import load_spec
+from scalerl.console import quiet_third_party_bars
 from scalerl.generator.engine import LengthControl, SamplingParams
 from scalerl.generator.role import encode_prompt
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.generator.vllm_engine import BROADCAST_BACKEND, VLLMEngine
 from scalerl.model.factory import load_model_and_tokenizer, save_model_and_tokenizer
 from scalerl.model.weight_broadcast import start_learner_process, update_info
-from scalerl.runtime.progress import quiet_third_party_bars
-from scalerl.runtime.setup import make_task
+from scalerl.parts import make_task
 
 KV_CACHE_BYTES = 1 << 30  # vLLM's KV cache on CPU (enough for every row of the bench at once)
 

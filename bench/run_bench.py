@@ -36,13 +36,14 @@ import forecast_bench
 import k_sweep as ks
 import step_probe
 from scalerl.config import load_spec
+from scalerl.console import quiet_third_party_bars
 from scalerl.generator.engine import LengthControl, SamplingParams
 from scalerl.generator.role import encode_prompt
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.learner.learner import Learner
 from scalerl.messages import ScoredGroup
-from scalerl.runtime.progress import quiet_third_party_bars
-from scalerl.runtime.setup import initial_model, make_task, make_verifier, seed_everything
+from scalerl.parts import make_task, make_verifier, seed_everything
+from scalerl.runtime.setup import initial_model
 
 
 def _sync() -> None:

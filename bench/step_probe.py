@@ -90,7 +90,7 @@ def probe(spec: Any, model: Any, tok: Any, task: Any, *, prompts: int, samples: 
     from scalerl.generator.role import encode_prompt, length_control
     from scalerl.generator.torch_engine import TorchEngine
     from scalerl.messages import PromptTask, RolloutGroup
-    from scalerl.runtime.setup import make_verifier
+    from scalerl.parts import make_verifier
 
     t0 = time.perf_counter()
     verifier = make_verifier(spec, task)
@@ -175,9 +175,9 @@ def format_table(result: dict[str, Any]) -> str:
 def main() -> int:
     from results_file import merge_sections
     from scalerl.config import load_spec
+    from scalerl.console import quiet_third_party_bars
     from scalerl.model.factory import load_model_and_tokenizer
-    from scalerl.runtime.progress import quiet_third_party_bars
-    from scalerl.runtime.setup import make_task, seed_everything
+    from scalerl.parts import make_task, seed_everything
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", default="examples/forecast.yaml", help="job spec (loss, task, sampling)")

@@ -16,7 +16,7 @@ from scalerl.generator.engine import SamplingParams
 from scalerl.generator.role import encode_prompt, length_control
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.model.factory import load_model_and_tokenizer
-from scalerl.runtime.setup import make_task, make_verifier
+from scalerl.parts import make_task, make_verifier
 
 
 def main() -> None:

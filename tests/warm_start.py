@@ -25,7 +25,7 @@ from scalerl.generator.role import length_control
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.learner.sft import run_sft
 from scalerl.model.factory import load_model_and_tokenizer, save_model_and_tokenizer
-from scalerl.runtime.setup import configure_threads, make_task, make_verifier
+from scalerl.parts import configure_threads, make_task, make_verifier
 
 CHECK_PROMPTS = 48
 """Training prompts sampled (a group each) to check the warm start."""

@@ -80,8 +80,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from scalerl.runtime.commands import run_distributed
 
         return run_distributed(spec, out, args, show_summary=_print_summary)
+    from scalerl.console import quiet_third_party_bars
     from scalerl.runtime.embedded import EmbeddedRun
-    from scalerl.runtime.progress import quiet_third_party_bars
 
     quiet_third_party_bars()
     summary = EmbeddedRun(spec, out, resume=args.resume, show_progress=not args.quiet).run()
@@ -138,8 +138,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
         return _fail("sft", f"{out / 'sft'} exists; pass --overwrite to retrain")
     log.info("spec %s checked: task %s, %d SFT steps, model %s; writing %s", args.spec, spec.task.kind,
              spec.sft.steps, spec.model.path or "tiny (built from model.tiny)", out / "sft")
-    from scalerl.runtime.progress import Progress, quiet_third_party_bars
-    from scalerl.runtime.setup import configure_threads, initial_model, make_task, seed_everything
+    from scalerl.console import Progress, quiet_third_party_bars
+    from scalerl.parts import configure_threads, make_task, seed_everything
+    from scalerl.runtime.setup import initial_model
 
     quiet_third_party_bars()
     shutil.rmtree(out / "sft", ignore_errors=True)
@@ -193,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     sft.set_defaults(func=cmd_sft)
 
     from scalerl.evaluation.commands import register as register_eval
-    from scalerl.scaling.commands import register as register_scaling
+    from scalerl.report.commands import register as register_scaling
 
     register_scaling(sub)
     register_eval(sub)

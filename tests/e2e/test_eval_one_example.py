@@ -8,8 +8,8 @@ import torch
 
 from scalerl.config import load_spec
 from scalerl.learner.checkpoint import STATE_FILE
+from scalerl.parts import make_task
 from scalerl.runtime.embedded import EmbeddedRun
-from scalerl.runtime.setup import make_task
 
 SHRINK = [
     "model.tiny.hidden_size=32", "model.tiny.intermediate_size=64", "model.tiny.num_layers=1",

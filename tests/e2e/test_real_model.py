@@ -50,7 +50,7 @@ def test_prompts_logprobs_and_interruption_with_the_real_tokenizer(spec, policy)
     from scalerl.generator.role import encode_prompt, length_control
     from scalerl.generator.torch_engine import TorchEngine
     from scalerl.model.factory import embedding_rows, heads_tied, model_vocab_size, sequence_logprobs
-    from scalerl.runtime.setup import make_task
+    from scalerl.parts import make_task
 
     model, tok = policy
     assert heads_tied(model) and model.lm_head.weight.dtype == torch.float32

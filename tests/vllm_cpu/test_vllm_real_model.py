@@ -30,7 +30,7 @@ TOL = 1e-3  # nats: the torch engine's own step-0 bound on this model (tests/e2e
 @pytest.fixture(scope="module")
 def real() -> tuple[Any, Any, Any, list[list[int]]]:
     from scalerl.config import load_spec
-    from scalerl.runtime.setup import make_task
+    from scalerl.parts import make_task
 
     folder = os.environ.get("SCALERL_REAL_MODEL_FOLDER")
     if not folder or not (Path(folder) / "config.json").is_file():

@@ -51,8 +51,8 @@ def _poison(bus: Any, spec: Any, job: str) -> None:
     import math
 
     from scalerl.messages import PromptTask, ScoredGroup
+    from scalerl.parts import make_task
     from scalerl.rpc.convert import decode_envelope
-    from scalerl.runtime.setup import make_task
 
     bus.publish_raw(f"{job}.rollouts", b"\x00chaos-poison-rollout", key=b"poison")
     bus.publish_raw(f"{job}.scored", b"\x00chaos-poison-scored", key=b"poison")

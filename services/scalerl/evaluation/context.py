@@ -14,9 +14,9 @@ from scalerl.evaluation.scorer_training import ScorerTrainingConfig
 
 if TYPE_CHECKING:
     from scalerl.config import JobSpec
+    from scalerl.console import Progress
     from scalerl.generator.engine import LengthControl, SamplingParams
     from scalerl.messages import Completion
-    from scalerl.runtime.progress import Progress
     from scalerl.tasks import Task
     from scalerl.verifier.verifier import Verifier
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from scalerl.console import Progress, quiet_third_party_bars
 from scalerl.evaluation.checkpoints import CheckpointRef
 from scalerl.evaluation.frontier import CheckpointCurve, frontier_report
 from scalerl.evaluation.output import (
@@ -26,7 +27,6 @@ from scalerl.evaluation.runner import Context, EmbeddedBackend, evaluate_checkpo
 from scalerl.evaluation.strategies import StrategyPoint
 from scalerl.generator.engine import LengthControl, SamplingParams, budget_forcing_of
 from scalerl.messages import Completion
-from scalerl.runtime.progress import Progress, quiet_third_party_bars
 from scalerl.tasks import Problem, Task, read_jsonl
 
 
@@ -79,7 +79,7 @@ def _evaluate_ref(plan: Any, ref: CheckpointRef, task: Task, problems: list[Prob
     """The checkpoint's JSON record, and its strategy points (for the text report)."""
     from scalerl.generator.factory import make_engine
     from scalerl.model.factory import load_model_and_tokenizer, resolve_device
-    from scalerl.runtime.setup import make_verifier
+    from scalerl.parts import make_verifier
 
     spec = plan.spec
     model, tok = load_model_and_tokenizer(spec.model, spec.seed, ref.folder)
@@ -132,7 +132,7 @@ def _text(record: dict[str, Any], points: list[StrategyPoint], what: str) -> lis
 
 
 def run_plan(plan: Any) -> tuple[dict[str, Any], str]:
-    from scalerl.runtime.setup import configure_threads, make_task, seed_everything
+    from scalerl.parts import configure_threads, make_task, seed_everything
 
     quiet_third_party_bars()
     seed_everything(plan.opts.seed)

@@ -4,6 +4,9 @@
 is the cheap online refit the training loop calls after every eval. Matplotlib is imported only when a
 plot is drawn, and numpy/scipy only when one of these names is first read (`scalerl.lazy`), so reading a
 run's files (`report.runfiles`) to check a command's arguments stays light.
+
+`scalerl fit` and `scalerl compare` live here too (`report.commands`, `report.handlers`): they read files and
+draw, so they sit above `scaling`'s pure math, which imports nothing of this package.
 """
 
 from typing import TYPE_CHECKING

@@ -105,7 +105,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     install_stop_signals(stop)
     logging.getLogger("scalerl").setLevel(logging.INFO)
     logging.getLogger("kafka").setLevel(logging.ERROR)  # reconnect chatter; errors still show
-    from scalerl.runtime.progress import quiet_third_party_bars
+    from scalerl.console import quiet_third_party_bars
 
     quiet_third_party_bars()
     # the standard OpenTelemetry variables, as the operator sets them in the pods; without an endpoint the

@@ -162,7 +162,7 @@ def run_follower(spec: JobSpec, http_port: int | None = None) -> int:
     The first rank of each other node (LOCAL_RANK 0) serves the side port (/healthz, /readyz once it
     holds its shard, /metrics), so every learner pod passes its probes; no rank but 0 serves gRPC."""
     from scalerl.model.factory import load_model_and_tokenizer, resolve_device
-    from scalerl.runtime.setup import configure_threads, seed_everything
+    from scalerl.parts import configure_threads, seed_everything
 
     seed_everything(spec.seed)
     configure_threads(spec)

@@ -35,14 +35,8 @@ from scalerl.generator.factory import make_engine
 from scalerl.generator.role import GeneratorRole
 from scalerl.messages import PolicyVersion, PromptTask, ScoredGroup
 from scalerl.model.factory import embedding_rows, load_model_and_tokenizer, resolve_device
-from scalerl.runtime.setup import (
-    configure_threads,
-    job_limits,
-    make_curriculum,
-    make_task,
-    make_verifier,
-    seed_everything,
-)
+from scalerl.parts import configure_threads, make_task, make_verifier, seed_everything
+from scalerl.runtime.setup import job_limits, make_curriculum
 from scalerl.store import Store, open_store
 from scalerl.store.fencing import Fenced
 from scalerl.telemetry.hops import hop

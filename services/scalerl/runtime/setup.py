@@ -1,4 +1,5 @@
-"""Building a job's parts from its spec: task, problems, verifier, model (with SFT warm start).
+"""Building a training run's parts from its spec: curriculum, model (with SFT warm start), records' limits.
+The parts `scalerl eval` builds too (seeds, threads, task, verifier) are in `scalerl/parts.py`.
 
 What the spec points at (datasets, model files, budgets against the model's positions, the engine) is
 checked before this module and its torch are imported: `runtime/preflight.py`, called by the command line.
@@ -7,14 +8,9 @@ checked before this module and its torch are imported: `runtime/preflight.py`, c
 from __future__ import annotations
 
 import logging
-import os
-import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import torch
 
 from scalerl.bus.validate import Limits
 from scalerl.config import JobSpec
@@ -22,33 +18,8 @@ from scalerl.curriculum.curriculum import Curriculum
 from scalerl.learner.sft import run_sft
 from scalerl.model.factory import load_model_and_tokenizer, resolve_device, save_model_and_tokenizer
 from scalerl.tasks import Problem, Task
-from scalerl.tasks.registry import task_from_config
-from scalerl.verifier.verifier import Verifier
 
 log = logging.getLogger(__name__)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def configure_threads(spec: JobSpec) -> int:
-    n = spec.runtime.threads or len(os.sched_getaffinity(0))
-    torch.set_num_threads(n)
-    return n
-
-
-def make_task(spec: JobSpec) -> Task:
-    """The spec's task; its problems and split depend on `task.data_seed` only (not on the run's `seed`)."""
-    return task_from_config(spec.task)
-
-
-def make_verifier(spec: JobSpec, task: Task) -> Verifier:
-    g = spec.generation
-    return Verifier(task, reward_correct=spec.task.reward_correct, reward_incorrect=spec.task.reward_incorrect,
-                    penalty=g.length_penalty if g.length_control == "length_penalty" else None)
 
 
 def make_curriculum(spec: JobSpec, problems: list[Problem], *, steps_in_flight: int = 1) -> Curriculum:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from scalerl.bus import Bus, TopicNames
 from scalerl.config import JobSpec, dump_spec
+from scalerl.console import Progress
 from scalerl.evaluation import evaluate_mean_at_k, paired_gain
 from scalerl.faults.points import crash_point
 from scalerl.generator.engine import SamplingParams
@@ -26,19 +27,12 @@ from scalerl.generator.torch_engine import TorchEngine
 from scalerl.learner.learner import world
 from scalerl.learner.lineage import Lineage
 from scalerl.model.factory import embedding_rows, load_model_and_tokenizer, resolve_device
+from scalerl.parts import configure_threads, make_task, make_verifier, seed_everything
 from scalerl.recipe import age_stats, merge_age_counts
 from scalerl.runtime.devices import DeviceLedger, DevicePool, read_pool_file
 from scalerl.runtime.learner_ranks import Ranks, start_learner
 from scalerl.runtime.outputs import RunOutputs
-from scalerl.runtime.progress import Progress
-from scalerl.runtime.setup import (
-    configure_threads,
-    initial_model,
-    job_limits,
-    make_task,
-    make_verifier,
-    seed_everything,
-)
+from scalerl.runtime.setup import initial_model, job_limits
 from scalerl.scaling.compute import rl_flops
 from scalerl.store import Store
 from scalerl.store.weights import publish_weights

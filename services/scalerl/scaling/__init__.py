@@ -1,6 +1,7 @@
 """Predictable scaling: fit, bootstrap, forecast and compare RL compute–performance curves (spec §1).
 
-Pure math (numpy/scipy): nothing here reads or writes files except `scaling.commands`, the CLI edge.
+Pure math (numpy/scipy): nothing here reads or writes files; the commands over it (`scalerl fit`, `scalerl
+compare`) are in `report.commands`, above both this package and the drawing.
 Compute is in device-hours throughout; pass rates are fractions in [0, 1].
 
     from scalerl.scaling import curve_from_records, analyse_curve

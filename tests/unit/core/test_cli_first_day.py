@@ -144,7 +144,7 @@ def fake_run(monkeypatch):
     module = types.ModuleType("scalerl.runtime.embedded")
     module.EmbeddedRun = _FakeRun  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "scalerl.runtime.embedded", module)
-    monkeypatch.setattr("scalerl.runtime.progress.quiet_third_party_bars", lambda: None)
+    monkeypatch.setattr("scalerl.console.quiet_third_party_bars", lambda: None)
     _FakeRun.made.clear()
     level = logging.getLogger("scalerl").level
     yield _FakeRun.made

@@ -21,10 +21,10 @@ from scalerl.bus.memory import MemoryBus
 from scalerl.learner.checkpoint import load_trainer_state
 from scalerl.messages import Completion, PolicyVersion, PromptTask, RolloutGroup, ScoredGroup
 from scalerl.model.text import encode_prompt, text_ids
+from scalerl.parts import make_task
 from scalerl.runtime import learner_service
 from scalerl.runtime.learner_service import LearnerService
 from scalerl.runtime.roles import ServiceContext
-from scalerl.runtime.setup import make_task
 from scalerl.store import open_store
 from scalerl.store.checkpoints import download_latest_checkpoint
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-from scalerl.runtime.progress import quiet_third_party_bars
+from scalerl.console import quiet_third_party_bars
 
 TRANSFORMERS_NOTICE = ("`past_key_values` is deprecated and will be removed in version 5.40.0 for "
                        "`LlamaModel.forward`. Use `cache` instead.")

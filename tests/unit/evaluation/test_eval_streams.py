@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from scalerl.console import Progress
 from scalerl.evaluation.runner import Context, EmbeddedBackend, EvalOptions, evaluate_checkpoint, stream_seed
 from scalerl.generator.engine import LengthControl, SamplingParams
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.messages import Completion
-from scalerl.runtime.progress import Progress
-from scalerl.runtime.setup import configure_threads, make_task, make_verifier
+from scalerl.parts import configure_threads, make_task, make_verifier
 
 
 @pytest.fixture

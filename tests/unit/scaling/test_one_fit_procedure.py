@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 
 from scalerl.config import FitConfig, JobSpec, dump_spec
-from scalerl.report import write_report
+from scalerl.report import commands, write_report
 from scalerl.report.online import analyse_run, fit_record
 from scalerl.report.runfiles import read_records
 from scalerl.report.tables import num
-from scalerl.scaling import commands
 
 SETTINGS = FitConfig(min_compute_fraction=0.25, bootstrap=40, seed=7, level=0.9)  # not the defaults
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cpu_budget import cpu_budget
-from scalerl.scaling import commands, handlers  # handlers: imported here, so the budget below is the fit's
+from scalerl.report import commands, handlers  # handlers: imported here, so the budget below is the fit's
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -188,7 +188,7 @@ def test_fit_of_a_few_hundred_points_is_quick(tmp_path, synth_curve, capsys) -> 
 def test_module_entry_point_runs_in_a_subprocess(make_run) -> None:
     run = make_run("sub")
     res = subprocess.run(
-        [sys.executable, "-m", "scalerl.scaling.commands", "fit", str(run), "--bootstrap", "0", "--json"],
+        [sys.executable, "-m", "scalerl.report.commands", "fit", str(run), "--bootstrap", "0", "--json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -197,7 +197,7 @@ def test_module_entry_point_runs_in_a_subprocess(make_run) -> None:
     assert res.returncode == 0, res.stderr
     assert np.isfinite(json.loads(res.stdout)["A"])
     bad = subprocess.run(
-        [sys.executable, "-m", "scalerl.scaling.commands", "fit", str(run / "missing.jsonl")],
+        [sys.executable, "-m", "scalerl.report.commands", "fit", str(run / "missing.jsonl")],
         capture_output=True,
         text=True,
         timeout=60,

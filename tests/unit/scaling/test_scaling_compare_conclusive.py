@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from scalerl.scaling import commands, compare_curves, curve_from_arrays
+from scalerl.report import commands
+from scalerl.scaling import compare_curves, curve_from_arrays
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from scalerl.config import SpecError, spec_from_dict
-from scalerl.runtime.setup import make_task
+from scalerl.parts import make_task
 from scalerl.tasks import Problem, problem_set_fingerprint
 
 SAMPLE = Path(__file__).resolve().parents[3] / "examples" / "datasets" / "arith_sample.jsonl"

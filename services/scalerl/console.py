@@ -1,5 +1,6 @@
-"""Progress bars (tqdm: count, rate and ETA) that vanish when progress is off or output is not a TTY
-and `force` is not set. One place, so every long loop looks the same."""
+"""What the terminal shows besides our own lines: progress bars (tqdm: count, rate and ETA) that vanish when
+progress is off, and third-party bars and notices kept off it. One place, so every long loop looks the same;
+below `runtime` and `evaluation`, which both draw bars. Imports transformers only in `quiet_third_party_bars`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Handlers of `scalerl fit` and `scalerl compare` (arguments in `scaling.commands`): the only file I/O
-of the scaling package. Imported when one of the commands runs, not for `--help`.
+"""Handlers of `scalerl fit` and `scalerl compare` (arguments in `report.commands`): read the metrics files,
+fit them with `scaling` (pure math) and print or draw the result. Imported when one of the commands runs, not
+for `--help`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Any
 
 from scalerl.endpoints import output_file_problem
 from scalerl.report import plots, tables
+from scalerl.report.commands import FORMULA, METRICS_SUFFIXES
 from scalerl.report.online import analysis_options
 from scalerl.report.runfiles import RunFileError, fit_settings, json_safe, metrics_file, read_records, run_name
 from scalerl.scaling.analysis import CurveAnalysis, analyse_curve
-from scalerl.scaling.commands import FORMULA, METRICS_SUFFIXES
 from scalerl.scaling.compare import Comparison, compare_curves, heldout_set_warning
 from scalerl.scaling.compute import AXES, axis_label, column_unit
 from scalerl.scaling.constants import A_AT_BOUND

@@ -1,4 +1,5 @@
-"""`scalerl fit` and `scalerl compare`: their arguments (the handlers, the only file I/O, are in `handlers`).
+"""`scalerl fit` and `scalerl compare`: their arguments (the handlers, which read the files, fit with `scaling`
+and draw with `report`, are in `report.handlers`).
 
     scalerl fit runs/quick                      # a run folder or a metrics file (JSONL, JSON list, CSV)
     scalerl fit metrics.jsonl --max-compute 50 --predict 100,200 --plot curve.png
@@ -95,8 +96,8 @@ def path_problems(command: str, args: argparse.Namespace) -> list[str]:
 
 
 def _paths_first(command: str, handler: str) -> Callable[[argparse.Namespace], int]:
-    """The command's handler (`scaling.handlers`), imported and run once `path_problems` finds nothing."""
-    run = lazy_handler("scalerl.scaling.handlers", handler)
+    """The command's handler (`report.handlers`), imported and run once `path_problems` finds nothing."""
+    run = lazy_handler("scalerl.report.handlers", handler)
 
     def checked(args: argparse.Namespace) -> int:
         problems = path_problems(command, args)
@@ -156,7 +157,7 @@ def open_fraction(text: str) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry (`python -m scalerl.scaling.commands fit ...`) until `scalerl.cli` wires it in."""
+    """Stand-alone entry (`python -m scalerl.report.commands fit ...`) until `scalerl.cli` wires it in."""
     parser = argparse.ArgumentParser(prog="scalerl")
     register(parser.add_subparsers(dest="command", required=True))
     args: Any = parser.parse_args(argv)
