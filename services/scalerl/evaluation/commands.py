@@ -5,8 +5,8 @@
     scalerl eval runs/countdown --strategy tree --n 1,2,4,8,16,32 --json out.json
     scalerl eval runs/quickstart --checkpoints all --strategy majority --n 1,4,16 --plot frontier.png
 
-Every argument is checked before any model is loaded; a bad one exits with status 2 and one line on
-stderr naming the argument and what is allowed.
+Every argument is checked before any model is loaded; bad ones exit with status 2 and one line each on
+stderr naming the argument and what is allowed (all of them, the spec's problems included).
 """
 
 from __future__ import annotations
@@ -14,15 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from scalerl.endpoints import output_file_problem, target_problem
 
 STRATEGIES = ("greedy", "sample", "majority", "best-of-n", "budget-forcing", "tree")
 EMBEDDED_ONLY = ("tree",)  # step-level stops: the Generate request has no stop ids
 EXIT_BAD_INPUT = 2
+T = TypeVar("T")
 
 
 class BadArgument(ValueError):
@@ -150,6 +152,24 @@ def _check_engine(args: argparse.Namespace, strategies: tuple[str, ...]) -> None
                               "best-of-n, budget-forcing")
 
 
+class _Problems:
+    """Every bad argument, one line each: `check` runs one parse or check and keeps going past a failure
+    (returning `default`, which is never used: `plan` raises once all are checked)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+
+    def check(self, fn: Callable[..., T], *args: Any, default: T, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except BadArgument as exc:
+            self.lines.extend(str(exc).splitlines())
+            return default
+
+
 def _check_tasks(tasks: str) -> None:
     if tasks in ("eval", "train"):
         return
@@ -175,83 +195,110 @@ def _check_outputs(args: argparse.Namespace) -> None:
             raise BadArgument(problem)
 
 
-def plan(args: argparse.Namespace) -> Plan:
-    """Validate every argument (no model is loaded, and no torch imported until all are valid); BadArgument
-    names the first bad one (every problem of the spec, one line each)."""
+def _load_target(bad: _Problems, args: argparse.Namespace) -> tuple[Any, Path | None, list[Any]]:
+    """(spec, run folder, checkpoints) of CHECKPOINT_OR_RUN and --spec; spec None after a problem."""
     from scalerl.config import SpecError, load_spec
-    from scalerl.evaluation.checkpoints import TargetError, is_scorer_folder, resolve_target, start_ref
+    from scalerl.evaluation.checkpoints import TargetError, resolve_target
     from scalerl.generator.factory import check_engine
     from scalerl.report.runfiles import RunFileError
 
-    _check_outputs(args)
-    strategies = tuple(s.strip() for s in args.strategy.split(",") if s.strip())
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if not strategies or unknown:
-        raise BadArgument(f"--strategy: unknown {unknown or [args.strategy]}; allowed: {', '.join(STRATEGIES)}")
-    ks = _ints("--n", args.n)
-    samples = _int("--samples", args.samples) if args.samples is not None else max(ks)
-    if max(ks) > samples:
-        raise BadArgument(f"--n: k = {max(ks)} is larger than --samples {samples} (the completions drawn per "
-                          f"problem); allowed: 1 <= k <= {samples}")
-    if args.checkpoints not in ("latest", "all"):
-        raise BadArgument(f"--checkpoints: {args.checkpoints!r}; allowed: latest, all")
-    _check_engine(args, strategies)
-    if args.scorer not in (None, "train") and not is_scorer_folder(Path(args.scorer)):
-        raise BadArgument(f"--scorer: {args.scorer} is not a scorer folder (scorer.json) or a Hugging Face "
-                          "*ForSequenceClassification model; allowed: PATH or train")
     try:
         spec_file, run, refs = resolve_target(args.target, which=args.checkpoints, spec=args.spec)
         spec = load_spec(spec_file)
-        if args.engine == "embedded":
-            check_engine(spec)
     except (TargetError, RunFileError, SpecError) as exc:
-        raise BadArgument(str(exc)) from None
+        bad.add(str(exc))
+        return None, None, []
+    if args.engine == "embedded":
+        try:
+            check_engine(spec)
+        except SpecError as exc:
+            bad.add(str(exc))
+    return spec, run, list(refs)
+
+
+def _tree_options(bad: _Problems, args: argparse.Namespace, strategies: tuple[str, ...]) -> dict[str, Any]:
+    """The tree search's settings (`EvalOptions.tree_*`), each bad one a line of `bad`."""
+    if args.tree_value not in ("scorer", "prefix", "solver"):
+        bad.add(f"--tree-value: {args.tree_value!r}; allowed: scorer, prefix, solver")
+    methods = tuple(m.strip() for m in args.tree_method.split(",") if m.strip())
+    if not methods or any(m not in ("unique", "beam") for m in methods):
+        bad.add(f"--tree-method: {args.tree_method!r}; allowed: unique, beam (comma-separated)")
+    if "tree" in strategies and "unique" in methods and args.no_calculator:
+        bad.add("--no-calculator: the unique tree search always computes results (use --tree-method beam)")
+    prune = None if args.tree_prune is None else bad.check(_floats, "--tree-prune", args.tree_prune,
+                                                           default=(1.0,))[0]
+    weight = 0.0 if args.tree_value_weight is None else bad.check(
+        _floats, "--tree-value-weight", args.tree_value_weight, default=(1.0,))[0]
+    return {"tree_value": args.tree_value, "tree_methods": methods, "tree_prune": prune, "tree_value_weight": weight,
+            "tree_calculator": not args.no_calculator,
+            "tree_widths": bad.check(_ints, "--beam", args.beam, default=(1,)),
+            "tree_expansions": bad.check(_int, "--expansions", args.expansions, default=1),
+            "tree_resample": bad.check(_int, "--resample-rounds", args.resample_rounds, lo=0, default=0),
+            "tree_budgets": bad.check(_ints, "--tree-budget", args.tree_budget, default=(1,))}
+
+
+def plan(args: argparse.Namespace) -> Plan:
+    """Validate every argument (no model is loaded, and no torch imported until all are valid); BadArgument
+    lists every problem, one line each (the spec's problems included)."""
+    from scalerl.evaluation.checkpoints import is_scorer_folder, start_ref
+
+    bad = _Problems()
+    bad.check(_check_outputs, args, default=None)
+    strategies = tuple(s.strip() for s in args.strategy.split(",") if s.strip())
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if not strategies or unknown:
+        bad.add(f"--strategy: unknown {unknown or [args.strategy]}; allowed: {', '.join(STRATEGIES)}")
+    ks = bad.check(_ints, "--n", args.n, default=(1,))
+    samples = bad.check(_int, "--samples", args.samples, default=max(ks)) if args.samples is not None else max(ks)
+    if max(ks) > samples:
+        bad.add(f"--n: k = {max(ks)} is larger than --samples {samples} (the completions drawn per problem); "
+                f"allowed: 1 <= k <= {samples}")
+    if args.checkpoints not in ("latest", "all"):
+        bad.add(f"--checkpoints: {args.checkpoints!r}; allowed: latest, all")
+    bad.check(_check_engine, args, strategies, default=None)
+    if args.scorer not in (None, "train") and not is_scorer_folder(Path(args.scorer)):
+        bad.add(f"--scorer: {args.scorer} is not a scorer folder (scorer.json) or a Hugging Face "
+                "*ForSequenceClassification model; allowed: PATH or train")
+    spec, run, refs = _load_target(bad, args)
+    if spec is not None and "tree" in strategies and spec.task.kind != "countdown":
+        bad.add(f"--strategy: tree needs a task with step structure (countdown); this run's task is "
+                f"{spec.task.kind!r}")
+    bad.check(_check_tasks, args.tasks, default=None)
+    temperature = None if args.temperature is None else bad.check(_floats, "--temperature", args.temperature,
+                                                                  default=(1.0,))[0]
+    max_thinking = bad.check(_ints, "--max-thinking", args.max_thinking, default=()) if args.max_thinking else None
+    min_thinking = bad.check(_int, "--min-thinking", args.min_thinking, lo=0, default=0)
+    max_waits = bad.check(_int, "--max-waits", args.max_waits, lo=0, default=0)
+    if (min_thinking > 0) != (max_waits > 0):
+        bad.add("--min-thinking/--max-waits: give both (a minimum is enforced by at most m 'Wait' insertions), "
+                f"got --min-thinking {min_thinking} --max-waits {max_waits}")
+    tree = _tree_options(bad, args, strategies)
+    seed = bad.check(_int, "--seed", args.seed, lo=0, default=0)
+    scorer_steps = bad.check(_int, "--scorer-steps", args.scorer_steps, default=1)
+    scorer_prompts = bad.check(_int, "--scorer-prompts", args.scorer_prompts, default=1)
+    limit = None if args.limit is None else bad.check(_int, "--limit", args.limit, default=1)
+    served = bad.check(_ints, "--problems-served", args.problems_served, default=(1,)) if args.problems_served else None
+    budgets = bad.check(_floats, "--budget", args.budget, default=(1.0,)) if args.budget else None
+    if bad.lines or spec is None:
+        raise BadArgument("\n".join(bad.lines))
     if args.checkpoints == "all" and run is not None and (start := start_ref(run, spec.model.init_checkpoint)):
         refs.insert(0, start)
-    if "tree" in strategies and spec.task.kind != "countdown":
-        raise BadArgument(f"--strategy: tree needs a task with step structure (countdown); this run's task is "
-                          f"{spec.task.kind!r}")
-    _check_tasks(args.tasks)
-    temperature = float(spec.eval.temperature) if args.temperature is None else _floats("--temperature",
-                                                                                         args.temperature)[0]
-    budget = spec.generation.thinking_budget_tokens
-    default_max = sorted({max(1, budget * f // 8) for f in (1, 2, 4, 6, 8)})
-    max_thinking = _ints("--max-thinking", args.max_thinking) if args.max_thinking else tuple(default_max)
-    min_thinking, max_waits = _int("--min-thinking", args.min_thinking, lo=0), _int("--max-waits", args.max_waits, lo=0)
-    if args.tree_value not in ("scorer", "prefix", "solver"):
-        raise BadArgument(f"--tree-value: {args.tree_value!r}; allowed: scorer, prefix, solver")
-    tree_methods = tuple(m.strip() for m in args.tree_method.split(",") if m.strip())
-    if not tree_methods or any(m not in ("unique", "beam") for m in tree_methods):
-        raise BadArgument(f"--tree-method: {args.tree_method!r}; allowed: unique, beam (comma-separated)")
-    if "tree" in strategies and "unique" in tree_methods and args.no_calculator:
-        raise BadArgument("--no-calculator: the unique tree search always computes results (use --tree-method beam)")
-    tree_prune = None if args.tree_prune is None else _floats("--tree-prune", args.tree_prune)[0]
-    value_weight = 0.0 if args.tree_value_weight is None else _floats("--tree-value-weight",
-                                                                      args.tree_value_weight)[0]
-    if (min_thinking > 0) != (max_waits > 0):
-        raise BadArgument("--min-thinking/--max-waits: give both (a minimum is enforced by at most m 'Wait' "
-                          f"insertions), got --min-thinking {min_thinking} --max-waits {max_waits}")
+    if max_thinking is None:  # 1/8, 1/4, 1/2, 3/4 and all of the spec's thinking budget
+        budget = spec.generation.thinking_budget_tokens
+        max_thinking = tuple(sorted({max(1, budget * f // 8) for f in (1, 2, 4, 6, 8)}))
     from scalerl.evaluation.runner import EvalOptions
     from scalerl.evaluation.scorer_training import ScorerTrainingConfig
 
     opts = EvalOptions(
-        strategies=strategies, ks=ks, samples=samples, temperature=temperature, top_p=spec.generation.top_p,
-        seed=_int("--seed", args.seed, lo=0), scorer=args.scorer,
-        scorer_training=ScorerTrainingConfig(steps=_int("--scorer-steps", args.scorer_steps),
-                                             prompts=_int("--scorer-prompts", args.scorer_prompts), seed=spec.seed),
+        strategies=strategies, ks=ks, samples=samples,
+        temperature=float(spec.eval.temperature) if temperature is None else temperature,
+        top_p=spec.generation.top_p, seed=seed, scorer=args.scorer,
+        scorer_training=ScorerTrainingConfig(steps=scorer_steps, prompts=scorer_prompts, seed=spec.seed),
         max_thinking=max_thinking, min_thinking=min_thinking, max_waits=max_waits, wait_text=args.wait_text,
-        answer_prefix=args.answer_prefix, tree_widths=_ints("--beam", args.beam),
-        tree_expansions=_int("--expansions", args.expansions), tree_value=args.tree_value,
-        tree_calculator=not args.no_calculator, tree_resample=_int("--resample-rounds", args.resample_rounds, lo=0),
-        tree_methods=tree_methods, tree_budgets=_ints("--tree-budget", args.tree_budget), tree_prune=tree_prune,
-        tree_value_weight=value_weight,
-        prompts_per_batch=spec.eval_prompts_per_batch,
+        answer_prefix=args.answer_prefix, **tree, prompts_per_batch=spec.eval_prompts_per_batch,
         show_progress=not args.quiet)
-    return Plan(spec=spec, run=run, refs=refs, opts=opts, tasks=args.tasks,
-                limit=_int("--limit", args.limit) if args.limit is not None else None, engine=args.engine,
-                grpc_target=args.grpc_target,
-                problems_served=_ints("--problems-served", args.problems_served) if args.problems_served else None,
-                budgets=_floats("--budget", args.budget) if args.budget else None)
+    return Plan(spec=spec, run=run, refs=refs, opts=opts, tasks=args.tasks, limit=limit, engine=args.engine,
+                grpc_target=args.grpc_target, problems_served=served, budgets=budgets)
 
 
 def eval_command(args: argparse.Namespace) -> int:
@@ -262,7 +309,7 @@ def eval_command(args: argparse.Namespace) -> int:
         for line in str(exc).splitlines():
             print(f"scalerl eval: error: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from scalerl.runtime.progress import quiet_third_party_bars
+    from scalerl.console import quiet_third_party_bars
 
     quiet_third_party_bars()
     from scalerl.evaluation.scorer_training import ScorerDataError

@@ -142,3 +142,22 @@ def test_refusals_import_no_heavy_module(tmp_path, argv):
     assert got["code"] == 2, got
     assert got["err"].startswith(f"scalerl {argv[0]}: error: "), got
     assert got["loaded"] == [], f"scalerl {' '.join(argv)} imported {got['loaded']} before refusing"
+
+
+def test_eval_lists_every_bad_argument(tmp_path, capsys):
+    """`scalerl eval` lists every bad argument and every problem of the run's spec, one line each, exit 2,
+    before any model or torch (before: it stopped at the first, --strategy)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spec.yaml").write_text(THREE_PROBLEMS)
+    (run / "checkpoints" / "step_000001").mkdir(parents=True)
+    (run / "checkpoints" / "step_000001" / "config.json").write_text("{}")
+    code = main(["eval", str(run), "--strategy", "sample,bogus", "--n", "0", "--seed", "-1", "--engine", "warp",
+                 "--tree-method", "deep", "--min-thinking", "4"])
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2, lines
+    assert all(line.startswith("scalerl eval: error: ") for line in lines), lines
+    named = {line.removeprefix("scalerl eval: error: ").split(":")[0] for line in lines}
+    assert named == {"--strategy", "--n", "--seed", "--engine", "--tree-method", "--min-thinking/--max-waits",
+                     "trian", "train.prompts_per_step", "optim.lr"}, lines
+    assert len(lines) == len(named), lines

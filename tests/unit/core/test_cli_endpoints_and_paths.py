@@ -60,7 +60,8 @@ def test_malformed_endpoint_exits_2_naming_the_option(spec, tmp_path, capsys, ar
         argv += ["--job", spec, "--out", str(tmp_path / "out")]
     elif argv[0] == "run":
         argv += ["--out", str(tmp_path / "out")]
-    _one_error_line(capsys, main(argv), *expect)
+    # eval lists the missing run folder too
+    _one_error_line(capsys, main(argv), *expect, lines=2 if argv[0] == "eval" else 1)
     assert not (tmp_path / "out").exists()
 
 
@@ -77,7 +78,7 @@ def test_malformed_endpoint_exits_2_naming_the_option(spec, tmp_path, capsys, ar
 ])
 def test_unusable_output_path_exits_2_before_any_work(spec, tmp_path, capsys, argv, expect):
     argv = [a.replace("{spec}", spec).replace("{tmp}", str(tmp_path)) for a in argv]
-    _one_error_line(capsys, main(argv), *expect, lines={"fit": 2, "compare": 3}.get(argv[0], 1))
+    _one_error_line(capsys, main(argv), *expect, lines={"fit": 2, "compare": 3, "eval": 2}.get(argv[0], 1))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"], "nothing written"
 
 
@@ -112,7 +113,8 @@ def test_eval_json_to_nonexistent_folder_in_a_real_process(tmp_path):
     res = subprocess.run([sys.executable, "-m", "scalerl.cli", "eval", str(tmp_path / "ghost"), "--json",
                           "/nonexistent/x.json"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 2
-    assert res.stderr.startswith("scalerl eval: error: --json '/nonexistent/x.json'") and res.stderr.count("\n") == 1
+    assert res.stderr.startswith("scalerl eval: error: --json '/nonexistent/x.json'") and res.stderr.count("\n") == 2
+    assert "ghost does not exist" in res.stderr.splitlines()[1]
 
 
 @pytest.mark.parametrize(("plot", "served", "expect"), [
