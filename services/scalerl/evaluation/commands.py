@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from scalerl.endpoints import output_file_problem, target_problem
 
@@ -153,8 +153,9 @@ def _check_engine(args: argparse.Namespace, strategies: tuple[str, ...]) -> None
 
 
 class _Problems:
-    """Every bad argument, one line each: `check` runs one parse or check and keeps going past a failure
-    (returning `default`, which is never used: `plan` raises once all are checked)."""
+    """Every bad argument, one line each: `check` runs one parse or check and keeps going past a failure,
+    returning `default`, a harmless stand-in so that the checks after it still run (`plan` raises once all
+    are checked, so no stand-in reaches a Plan)."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -162,12 +163,12 @@ class _Problems:
     def add(self, line: str) -> None:
         self.lines.append(line)
 
-    def check(self, fn: Callable[..., T], *args: Any, default: T, **kwargs: Any) -> T:
+    def check(self, fn: Callable[..., T], *args: Any, default: object, **kwargs: Any) -> T:
         try:
             return fn(*args, **kwargs)
         except BadArgument as exc:
             self.lines.extend(str(exc).splitlines())
-            return default
+            return cast(T, default)  # a stand-in of fn's type, so that later checks can go on
 
 
 def _check_tasks(tasks: str) -> None:
