@@ -18,6 +18,10 @@ The contract of the object an entry point names (a `Task` subclass or any other 
    `task.options` is refused (no setting is accepted and then ignored).
 3. A `ValueError` raised while building (an unsupported phrasing, say) refuses the spec before
    anything runs, as a bad value in the YAML is.
+4. The task's `has_solutions` property says whether its training problems carry gold solutions for
+   SFT (`Task.has_solutions`: by default it generates the training split and looks; a task overrides
+   it when it knows). A spec asking for SFT of a task without them is refused when it is checked
+   (`runtime/preflight.py`), as one of a JSONL task is.
 
 Choices:
 

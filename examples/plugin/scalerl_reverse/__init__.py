@@ -73,6 +73,11 @@ class ReverseTask(Task):
     def problems(self, split: Split) -> list[Problem]:
         return list(self._splits[check_split(split)])
 
+    @property
+    def has_solutions(self) -> bool:
+        """Every word has its gold solution (SFT may imitate it); known without generating the words."""
+        return True
+
     def extract_answer(self, completion: str) -> str | None:
         if self.phrasing == "symbolic":
             return answer_after_think(completion)

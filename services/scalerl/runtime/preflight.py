@@ -18,7 +18,7 @@ from pathlib import Path
 
 from scalerl.config import JobSpec, SpecError
 from scalerl.generator.factory import engine_problem
-from scalerl.tasks.registry import plugin_task_problem
+from scalerl.tasks.registry import TASK_KINDS, plugin_task_problem, task_from_config
 
 
 def _dataset_problems(spec: JobSpec) -> list[str]:
@@ -43,12 +43,25 @@ def _dataset_problems(spec: JobSpec) -> list[str]:
 
 
 def _sft_problem(spec: JobSpec) -> str | None:
-    """SFT asked for on a task without gold chains of thought (a JSONL record has a prompt and an answer)."""
-    if spec.sft.steps > 0 and spec.model.init_checkpoint is None and spec.task.kind == "jsonl":
-        return (f"sft.steps: {spec.sft.steps} SFT steps asked for, but task kind 'jsonl' has no gold solutions to "
-                "imitate (its records hold a prompt and an answer); allowed: sft.steps: 0 (RL from the model as "
-                "it is: give model.path a model that can answer) or model.init_checkpoint: an SFT'd model folder")
-    return None
+    """SFT asked for, with no `model.init_checkpoint` to start from, on a task without gold chains of thought
+    (`Task.has_solutions`): a JSONL dataset, a built-in task in chat phrasing, a plugin's task that has none."""
+    steps, kind = spec.sft.steps, spec.task.kind
+    if steps <= 0 or spec.model.init_checkpoint is not None:
+        return None
+    if kind == "jsonl":
+        why = "its records hold a prompt and an answer"
+    else:
+        try:
+            task = task_from_config(spec.task)
+        except ValueError:  # a plugin's task that cannot be built: plugin_task_problem names why
+            return None
+        if task.has_solutions:
+            return None
+        why = ("in task.phrasing 'chat', for instruct models; the symbolic phrasing has them" if kind in TASK_KINDS
+               else "the plugin's Task.has_solutions is False")
+    return (f"sft.steps: {steps} SFT steps asked for, but task kind {kind!r} has no gold solutions to imitate "
+            f"({why}); allowed: sft.steps: 0 (RL from the model as it is: give model.path a model that can answer) "
+            "or model.init_checkpoint: an SFT'd model folder")
 
 
 def _folder_positions(folder: Path) -> int | None:
@@ -75,20 +88,28 @@ def _model_positions(spec: JobSpec) -> tuple[int, str] | None:
 
 
 def _budget_problem(spec: JobSpec) -> str | None:
-    """The thinking and answer budgets must leave room for the prompt within the model's positions."""
+    """The thinking and answer budgets, and the interruption phrase forced at a cut (`length_control:
+    interruption`), must leave room for the prompt within the model's positions. The phrase is bounded by
+    its UTF-8 byte count, as `scalerl.bus.validate.Limits.from_spec` bounds it: no tokenizer makes more
+    tokens than bytes (byte-level BPE included), and the tokenizer is not loaded here."""
     known = _model_positions(spec)
     if known is None:
         return None
     positions, source = known
     g = spec.generation
-    total = g.thinking_budget_tokens + g.answer_budget_tokens
+    phrase = len(g.interruption.phrase.encode("utf-8")) if g.length_control == "interruption" else 0
+    total = g.thinking_budget_tokens + g.answer_budget_tokens + phrase
     if total < positions:
         return None
-    return (f"generation.thinking_budget_tokens + generation.answer_budget_tokens: {g.thinking_budget_tokens} + "
-            f"{g.answer_budget_tokens} = {total} tokens do not fit the model's {positions} positions ({source}), "
-            f"which also hold the prompt; allowed: budgets summing to less than {positions} tokens minus the "
-            "prompt's (examples/quickstart.yaml: 48 + 8 with interruption.window_tokens [40, 48]), or a model "
-            "with more positions")
+    names = "generation.thinking_budget_tokens + generation.answer_budget_tokens"
+    terms = f"{g.thinking_budget_tokens} + {g.answer_budget_tokens}"
+    if phrase:
+        names += " + generation.interruption.phrase"
+        terms += f" + {phrase} (the phrase's UTF-8 bytes, the most tokens it can take)"
+    return (f"{names}: {terms} = {total} tokens do not fit the model's {positions} positions ({source}), which "
+            f"also hold the prompt; allowed: a sum less than {positions} tokens minus the prompt's "
+            "(examples/quickstart.yaml: 48 + 8 + 81 with interruption.window_tokens [40, 48] and the default "
+            "phrase), a shorter phrase, or a model with more positions")
 
 
 def _model_problems(spec: JobSpec) -> list[str]:

@@ -116,6 +116,10 @@ class _IntegerTask(Task):
     def _solution(self, a: int, b: int) -> str:
         """Gold completion for the pair; its text after `</think>` is the answer."""
 
+    @property
+    def has_solutions(self) -> bool:
+        return self.phrasing == "symbolic"  # chat phrasing is for instruct models: no gold solution
+
     def problems(self, split: Split) -> list[Problem]:
         split = check_split(split)
         if self._cache is None:

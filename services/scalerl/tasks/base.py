@@ -71,6 +71,14 @@ class Task(ABC):
     def problems(self, split: Split) -> list[Problem]:
         """All problems of `split`, deterministic given the task's seed; train ∩ eval prompts = ∅."""
 
+    @property
+    def has_solutions(self) -> bool:
+        """Whether the train problems carry gold solutions (`Problem.solution`) for SFT to imitate. A spec
+        asking for SFT (`sft.steps > 0` and no `model.init_checkpoint`) of a task without them is refused
+        when it is checked. This default generates the train split and looks at it; a task that knows
+        without generating (or for which generating is costly) overrides it."""
+        return any(p.solution for p in self.problems("train"))
+
     def extract_answer(self, completion: str) -> str | None:
         """The final answer text after the last `</think>` (stripped); None if there is none."""
         return answer_after_think(completion)

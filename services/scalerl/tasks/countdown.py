@@ -143,6 +143,10 @@ class CountdownTask(Task):
                          f"raise countdown_max_number ({self.max_number}) or countdown_numbers "
                          f"({self.num_numbers})")
 
+    @property
+    def has_solutions(self) -> bool:
+        return self.phrasing == "symbolic"  # chat phrasing is for instruct models: no gold solution
+
     def problems(self, split: Split) -> list[Problem]:
         split = check_split(split)
         if self._cache is None:

@@ -146,6 +146,10 @@ class JsonlTask(Task):
     def problems(self, split: Split) -> list[Problem]:
         return list(self._problems[check_split(split)])
 
+    @property
+    def has_solutions(self) -> bool:
+        return False  # a record holds a prompt and an answer, no chain of thought
+
     def extract_answer(self, completion: str) -> str | None:
         return extract_math_answer(completion)
 

@@ -68,9 +68,11 @@ def test_default_budgets_do_not_fit_the_tiny_model(tmp_path, capsys):
     spec.write_text("name: t\ntask:\n  kind: addition\n")
     lines = _errors(capsys, main(["run", str(spec), "--out", str(tmp_path / "out")]))
     assert len(lines) == 1, lines
-    assert lines[0].startswith("generation.thinking_budget_tokens + generation.answer_budget_tokens: 12288 + 2048 "
-                               "= 14336 tokens do not fit the model's 512 positions (model.tiny.max_positions)")
-    assert "allowed: budgets summing to less than 512" in lines[0]
+    assert lines[0].startswith("generation.thinking_budget_tokens + generation.answer_budget_tokens + "
+                               "generation.interruption.phrase: 12288 + 2048 + 81 (the phrase's UTF-8 bytes, the most "
+                               "tokens it can take) = 14417 tokens do not fit the model's 512 positions "
+                               "(model.tiny.max_positions)"), lines
+    assert "allowed: a sum less than 512" in lines[0]
 
 
 def test_budgets_are_checked_against_a_model_folders_positions(tmp_path):
@@ -82,10 +84,31 @@ def test_budgets_are_checked_against_a_model_folders_positions(tmp_path):
                            "interruption": {"window_tokens": [50, 60]}}}
     spec = load_spec(_yaml(tmp_path, tree))
     (problem,) = spec_problems(spec)
-    assert "60 + 8 = 68 tokens do not fit the model's 64 positions (max_position_embeddings of" in problem
-    tree["generation"] = {"thinking_budget_tokens": 40, "answer_budget_tokens": 8,
-                          "interruption": {"window_tokens": [30, 40]}}
+    assert "60 + 8 + 81 (the phrase's UTF-8 bytes, the most tokens it can take) = 149 tokens do not fit the model's " \
+           "64 positions (max_position_embeddings of" in problem
+    tree["generation"] = {"thinking_budget_tokens": 32, "answer_budget_tokens": 8,
+                          "interruption": {"window_tokens": [24, 32], "phrase": "Time is up.</think>"}}
+    assert spec_problems(load_spec(_yaml(tmp_path, tree))) == []  # 32 + 8 + 19 bytes < 64
+
+
+def test_budgets_count_the_interruption_phrase(tmp_path):
+    """The phrase forced at a cut takes positions too: bounded by its UTF-8 bytes (no tokenizer makes more
+    tokens than bytes), counted only when length_control is interruption (before: left out)."""
+    tree = {"name": "t", "model": {"tiny": {"max_positions": 128}},
+            "generation": {"thinking_budget_tokens": 40, "answer_budget_tokens": 8,
+                           "interruption": {"window_tokens": [30, 40]}}}
+    (problem,) = spec_problems(load_spec(_yaml(tmp_path, tree)))  # 40 + 8 + 81 = 129
+    assert problem.startswith("generation.thinking_budget_tokens + generation.answer_budget_tokens + "
+                              "generation.interruption.phrase: 40 + 8 + 81 (the phrase's UTF-8 bytes"), problem
+    assert "= 129 tokens do not fit the model's 128 positions (model.tiny.max_positions)" in problem
+    tree["generation"]["interruption"]["phrase"] = "Zeit ist um. Ä → </think>"  # 25 characters, 28 bytes: 76
     assert spec_problems(load_spec(_yaml(tmp_path, tree))) == []
+    tree["generation"]["interruption"]["phrase"] = "é" * 40 + "</think>"  # 48 characters, 88 bytes: 136
+    (problem,) = spec_problems(load_spec(_yaml(tmp_path, tree)))
+    assert "40 + 8 + 88 (the phrase's UTF-8 bytes" in problem
+    tree["generation"] = {"thinking_budget_tokens": 40, "answer_budget_tokens": 8, "length_control": "length_penalty",
+                          "interruption": {"window_tokens": [30, 40]}}
+    assert spec_problems(load_spec(_yaml(tmp_path, tree))) == []  # no phrase is forced
 
 
 def _yaml(tmp_path: Path, tree: dict[str, Any]) -> Path:
@@ -105,6 +128,11 @@ def test_sft_on_a_task_without_gold_solutions_is_an_error(tmp_path, capsys):
     lines = _errors(capsys, main(["sft", str(spec), "--out", str(tmp_path / "out")]), "sft")
     assert lines[0].startswith("sft.steps: 5 SFT steps")
     assert spec_problems(load_spec(spec, ["sft.steps=0"])) == []
+    # a built-in task in chat phrasing has no gold solutions either (Task.has_solutions)
+    (problem,) = spec_problems(load_spec(spec, ["task.kind=addition", "task.phrasing=chat", "task.train_path=null"]))
+    assert problem.startswith("sft.steps: 5 SFT steps asked for, but task kind 'addition' has no gold solutions to "
+                              "imitate (in task.phrasing 'chat'"), problem
+    assert spec_problems(load_spec(spec, ["task.kind=addition", "task.train_path=null"])) == []
 
 
 def test_a_tab_in_the_yaml_is_one_line_with_file_line_and_column(tmp_path, capsys):

@@ -135,3 +135,49 @@ def test_spec_with_a_plugin_task_round_trips(plugins) -> None:
     spec = spec_from_dict({"task": {"kind": "reverse", "options": {"letters": 5}}})
     again = spec_from_dict(json.loads(spec.model_dump_json()))
     assert again.task == spec.task
+
+
+NO_SOLUTIONS = '''
+from scalerl.tasks import Problem, Task
+
+class NoSolutions(Task):
+    """Prompts and answers only (says nothing of its solutions: Task.has_solutions looks at the problems)."""
+    name = "nosol"
+
+    def __init__(self, *, seed, train_size, eval_size, phrasing, options):
+        self.sizes = {"train": train_size, "eval": eval_size}
+
+    def problems(self, split):
+        start = 0 if split == "train" else 10_000
+        return [Problem(id=f"{split}-{i}", prompt=f"{i}+1=", answer=str(i + 1), solution="")
+                for i in range(start, start + self.sizes[split])]
+
+    def is_correct(self, completion, answer):
+        return completion.rpartition("</think>")[2].strip() == answer
+'''
+# budgets that fit the tiny model's positions, so that SFT is the spec's only problem
+BUDGETS = {"thinking_budget_tokens": 48, "answer_budget_tokens": 8, "interruption": {"window_tokens": [40, 48]}}
+
+
+def test_sft_of_a_plugin_task_without_gold_solutions_is_refused(plugins) -> None:
+    """Like SFT of a JSONL task: refused when the spec is checked, not skipped with a warning (before: the run
+    started and skipped SFT). `Task.has_solutions` says; by default it looks at the training problems."""
+    from scalerl.runtime.preflight import spec_problems
+
+    write_dist(plugins, "no-solutions", {"scalerl.tasks": {"no_solutions": "no_solutions:NoSolutions"}},
+               {"no_solutions.py": NO_SOLUTIONS})
+    try:
+        tree = {"generation": BUDGETS, "task": {"kind": "no_solutions", "train_size": 20, "eval_size": 5}}
+        assert spec_problems(spec_from_dict(tree)) == [
+            "sft.steps: 300 SFT steps asked for, but task kind 'no_solutions' has no gold solutions to imitate "
+            "(the plugin's Task.has_solutions is False); allowed: sft.steps: 0 (RL from the model as it is: give "
+            "model.path a model that can answer) or model.init_checkpoint: an SFT'd model folder"]
+        assert spec_problems(spec_from_dict({**tree, "sft": {"steps": 0}})) == []
+        assert not build_task("no_solutions", train_size=20, eval_size=5).has_solutions
+    finally:
+        forget_modules("no_solutions")
+    # the example plugin has gold solutions (its own has_solutions says so; the default agrees)
+    reverse = {"generation": BUDGETS, "task": {"kind": "reverse", "train_size": 50, "eval_size": 5}}
+    assert spec_problems(spec_from_dict(reverse)) == []
+    task = build_task("reverse", train_size=50, eval_size=5)
+    assert task.has_solutions and Task.has_solutions.fget(task)  # type: ignore[attr-defined]
