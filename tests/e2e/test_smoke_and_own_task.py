@@ -60,6 +60,7 @@ def _check_smoke_run(proc: subprocess.CompletedProcess[str], out: Path, name: st
     return summary
 
 
+@pytest.mark.slow  # (a set-up check, kernel-independent: once, not again on the other kernels)
 @pytest.mark.timeout(900)
 def test_quickstart_smoke_within_a_cpu_budget(tmp_path: Path) -> None:
     out = tmp_path / "smoke"
@@ -69,6 +70,7 @@ def test_quickstart_smoke_within_a_cpu_budget(tmp_path: Path) -> None:
     assert cpu_s < QUICKSTART_SMOKE_CPU_S, f"smoke run: {cpu_s:.1f} s of CPU (budget {QUICKSTART_SMOKE_CPU_S} s)"
 
 
+@pytest.mark.slow  # (a set-up check, kernel-independent: once, not again on the other kernels)
 @pytest.mark.timeout(900)
 def test_own_dataset_example_with_the_tiny_model(tmp_path: Path) -> None:
     out = tmp_path / "smoke"
@@ -84,6 +86,7 @@ def test_own_dataset_example_with_the_tiny_model(tmp_path: Path) -> None:
     assert {e["heldout_set"] for e in _evals(out)} == {problem_set_fingerprint(held[:8])}
 
 
+@pytest.mark.slow  # (a set-up check, kernel-independent: once, not again on the other kernels)
 @pytest.mark.timeout(900)
 def test_plugin_task_example(tmp_path: Path) -> None:
     site = install_example_plugin(tmp_path / "site")
