@@ -7,6 +7,10 @@ groups double-trained, repeated step numbers and groups dead-lettered twice, sum
 kind, how often it fired and its recovery time (seconds from the fault to the next learner step; one
 ordinary step included: `step_s` is the median time between steps, for comparison); and every run's result.
 
+A section can be completed over several invocations (`--resume`: the runs already in --out with the same
+plan settings are kept, only the missing seeds run): each run's accounting stands on its own, and its
+recovery times were measured on the machine and under the load of that invocation.
+
 The runs share one warm start (`tests/warm_start.py`'s mixed-reward SFT, made once into --work).
 Environment: KAFKA_BOOTSTRAP and S3_* (build/infra.env; `make bench` starts the servers).
 """
@@ -72,6 +76,18 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _earlier_runs(out: Path, plan_settings: dict[str, int]) -> list[dict[str, Any]]:
+    """The runs of the chaos section already in `out`, when they were made with the same plan settings."""
+    import json
+
+    section = (json.loads(out.read_text()) if out.is_file() else {}).get("chaos") or {}
+    if section.get("plan") != plan_settings:
+        if section:
+            print(f"chaos bench: the runs in {out} used {section.get('plan')}, not {plan_settings}: starting afresh")
+        return []
+    return list(section.get("results") or [])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench/results.json")
@@ -83,6 +99,9 @@ def main() -> int:
     ap.add_argument("--checkpoint-every", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it counts as unfinished")
     ap.add_argument("--work", default="build/chaos-bench", help="runs and the shared warm start go here")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the runs of the chaos section already in --out (same plan settings) and run only "
+                         "the seeds it lacks")
     args = ap.parse_args()
     missing = [k for k in ("KAFKA_BOOTSTRAP", "S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY") if not os.environ.get(k)]
     if missing:
@@ -101,9 +120,12 @@ def main() -> int:
     init = str(start) if (start / "config.json").is_file() else mixed_reward_warm_start(
         _spec("chaos-sft", None, args.steps, args.checkpoint_every), start)
     env = {k: v for k, v in os.environ.items() if k.startswith("S3_")}
-    results: list[dict[str, Any]] = []
+    plan_settings = {"faults": args.faults, "steps": args.steps, "checkpoint_every": args.checkpoint_every}
+    results = _earlier_runs(Path(args.out), plan_settings) if args.resume else []
+    done_seeds = {int(r["seed"]) for r in results}
+    todo = [s for s in range(args.first_seed, args.first_seed + args.seeds) if s not in done_seeds]
     t0 = time.monotonic()
-    for i, seed in enumerate(range(args.first_seed, args.first_seed + args.seeds)):
+    for i, seed in enumerate(todo):
         job = f"chaos-{seed}-{uuid.uuid4().hex[:6]}"
         plan = chaos_plan(seed, n_faults=args.faults, steps=args.steps, checkpoint_every=args.checkpoint_every)
         result = run_chaos(_spec(job, init, args.steps, args.checkpoint_every), work / job, plan,
@@ -111,14 +133,12 @@ def main() -> int:
                            timeout_s=args.timeout)
         results.append(result.to_dict())
         done = i + 1
-        eta = (time.monotonic() - t0) / done * (args.seeds - done)
+        eta = (time.monotonic() - t0) / done * (len(todo) - done)
         rep = result.report
         print(f"chaos seed {seed}: {'finished' if result.finished else 'NOT finished'} in {result.wall_s:.0f} s, "
               f"{len(result.fired)} faults fired; {rep.describe() if rep else result.error} "
-              f"[{done}/{args.seeds}, ETA {eta / 60:.0f} min]", flush=True)
-        merge_sections(args.out, {"chaos": {**summarise(results), "plan": {"faults": args.faults, "steps": args.steps,
-                                                                           "checkpoint_every": args.checkpoint_every},
-                                            "results": results}})
+              f"[{done}/{len(todo)}, ETA {eta / 60:.0f} min]", flush=True)
+        merge_sections(args.out, {"chaos": {**summarise(results), "plan": plan_settings, "results": results}})
     total = summarise(results)
     print(f"chaos: {total['runs_finished']}/{total['runs']} runs finished, {total['groups_lost']} groups lost, "
           f"{total['groups_double_trained']} double-trained, {total['repeated_steps']} repeated steps "
