@@ -31,22 +31,11 @@ sys.path.insert(0, str(ROOT / "tests"))  # the warm start the tests use
 
 
 def _spec(name: str, init: str | None, steps: int, checkpoint_every: int) -> Any:
-    from scalerl.config import spec_from_dict
+    """The tests' addition job (`tests/warm_start.py`): PipelineRL-2 over two partitions, one eval at the end."""
+    from warm_start import addition_spec
 
-    return spec_from_dict({
-        "name": name, "seed": 3,
-        "model": {"tiny": {"hidden_size": 64, "intermediate_size": 192, "num_layers": 2, "num_heads": 2,
-                           "max_positions": 96}, "init_checkpoint": init},
-        "task": {"kind": "addition", "digits": 1, "train_size": 400, "eval_size": 8},
-        "sft": {"steps": 300, "batch_size": 32, "lr": 0.003},
-        "generation": {"group_size": 4, "thinking_budget_tokens": 32, "answer_budget_tokens": 6,
-                       "interruption": {"window_tokens": [28, 32]}, "prompts_per_batch": 4},
-        "off_policy": {"mode": "pipeline", "k": 2},
-        "optim": {"lr": 1e-4, "warmup_steps": 2},
-        "train": {"prompts_per_step": 4, "steps": steps, "checkpoint_every": checkpoint_every},
-        "eval": {"every_steps": steps, "samples_per_prompt": 2},
-        "runtime": {"threads": 1, "partitions": 2},
-    })
+    return addition_spec(name, init, steps=steps, off_policy={"mode": "pipeline", "k": 2},
+                         checkpoint_every=checkpoint_every, eval_every=steps, partitions=2)
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:

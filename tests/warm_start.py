@@ -67,3 +67,31 @@ def mixed_reward_warm_start(spec: Any, out_dir: Path) -> str:
     folder = out_dir / "sft"
     save_model_and_tokenizer(model, tokenizer, folder)
     return str(folder)
+
+
+def addition_spec(name: str, init: str | None, *, steps: int, off_policy: dict[str, Any], checkpoint_every: int,
+                  eval_every: int, **runtime: Any) -> Any:
+    """The small addition job the end-to-end runs and the chaos bench share (a 64-wide tiny model, 1-digit
+    sums). Runs that need groups with mixed rewards start from `mixed_reward_warm_start(spec, dir)` (right
+    about half the time on every prompt, by construction), not from the job's own SFT, whose pass rate
+    depends on the CPU's kernels. `runtime` keys go to the spec's runtime section.
+
+    RL lr 1e-4: from that warm start, 40 steps at 1e-3 (PipelineRL-2, an eval after every step) collapsed
+    the held-out pass rate to about 0.1 on AVX-512 and to 0 on AVX2 kernels (every group then all wrong:
+    nothing trained, no eval above R0, so no fit); at 1e-4 it rose from about 0.5 to 0.6-0.7 on both."""
+    from scalerl.config import spec_from_dict
+
+    return spec_from_dict({
+        "name": name, "seed": 3,
+        "model": {"tiny": {"hidden_size": 64, "intermediate_size": 192, "num_layers": 2, "num_heads": 2,
+                           "max_positions": 96}, "init_checkpoint": init},
+        "task": {"kind": "addition", "digits": 1, "train_size": 400, "eval_size": 8},
+        "sft": {"steps": 300, "batch_size": 32, "lr": 0.003},
+        "generation": {"group_size": 4, "thinking_budget_tokens": 32, "answer_budget_tokens": 6,
+                       "interruption": {"window_tokens": [28, 32]}, "prompts_per_batch": 4},
+        "off_policy": off_policy,
+        "optim": {"lr": 1e-4, "warmup_steps": 2},
+        "train": {"prompts_per_step": 4, "steps": steps, "checkpoint_every": checkpoint_every},
+        "eval": {"every_steps": eval_every, "samples_per_prompt": 2},
+        "runtime": {"threads": 1, **runtime},
+    })

@@ -110,3 +110,17 @@ def poll_until(consumer: Any, n: int, timeout_s: float = 30.0, max_records: int 
 @pytest.fixture(name="poll_until")
 def poll_until_fixture() -> Callable[..., list[Any]]:
     return poll_until
+
+
+@pytest.fixture
+def bus(infra: Infra, unique: str) -> Iterator[Any]:
+    """A KafkaBus on the test broker; the test's topics (`<unique>.*`) are deleted afterwards."""
+    from scalerl.bus.kafka import KafkaBus
+    from waiting import delete_topics_and_wait
+
+    b = KafkaBus(infra.kafka_bootstrap, client_id="scalerl-it")
+    try:
+        yield b
+        delete_topics_and_wait(b, f"{unique}.")  # keep the broker small; deletion finishes asynchronously
+    finally:
+        b.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,23 +19,12 @@ from scalerl.messages import (
     RolloutGroup,
     ScoredGroup,
 )
-from waiting import delete_topics_and_wait
 
 pytestmark = pytest.mark.infra
 
 if not os.environ.get("CI"):  # in CI a missing client is an error, never a skip
     pytest.importorskip("kafka", reason="kafka-python is not installed")
 from scalerl.bus.kafka import KafkaBus, dlq_topic  # noqa: E402
-
-
-@pytest.fixture
-def bus(infra, unique: str) -> Iterator[KafkaBus]:
-    b = KafkaBus(infra.kafka_bootstrap, client_id="scalerl-it")
-    try:
-        yield b
-        delete_topics_and_wait(b, f"{unique}.")  # keep the broker small; deletion finishes asynchronously
-    finally:
-        b.close()
 
 
 def _task(pid: str, epoch: int = 0) -> PromptTask:

@@ -7,28 +7,15 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 
 import pytest
-
-from waiting import delete_topics_and_wait
 
 pytestmark = pytest.mark.infra
 
 if not os.environ.get("CI"):  # in CI a missing client is an error, never a skip
     pytest.importorskip("kafka", reason="kafka-python is not installed")
-from scalerl.bus.kafka import KafkaBus, KafkaBusConsumer  # noqa: E402
+from scalerl.bus.kafka import KafkaBusConsumer  # noqa: E402
 from scalerl.messages import MetricRecord  # noqa: E402
-
-
-@pytest.fixture
-def bus(infra, unique: str) -> Iterator[KafkaBus]:
-    b = KafkaBus(infra.kafka_bootstrap, client_id="scalerl-it")
-    try:
-        yield b
-        delete_topics_and_wait(b, f"{unique}.")
-    finally:
-        b.close()
 
 
 def _offsets(c: KafkaBusConsumer, want: int, timeout_s: float = 60) -> list[int]:

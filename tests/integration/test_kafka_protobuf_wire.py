@@ -5,7 +5,6 @@ envelope of another schema version goes to the dead-letter topic with the reason
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 
@@ -22,23 +21,12 @@ from scalerl.messages import (
 )
 from scalerl.rpc.convert import decode_envelope, encode_envelope, to_proto
 from scalerl.rpc.gen.scalerl.v1 import messages_pb2 as pb
-from waiting import delete_topics_and_wait
 
 pytestmark = pytest.mark.infra
 
 if not os.environ.get("CI"):  # in CI a missing client is an error, never a skip
     pytest.importorskip("kafka", reason="kafka-python is not installed")
 from scalerl.bus.kafka import KafkaBus  # noqa: E402
-
-
-@pytest.fixture
-def bus(infra, unique: str) -> Iterator[KafkaBus]:
-    b = KafkaBus(infra.kafka_bootstrap, client_id="scalerl-it-wire")
-    try:
-        yield b
-        delete_topics_and_wait(b, f"{unique}.")
-    finally:
-        b.close()
 
 
 def _messages() -> list[object]:
