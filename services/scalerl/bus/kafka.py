@@ -221,9 +221,8 @@ class KafkaBus(Bus):
         the module docstring); a non-retriable failure is raised once as UndeliverableRecord and dropped."""
         with self._lock:
             producer = self._producer
-        if producer is None:
-            return
-        with self._lock:
+            if producer is None:
+                return
             for p in self._pending:  # an earlier flush failed: send its failed records again
                 if p.future.is_done and p.future.failed() and getattr(p.future.exception, "retriable", True):
                     p.future = producer.send(p.topic, value=p.value, key=p.key, headers=p.headers)

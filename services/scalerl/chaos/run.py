@@ -14,6 +14,7 @@ one ordinary step; compare with `step_s`, the median time between steps).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import statistics
 import time
@@ -140,7 +141,8 @@ def run_chaos(spec: Any, out: Path, plan: FaultPlan, *, bootstrap: str, store_ur
             error = f"accounting check failed: {exc!r}"
     bus.close()
     fired = fired_faults(plan_path)
-    gaps = [b - a for a, b in zip(sorted(steps.values()), sorted(steps.values())[1:], strict=False)]
+    times = sorted(steps.values())
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     return ChaosResult(plan.seed, rc == 0, rc, round(wall, 1), report, [f.kind for f in plan.faults], fired,
                        recovery_times(fired, steps), round(statistics.median(gaps), 2) if gaps else None, error)
 

@@ -102,9 +102,9 @@ class GeneratorRole:
         """The current policy if it is not the loaded one (called between decode steps)."""
         latest: PolicyVersion | None = None
         for rec in self.policy.poll(timeout_s=timeout_s):
-            if isinstance(rec.value, PolicyVersion) and not self.fence.admits(rec.headers):
-                continue  # a fenced learner's announcement (scalerl.bus.fencing)
             if isinstance(rec.value, PolicyVersion):
+                if not self.fence.admits(rec.headers):
+                    continue  # a fenced learner's announcement (scalerl.bus.fencing)
                 latest = rec.value
                 self.newest_announced = max(self.newest_announced, latest.version)
             else:
@@ -125,11 +125,13 @@ class GeneratorRole:
         """Generate one batch of up to `prompts_per_batch` prompts; returns prompts handled."""
         self.sync_policy()
         records = self.prompts.poll(timeout_s=timeout_s, max_records=self.spec.generation.prompts_per_batch)
-        tasks: list[tuple[Any, PromptTask]] = []
+        tasks: list[tuple[Any, PromptTask, list[int]]] = []
         for rec in records:
-            reason = reason_for(rec.value, PromptTask, self.limits) or self._room_reason(rec.value)
+            reason = reason_for(rec.value, PromptTask, self.limits)
+            ids = encode_prompt(self.tokenizer, rec.value.prompt) if reason is None else []
+            reason = reason or self._room_reason(len(ids))
             if reason is None:
-                tasks.append((rec, rec.value))
+                tasks.append((rec, rec.value, ids))
             else:
                 self.dead.send(rec, reason)
         if tasks:
@@ -140,21 +142,20 @@ class GeneratorRole:
             self.prompts.commit()
         return len(records)
 
-    def _room_reason(self, task: PromptTask) -> str | None:
-        """Why the engine cannot complete this prompt ("too_long: ..."), or None."""
-        n, room = len(encode_prompt(self.tokenizer, task.prompt)), self.engine.max_positions
+    def _room_reason(self, n: int) -> str | None:
+        """Why the engine cannot complete a prompt of `n` tokens ("too_long: ..."), or None."""
+        room = self.engine.max_positions
         if n < room:
             return None
         return f"too_long: the prompt is {n} tokens, the model takes {room} positions in all (prompt + completion)"
 
-    def _generate(self, tasks: list[tuple[Any, PromptTask]], in_flight: bool) -> None:
-        prompt_ids = [encode_prompt(self.tokenizer, t.prompt) for _, t in tasks]
-        flat = [p for p, (_, t) in zip(prompt_ids, tasks, strict=True) for _ in range(t.group_size)]
+    def _generate(self, tasks: list[tuple[Any, PromptTask, list[int]]], in_flight: bool) -> None:
+        flat = [ids for _, t, ids in tasks for _ in range(t.group_size)]
         comps = self.engine.generate(flat, self.sampling, self.length,
                                      policy_source=self.poll_policy if in_flight else None)
         crash_point("generator.batch")
         i = 0
-        for (rec, task), pids in zip(tasks, prompt_ids, strict=True):
+        for rec, task, pids in tasks:
             group = comps[i:i + task.group_size]
             i += task.group_size
             self.gen_tokens += sum(len(c.token_ids) for c in group)

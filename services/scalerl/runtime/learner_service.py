@@ -100,7 +100,7 @@ class LearnerService(TrainerHost):
         self.waiting_batch = 0  # groups taken for the next step while the learner waits for fresher ones
         self.newest_version_seen = 0
         self.pending_drops: list[tuple[str, str]] = []  # (group id, "stale"|"lost") dropped since the last step
-        self.dropped_positions: list[tuple[str, int]] = []  # their (topic:partition, offset)
+        self.decided_positions: list[tuple[str, int]] = []  # (topic:partition, offset) of those and of dead letters
         self.decided_ahead: set[tuple[str, int]] = set()  # dropped before the checkpoint, after its positions
         self.announced_consumed = -1
         self.announced_at = 0.0
@@ -152,10 +152,9 @@ class LearnerService(TrainerHost):
         self.eval_engine.set_rng_state(state["eval_rng"])
         self._restore_compute(state)
         self.consumed_ids = set(state["consumed_ids"])
-        self.duplicate_positions = [tuple(p) for p in state["duplicate_positions"]]  # type: ignore[misc]
         self.decided_ahead = {(str(k), int(o)) for k, o in state.get("decided_ahead", [])}
-        self.duplicates_settled = int(state.get("duplicates_settled", len(self.duplicate_positions)))
-        self.duplicate_positions = []
+        # (a checkpoint from before the count lists the duplicates below its positions)
+        self.duplicates_settled = int(state.get("duplicates_settled", len(state.get("duplicate_positions", []))))
         self.pending_drops = [(str(g), str(r)) for g, r in state.get("pending_drops", [])]
         self.scored.seek(state["bus_positions"])
         set_rng_state(state["rng"])
@@ -180,7 +179,7 @@ class LearnerService(TrainerHost):
         """Dead-letter a record: decided (flow control), and skipped if read again after a restart."""
         self.dead.send(rec, reason)
         self.counters["dead_lettered"] += 1
-        self.dropped_positions.append((rec.position_key, rec.offset))
+        self.decided_positions.append((rec.position_key, rec.offset))
 
     def _admit(self, rec: Record) -> None:
         """Buffer a polled record: dead-letter what is invalid, count and skip duplicates, drop what can
@@ -202,7 +201,7 @@ class LearnerService(TrainerHost):
         why = stale_reason(g, self.learner.policy_version, self.spec.off_policy.k, self.learner.lineage)
         if why is not None:
             self.pending_drops.append((g.group_id, why))
-            self.dropped_positions.append(position)
+            self.decided_positions.append(position)
             return
         with hop("learner.consume", rec.headers):
             self.buffer.append(rec)
@@ -291,15 +290,15 @@ class LearnerService(TrainerHost):
         safe = self.safe_positions()
         self.counters["duplicates"] = self.duplicates_settled = self._count_duplicates(safe)
         self.duplicate_positions = [p for p in self.duplicate_positions if p[1] >= safe.get(p[0], 0)]
-        self.dropped_positions = [p for p in self.dropped_positions if p[1] >= safe.get(p[0], 0)]
+        self.decided_positions = [p for p in self.decided_positions if p[1] >= safe.get(p[0], 0)]
         self.decided_ahead = {p for p in self.decided_ahead if p[1] >= safe.get(p[0], 0)}
         weights = self.ranks.full_state_dict() if self.learner.sharded else None  # (collectives, every rank)
         state = {"learner": self.ranks.state_dict(), "eval_rng": self.eval_engine.rng_state(),
                  "train_s": self.clock.now_s(), "counters": dict(self.counters),
                  "devices": self.ledger.state(self.clock.now_s()), "consumed_ids": sorted(self.consumed_ids),
                  "bus_positions": safe,
-                 "duplicate_positions": [], "duplicates_settled": self.duplicates_settled,
-                 "decided_ahead": sorted(self.decided_ahead | set(self.dropped_positions)),  # (≥ safe: pruned above)
+                 "duplicates_settled": self.duplicates_settled,
+                 "decided_ahead": sorted(self.decided_ahead | set(self.decided_positions)),  # (≥ safe: pruned above)
                  "pending_drops": list(self.pending_drops)}
         model = self.learner.model
         if weights is not None and self.eval_copy is not None:  # save the unsharded copy, not the FSDP module

@@ -33,7 +33,7 @@ from scalerl.faults.bus import wrap_bus
 from scalerl.faults.points import crash_point
 from scalerl.generator.factory import make_engine
 from scalerl.generator.role import GeneratorRole
-from scalerl.messages import PolicyVersion, PromptTask, ScoredGroup
+from scalerl.messages import PolicyVersion, PromptTask, RolloutGroup, ScoredGroup
 from scalerl.model.factory import embedding_rows, load_model_and_tokenizer, resolve_device
 from scalerl.parts import configure_threads, make_task, make_verifier, seed_everything
 from scalerl.runtime.setup import job_limits, make_curriculum
@@ -322,10 +322,8 @@ class CurriculumService:
         """Issued groups dead-lettered before they reached `scored` since the last round: each decided once."""
         n = 0
         for rec in self.dead_letters.poll(timeout_s=0.0):
-            value = rec.value
-            task = value if isinstance(value, PromptTask) else getattr(value, "task", None)
-            if isinstance(task, PromptTask) and not isinstance(value, ScoredGroup) \
-                    and self.curriculum.pending.pop(Curriculum.key(task), None) is not None:
+            task = rec.value.task if isinstance(rec.value, RolloutGroup) else rec.value  # (not a scored group's)
+            if isinstance(task, PromptTask) and self.curriculum.pending.pop(Curriculum.key(task), None) is not None:
                 n += 1
         self.dead_upstream += n
         return n
@@ -333,9 +331,9 @@ class CurriculumService:
     def step(self, timeout_s: float = POLL_S) -> int:
         """One round: read progress, issue what flow control allows, save state. Returns prompts issued."""
         for rec in self.policy.poll(timeout_s=0.0):
-            if isinstance(rec.value, PolicyVersion) and not self.fence.admits(rec.headers):
-                continue  # a fenced learner's (scalerl.bus.fencing)
             if isinstance(rec.value, PolicyVersion):  # the last announcement carries the learner's step
+                if not self.fence.admits(rec.headers):
+                    continue  # a fenced learner's (scalerl.bus.fencing)
                 step = rec.headers.get("learner_step", "")
                 self.learner_version = int(step) if step.isdigit() else rec.value.version
                 consumed = rec.headers.get("learner_consumed", "")
