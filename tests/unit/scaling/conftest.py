@@ -198,3 +198,21 @@ def records_of() -> Callable[..., list[dict[str, Any]]]:
 @pytest.fixture
 def table1() -> dict[str, tuple[float, float, float]]:
     return dict(TABLE1)
+
+
+@pytest.fixture
+def run_cli() -> Callable[..., tuple[int, str, str]]:
+    """`run_cli(argv, capsys)`: the scaling commands (`scalerl.report.commands`) parsed and run in this
+    process; (exit status, stdout, stderr)."""
+    import argparse
+
+    from scalerl.report import commands
+
+    def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+        parser = argparse.ArgumentParser(prog="scalerl")
+        commands.register(parser.add_subparsers(dest="command", required=True))
+        args = parser.parse_args(argv)
+        rc = args.func(args)
+        out, err = capsys.readouterr()
+        return rc, out, err
+    return run

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -12,21 +11,13 @@ import numpy as np
 import pytest
 
 from cpu_budget import cpu_budget
-from scalerl.report import commands, handlers  # handlers: imported here, so the budget below is the fit's
+from scalerl.report import handlers  # handlers: imported here, so the budget below is the fit's
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="scalerl")
-    commands.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    rc = args.func(args)
-    out, err = capsys.readouterr()
-    return rc, out, err
 
-
-def test_fit_json_has_the_documented_keys(make_run, capsys) -> None:
+def test_fit_json_has_the_documented_keys(make_run, capsys, run_cli) -> None:
     run = make_run("a")
     rc, out, err = run_cli(["fit", str(run / "metrics.jsonl"), "--json", "--bootstrap", "50"], capsys)
     assert rc == 0, err
@@ -40,7 +31,7 @@ def test_fit_json_has_the_documented_keys(make_run, capsys) -> None:
     assert set(d["power_law"]) >= {"A", "B", "D"}
 
 
-def test_fit_human_output_and_plot(make_run, tmp_path, capsys) -> None:
+def test_fit_human_output_and_plot(make_run, tmp_path, capsys, run_cli) -> None:
     run = make_run("b")
     png = tmp_path / "fit.png"
     argv = [
@@ -62,7 +53,7 @@ def test_fit_human_output_and_plot(make_run, tmp_path, capsys) -> None:
     assert png.read_bytes().startswith(PNG_MAGIC)
 
 
-def test_fit_reads_csv_with_other_columns(tmp_path, synth_curve, capsys) -> None:
+def test_fit_reads_csv_with_other_columns(tmp_path, synth_curve, capsys, run_cli) -> None:
     c, y, _ = synth_curve(0.645, 1.70, 10909.0, seed=1)
     lines = ["step,gpu_hours,eval/acc,loss"]
     for i, (ci, yi) in enumerate(zip(c, y, strict=True)):
@@ -114,7 +105,7 @@ def _bad_input(tmp_path: Path, kind: str) -> Path:
         ("missing", "does not exist"),
     ],
 )
-def test_fit_bad_input_exits_2_with_a_message(tmp_path, capsys, kind, needle) -> None:
+def test_fit_bad_input_exits_2_with_a_message(tmp_path, capsys, kind, needle, run_cli) -> None:
     rc, out, err = run_cli(["fit", str(_bad_input(tmp_path, kind))], capsys)
     assert rc == 2
     assert needle in err
@@ -122,13 +113,13 @@ def test_fit_bad_input_exits_2_with_a_message(tmp_path, capsys, kind, needle) ->
     assert err.count("\n") == 1  # one paragraph
 
 
-def test_fit_bad_predict_is_an_argparse_error(make_run, capsys) -> None:
+def test_fit_bad_predict_is_an_argparse_error(make_run, capsys, run_cli) -> None:
     with pytest.raises(SystemExit) as e:
         run_cli(["fit", str(make_run("c")), "--predict", "soon"], capsys)
     assert e.value.code == 2
 
 
-def test_max_compute_fraction_is_max_compute_at_that_share_of_the_largest(make_run, capsys) -> None:
+def test_max_compute_fraction_is_max_compute_at_that_share_of_the_largest(make_run, capsys, run_cli) -> None:
     """--max-compute-fraction F gives the same fit and held-out check as --max-compute F × the run's largest
     compute (read here from the file, not from the code under test); with --max-compute too it is an error."""
     run = make_run("f")
@@ -151,7 +142,7 @@ def test_max_compute_fraction_is_max_compute_at_that_share_of_the_largest(make_r
         assert e.value.code == 2
 
 
-def test_compare_json_and_plot(make_run, tmp_path, capsys) -> None:
+def test_compare_json_and_plot(make_run, tmp_path, capsys, run_cli) -> None:
     a = make_run("loo-dapo", A=0.605, B=1.6, seed=1)
     b = make_run("scalerl", A=0.610, B=2.4, seed=2)
     png = tmp_path / "cmp.png"
@@ -165,12 +156,12 @@ def test_compare_json_and_plot(make_run, tmp_path, capsys) -> None:
     assert rc == 0 and "ranked by B" in out and "loo-dapo" in out
 
 
-def test_compare_bad_run_exits_2(make_run, tmp_path, capsys) -> None:
+def test_compare_bad_run_exits_2(make_run, tmp_path, capsys, run_cli) -> None:
     rc, _, err = run_cli(["compare", str(make_run("ok")), str(tmp_path / "ghost")], capsys)
     assert rc == 2 and "does not exist" in err
 
 
-def test_fit_of_a_few_hundred_points_is_quick(tmp_path, synth_curve, capsys) -> None:
+def test_fit_of_a_few_hundred_points_is_quick(tmp_path, synth_curve, capsys, run_cli) -> None:
     c, y, _ = synth_curve(0.61, 1.92, 2542.0, seed=0, n=300)
     p = tmp_path / "big.jsonl"
     p.write_text(

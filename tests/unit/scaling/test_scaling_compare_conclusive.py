@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
-from scalerl.report import commands
 from scalerl.scaling import compare_curves, curve_from_arrays
 
 
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="scalerl")
-    commands.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    rc = args.func(args)
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def test_overlapping_intervals_name_no_winner(make_run, capsys) -> None:
+def test_overlapping_intervals_name_no_winner(make_run, capsys, run_cli) -> None:
     # two seeds of one curve: the same A and B, so their intervals overlap whatever the noise
     a, b = make_run("seed-1", seed=1), make_run("seed-2", seed=2)
     rc, out, err = run_cli(["compare", str(a), str(b), "--bootstrap", "30"], capsys)
@@ -45,7 +34,7 @@ def test_separated_intervals_are_conclusive(synth_curve) -> None:
 
 
 @pytest.mark.parametrize("second", ["{run}", "{run}/metrics.jsonl"])
-def test_the_same_run_twice_is_refused(make_run, capsys, second) -> None:
+def test_the_same_run_twice_is_refused(make_run, capsys, second, run_cli) -> None:
     run = make_run("only")
     rc, out, err = run_cli(["compare", str(run), second.format(run=run)], capsys)
     assert rc == 2 and out == ""
