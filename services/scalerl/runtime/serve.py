@@ -96,8 +96,8 @@ def serve(role: str, ctx: ServiceContext, *, grpc_port: int | None = None, http_
     # learner over several ranks does not retry as a whole (its start is a collective, and a retry would
     # desynchronise the ranks: its I/O steps retry one by one instead).
     _CONNECTING.set()
-    log.info("starting %s %s: connecting to %s and %s", role, ctx.role_id, ctx.bus_url, ctx.store_url)
-    try:
+    try:  # (the line below too: a SIGTERM that lands while it is being written raises RetryStopped there)
+        log.info("starting %s %s: connecting to %s and %s", role, ctx.role_id, ctx.bus_url, ctx.store_url)
         service = build() if ranks > 1 else retry_io(build, stop, what=f"start {role}")
     except RetryStopped as exc:
         log.info("stopped before %s started (%s): nothing taken, nothing to commit", role, exc)
