@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from test_scaling_cli import run_cli
 
 from scalerl.scaling.compare import heldout_set_warning
 
@@ -38,7 +37,7 @@ def test_warning_names_the_runs(runs: list[tuple[str, list[str]]], needle: str) 
     assert warning is not None and needle in warning
 
 
-def test_compare_warns_on_the_terminal_and_in_json(make_run, capsys) -> None:
+def test_compare_warns_on_the_terminal_and_in_json(make_run, capsys, run_cli) -> None:
     a = _tag(make_run("seed0", A=0.605, seed=1), "aaaa000011112222")
     b = _tag(make_run("seed1", A=0.610, seed=2), "bbbb000011112222")
     rc, out, err = run_cli(["compare", str(a), str(b), "--bootstrap", "0"], capsys)
@@ -51,7 +50,7 @@ def test_compare_warns_on_the_terminal_and_in_json(make_run, capsys) -> None:
     assert len(d["warnings"]) == 1 and "different held-out sets" in d["warnings"][0]
 
 
-def test_compare_is_quiet_on_one_set(make_run, capsys) -> None:
+def test_compare_is_quiet_on_one_set(make_run, capsys, run_cli) -> None:
     a = _tag(make_run("seed0", A=0.605, seed=1), "aaaa000011112222")
     b = _tag(make_run("seed1", A=0.610, seed=2), "aaaa000011112222")
     rc, out, _ = run_cli(["compare", str(a), str(b), "--bootstrap", "0", "--json"], capsys)
