@@ -1,4 +1,4 @@
-"""`scalerl` command line: run | serve | dlq | sft | fit | compare | eval.
+"""`scalerl` command line: run | serve | fetch-run | dlq | sft | fit | compare | eval.
 
 Entry points are thin: parse -> validate (exit 2 with one message naming the field) -> build -> run.
 Building the parser imports no torch, transformers, numpy or pydantic: each command's handler imports

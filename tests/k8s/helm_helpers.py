@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "scalerl"
 INFRA_ENV = REPO / "build" / "infra.env"
-OPERATOR_COMMAND = ["python", "-m", "scalerl_operator"]  # the chart's operator container command
+OPERATOR_COMMAND = ["tini", "-g", "--", "python", "-m", "scalerl_operator"]  # the chart's operator container command
 STOP_TIMEOUT_S = 30.0  # the chart's terminationGracePeriodSeconds
 
 

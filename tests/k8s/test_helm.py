@@ -145,7 +145,7 @@ def test_operator_deployment_is_hardened_and_watches_its_scope() -> None:
     dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "rel-scalerl-operator")
     pod = dep["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["command"] == ["python", "-m", "scalerl_operator"]
+    assert container["command"] == ["tini", "-g", "--", "python", "-m", "scalerl_operator"]
     assert "--namespace=team-a" in container["args"] and "--namespace=team-b" in container["args"]
     assert "--all-namespaces" not in container["args"]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001

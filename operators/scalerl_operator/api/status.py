@@ -35,6 +35,19 @@ class Checkpoint(K8sModel):
     step: int = Field(ge=0, description="Learner step it holds.")
 
 
+class Report(K8sModel):
+    """Where a finished run's files are: the learner uploads them to `<store>/run/` before it reports done."""
+
+    uri: Annotated[str, StringConstraints(max_length=MAX_URI_LENGTH)] = Field(
+        description="Store URI of the run's files (summary.json, report.html, metrics.jsonl, train.jsonl).")
+    summary: Annotated[str, StringConstraints(max_length=MAX_URI_LENGTH)] = Field(
+        description="Store URI of summary.json.")
+    html: Annotated[str, StringConstraints(max_length=MAX_URI_LENGTH)] | None = Field(
+        None, description="Store URI of report.html; null when the report could not be rendered.")
+    fetch: Annotated[str, StringConstraints(max_length=MAX_URI_LENGTH + 64)] = Field(
+        description="The command that copies them to a local folder.")
+
+
 class Staleness(K8sModel):
     """Policy versions between the generating policy and the learner; `summary` is 'current/bound'."""
 
@@ -135,6 +148,7 @@ class RLJobStatus(K8sModel):
     lag_total: int = Field(0, ge=0, description="Sum of lag over topics, records (printer column).")
     pass_rate: float | None = Field(None, ge=0.0, le=1.0, description="Last held-out mean@k pass rate.")
     fit: Fit | None = None
+    report: Report | None = Field(None, description="The finished run's files in the store (summary, report).")
     roles: RolesStatus = Field(default_factory=RolesStatus)
     devices: DevicesStatus | None = None
     scaling: ScalingStatus = Field(default_factory=ScalingStatus)

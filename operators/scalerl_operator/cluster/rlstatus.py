@@ -11,7 +11,9 @@ Records read (`MetricRecord(kind, step, values)`; unknown kinds and keys are ign
 - `train`: step = learner step = the policy version it just published; values `staleness_max`
   (policy versions, the staleness compared to the bound k), `batch_wait_frac` (fraction of the step
   wall time the learner waited for a batch: the generators' starvation signal);
-- `eval`: `pass_rate` (held-out mean@k); `done`: the run finished (`final_pass_rate`);
+- `eval`: `pass_rate` (held-out mean@k); `done`: the run finished (`final_pass_rate`; `run_files`: how
+  many run files it uploaded to `<store>/run/` before, `report_html`: 1 when report.html is one of them,
+  scalerl.store.run_files);
 - `checkpoint`: step of a checkpoint uploaded to `<store>/checkpoints/step_<step:06d>`;
 - `fit`: `A`, `B`, `C_mid`, `compute` (device-hours) and `A_low`/`A_high` (A's bootstrap interval) of the
   run's fit, as the learner computed it once (the numbers of its summary.json and report).
@@ -45,6 +47,8 @@ class LearnerStatus:
     checkpoint_step: int | None = None
     fit: dict[str, float] | None = None  # status.fit: A, B, Cmid, computeAtFit (device-hours), ALow, AHigh
     done: bool = False
+    run_files: int = 0  # files the finished learner uploaded to <store>/run/ (status.report)
+    report_html: bool = False  # report.html among them
     records: int = 0  # how many records were folded in (0: nothing heard from the learner)
 
 
@@ -65,7 +69,8 @@ def fold(prev: LearnerStatus, records: list[MetricRecord]) -> LearnerStatus:
             fit.update({k: v[src] for k, src in (("ALow", "A_low"), ("AHigh", "A_high")) if src in v})
             s = replace(s, fit=fit)
         elif r.kind == "done":
-            s = replace(s, done=True, pass_rate=v.get("final_pass_rate", s.pass_rate), step=r.step)
+            s = replace(s, done=True, pass_rate=v.get("final_pass_rate", s.pass_rate), step=r.step,
+                        run_files=int(v.get("run_files", 0)), report_html=bool(v.get("report_html", 0.0)))
         else:
             continue
         s = replace(s, records=s.records + 1)
@@ -82,7 +87,18 @@ def to_status(s: LearnerStatus, *, store_uri: str, bound_k: int) -> dict[str, An
                                                        "summary": f"{round(s.staleness)}/{bound_k}"},
         "passRate": None if s.pass_rate is None else min(1.0, max(0.0, s.pass_rate)),
         "fit": None if s.fit is None else dict(s.fit),
+        "report": report_status(s, store_uri),
     }
+
+
+def report_status(s: LearnerStatus, store_uri: str) -> dict[str, Any] | None:
+    """status.report: where the finished run's files are (`scalerl fetch-run <uri> --out DIR` copies them);
+    None until the learner reported them uploaded."""
+    if not (s.done and s.run_files):
+        return None
+    run = f"{store_uri.rstrip('/')}/run"
+    return {"uri": run, "summary": f"{run}/summary.json", "html": f"{run}/report.html" if s.report_html else None,
+            "fetch": f"scalerl fetch-run {run} --out <folder>"}
 
 
 class MetricsTail:

@@ -15,6 +15,9 @@ group. So the operator treats the learner StatefulSet's pods as one unit (JobSet
 - **progress watchdog**: with `failurePolicy.progressDeadlineSeconds`, a running group whose
   learner step (from `<job>.metrics`) has not advanced for that long is restarted the same way
   (Event `LearnerStalled`, condition `LearnerStalled`), and that counts as a restart;
+- **the end is not a failure**: once the job is terminal or the learner reported `done`, nothing above
+  is counted or done (`settled`); the learner stays up after its last step (`--when-finished wait`) until
+  the operator scales the finished job to zero;
 - a PodDisruptionBudget (`render.learner_pdb`) with minAvailable = nodes: a voluntary eviction
   (a node drain) of one rank would cost the whole group, so drains wait until the job is suspended.
 
@@ -52,6 +55,13 @@ def failure(pods: list[dict[str, Any]]) -> str | None:
             if n > 0:
                 return f"pod {name}: container {cs.get('name')} restarted {n} time(s)"
     return None
+
+
+def settled(*, terminal: bool, learner_done: bool) -> bool:
+    """No restart, recreation or stall is counted or acted on: the job is terminal (Succeeded, or Failed for
+    good), or the learner reported the run done (it turns Succeeded in this pass; a learner that exits after
+    its last step, and is restarted by its StatefulSet, did not crash)."""
+    return terminal or learner_done
 
 
 def outdated(pods: list[dict[str, Any]], sts: dict[str, Any] | None, spec_hash: str, hash_key: str) -> list[str]:

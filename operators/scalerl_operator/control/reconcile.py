@@ -141,13 +141,15 @@ def _delete_group(kube: Kube, namespace: str, pods: list[dict[str, Any]]) -> Non
 def gang_pass(kube: Kube, obj: dict[str, Any], spec: RLJobSpec, *, learner: LearnerStatus, group_up: bool,
               sts: dict[str, Any] | None, spec_hash: str, now: datetime) -> tuple[int, gang.Progress, str | None]:
     """Restart or recreate the learner group when it must (scalerl_operator.control.gang); returns (group
-    restarts so far, watchdog memory, why it stalled or None)."""
+    restarts so far, watchdog memory, why it stalled or None). A job that reached a terminal phase, or
+    whose learner reported the run done (`done` on the metrics topic: this pass turns it Succeeded), is
+    left alone: its pods' exits and restarts are the end of the run, not failures (`gang.settled`)."""
     m, prev = obj["metadata"], obj.get("status") or {}
     restarts = int(prev.get("restarts") or 0)
     deadline = spec.failure_policy.progress_deadline_seconds
     progress, stalled = gang.watchdog(gang.progress_of(prev), learner.step if learner.records else None,
                                       group_up=group_up, now_s=now.timestamp(), deadline_s=deadline)
-    if is_terminal(prev) or spec.suspend:
+    if gang.settled(terminal=is_terminal(prev), learner_done=learner.done) or spec.suspend:
         return restarts, progress, None
     pods = learner_pods(kube, m["namespace"], m["name"])
     stall = (f"learner step {progress.step if progress.step is not None else '(none yet)'} has not advanced for "

@@ -10,12 +10,21 @@ For an RLJob named J (labels `app.kubernetes.io/{name,instance,component,managed
   a generator answers ready only once it has loaded the current policy version, so it receives no
   work before. Scale-down drains: preStop waits `PRESTOP_S` (endpoints drop the pod first), then
   SIGTERM makes the role finish or hand back its in-flight rollouts within the grace period;
-- StatefulSet `J-learner` + headless Service `J-learner`: `nodes` pods under torchrun, node rank =
-  the pod ordinal (label `apps.kubernetes.io/pod-index`), master `J-learner-0.J-learner`; the
-  headless Service publishes not-ready addresses, so rank 0's name resolves before it is ready;
+- StatefulSet `J-learner` + headless Service `J-learner`: `nodes` pods under torchrun. One node:
+  `torchrun --standalone` (a local rendezvous: no name to resolve, so no cluster DNS is needed). More:
+  node rank = the pod ordinal (label `apps.kubernetes.io/pod-index`), master rank 0's pod FQDN
+  `J-learner-0.J-learner.<namespace>.svc` (the StatefulSet's serviceName is the headless Service, which
+  publishes not-ready addresses, so rank 0's name resolves before it is ready). The learner runs with
+  `--when-finished wait`: after its last step it stays up (Ready, status `finished`) until the operator
+  scales it down, so finishing never reads as a container restart;
 - Services `J-generator`, `J-verifier` (grpc 50051, metrics);
 - PodDisruptionBudget `J-learner` (minAvailable = nodes; the StatefulSet updates OnDelete: the
   operator restarts and updates the torchrun group as one, scalerl_operator.control.gang).
+Every container runs under `tini -g --` (`INIT`): PID 1 of a container ignores a signal it has no
+handler for, so a role or torchrun as PID 1 would sit out SIGTERM until its grace period ended (torchrun
+installs its handler only once its workers run). tini, PID 1 instead, forwards SIGTERM to the child's
+process group, where the default action applies, and reaps zombies. Images must carry tini on PATH (the
+project's image does: Debian's `tini` package, /usr/bin/tini); `command` replaces the image's ENTRYPOINT.
 A pod template carries `scalerl.dev/spec-hash` (`spec_hash`): a change of spec.job rolls the pods,
 which read job.yaml only at start. The hash covers only the JobSpec fields whose value differs from
 the field's default (canonical JSON of `model_dump(exclude_defaults=True)`), so an operator upgrade
@@ -61,6 +70,7 @@ UID = 10001  # the image's non-root user
 PRESTOP_S = 5
 GRACE_S = {"generator": 120, "verifier": 60, "curriculum": 60, "learner": 300}
 SPEC_HASH_ANNOTATION = "scalerl.dev/spec-hash"
+INIT = ["tini", "-g", "--"]  # PID 1 of every container: forwards SIGTERM, reaps zombies (module docstring)
 
 
 def full_job_spec(name: str, namespace: str, spec: RLJobSpec) -> JobSpec:
@@ -165,7 +175,7 @@ def _container(job: str, role: Role, spec: RLJobSpec, images: ImageDefaults) -> 
     return {
         "name": role, "image": spec.image_of(role, images.image),
         "imagePullPolicy": spec.image_pull_policy or images.pull_policy,
-        "command": ["scalerl"], "args": serve_args(role, spec), "env": _env(job, role, spec), "ports": ports,
+        "command": [*INIT, "scalerl"], "args": serve_args(role, spec), "env": _env(job, role, spec), "ports": ports,
         "resources": _resources(r),
         # /healthz: the process is alive; /readyz: it serves (a generator: the current policy is loaded)
         "startupProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 5,
@@ -232,17 +242,27 @@ def _deployment(job: str, ns: str, role: Role, spec: RLJobSpec, replicas: int, h
                                                _container(job, role, spec, images))}}
 
 
-def learner_command(job: str, spec: RLJobSpec) -> list[str]:
-    """torchrun across the StatefulSet's pods: rank from the pod ordinal, rank 0's DNS as master."""
-    lr, name = spec.roles.learner, child_name(job, "learner")
-    return ["torchrun", "--nnodes", str(lr.nodes), "--nproc_per_node", str(lr.devices_per_node),
-            "--node_rank", "$(NODE_RANK)", "--master_addr", f"{name}-0.{name}",
-            "--master_port", str(TORCH_PORT), "-m", "scalerl.cli", *serve_args("learner", spec)]
+def master_addr(job: str, namespace: str) -> str:
+    """Rank 0's pod FQDN through the headless Service (the StatefulSet's serviceName): it resolves from any
+    pod with the cluster's DNS search path, and before rank 0 is Ready (publishNotReadyAddresses)."""
+    name = child_name(job, "learner")
+    return f"{name}-0.{name}.{namespace}.svc"
+
+
+def learner_command(job: str, namespace: str, spec: RLJobSpec) -> list[str]:
+    """torchrun under tini: one node `--standalone` (nothing to resolve); several, rank from the pod ordinal
+    and rank 0's FQDN as master. The learner waits after its last step (`--when-finished wait`)."""
+    lr = spec.roles.learner
+    where = ["--standalone", "--nnodes", "1"] if lr.nodes == 1 else [
+        "--nnodes", str(lr.nodes), "--node_rank", "$(NODE_RANK)", "--master_addr", master_addr(job, namespace),
+        "--master_port", str(TORCH_PORT)]
+    return [*INIT, "torchrun", *where, "--nproc_per_node", str(lr.devices_per_node), "-m", "scalerl.cli",
+            *serve_args("learner", spec), "--when-finished", "wait"]
 
 
 def _learner(job: str, ns: str, spec: RLJobSpec, replicas: int, hashed: str, images: ImageDefaults) -> dict[str, Any]:
     c = _container(job, "learner", spec, images)
-    c["command"] = learner_command(job, spec)
+    c["command"] = learner_command(job, ns, spec)
     del c["args"]
     c["env"].insert(0, {"name": "NODE_RANK", "valueFrom": {
         "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}})

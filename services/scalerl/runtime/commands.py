@@ -1,4 +1,5 @@
-"""CLI glue for the process modes: `scalerl serve ROLE` and `scalerl run --distributed`."""
+"""CLI glue for the process modes: `scalerl serve ROLE`, `scalerl run --distributed`, and `scalerl fetch-run`
+(a finished run's files from the store, where the learner left them: scalerl.store.run_files)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from scalerl.runtime import ROLES
 
 if TYPE_CHECKING:
     from scalerl.config import JobSpec
+    from scalerl.store.base import Store
 
 EXIT_BAD_INPUT = 2
 EXIT_OUTAGE = 1
@@ -83,6 +85,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     bus, store, problem = check_urls(args, spec.runtime.bus, spec.runtime.store)
     for why in (engine_problem(spec) if args.role == "generator" else None, problem):
         problems += [why] if why else []
+    if args.when_finished == "wait" and args.role != "learner":
+        problems.append(f"--when-finished wait: only the learner finishes; a {args.role} runs until stopped")
     if args.role == "learner" and spec.off_policy.mode != "pipeline":
         problems.append(f"off_policy.mode: the distributed learner runs 'pipeline' (PipelineRL-k), got "
                         f"{spec.off_policy.mode!r}")
@@ -121,13 +125,57 @@ def cmd_serve(args: argparse.Namespace) -> int:
         result = serve(args.role, ctx, grpc_port=None if args.grpc_port < 0 else args.grpc_port,
                        http_port=None if args.http_port < 0 else args.http_port, stop=stop,
                        on_ready=lambda ports: print(json.dumps({"role": args.role, "id": ctx.role_id, **ports}),
-                                                    flush=True))
+                                                    flush=True),
+                       wait_when_finished=args.when_finished == "wait")
     except OutageTooLong as exc:  # exit 1: the supervisor (Kubernetes, the local launcher) restarts the role
         print(f"scalerl serve: error: {exc}", file=sys.stderr)
         return EXIT_OUTAGE
     if isinstance(result, dict):
         print(json.dumps({"summary": str(out / "summary.json"), "final_pass_rate": result.get("final_pass_rate")}))
     return 0
+
+
+def cmd_fetch_run(args: argparse.Namespace) -> int:
+    """Copy a finished run's files (summary.json, report.html, metrics.jsonl, train.jsonl) from the store."""
+    from scalerl.endpoints import output_dir_problem, store_problem
+    from scalerl.store.run_files import PREFIX, download_run_files, job_store_url
+
+    url = job_store_url(args.uri)
+    problems = [p for p in (store_problem("URI", args.uri), output_dir_problem("--out", args.out)) if p]
+    if not problems and url.startswith("s3://"):
+        from scalerl.store.s3_settings import s3_settings_problem
+
+        problems += [p for p in (s3_settings_problem(),) if p]
+    if problems:
+        return _fail("fetch-run", problems)
+    from scalerl.store.base import StoreError
+
+    try:
+        written = download_run_files(_open_existing_store(url), Path(args.out))
+    except (StoreError, OSError) as exc:
+        print(f"scalerl fetch-run: error: {url}/{PREFIX}: {exc}", file=sys.stderr)
+        return EXIT_OUTAGE
+    if not written:
+        print(f"scalerl fetch-run: error: no run files under {url}/{PREFIX}/ (the run has not finished yet, or "
+              "its learner predates the upload: status.report of the RLJob is set once they are there)",
+              file=sys.stderr)
+        return EXIT_OUTAGE
+    for path in written:
+        print(f"{path}  ({path.stat().st_size} bytes)")
+    return 0
+
+
+def _open_existing_store(url: str) -> Store:
+    """The store at `url`, creating nothing (an S3 bucket that does not exist is an error, not made)."""
+    if url.startswith("s3://"):
+        from scalerl.store.s3 import S3Store  # type: ignore[import-not-found,unused-ignore]
+        from scalerl.store.s3_settings import s3_settings
+
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        return S3Store.from_settings(s3_settings(), bucket, prefix, create_bucket=False)
+    from scalerl.store import open_store
+
+    return open_store(url)
 
 
 def _distributed(spec: JobSpec, out: Path, args: argparse.Namespace) -> tuple[str, str, list[str]]:
@@ -185,6 +233,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     help="wait out an unreachable bus/store this long (plus the call in flight, at most the "
                     "30 s request timeout), then exit 1 for the supervisor to restart the role (default 120)")
     sp.add_argument("--out", help="learner: run folder for metrics/report (default runs/<name>)")
+    sp.add_argument("--when-finished", choices=("exit", "wait"), default="exit",
+                    help="learner: after the last step exit 0 (exit, the default), or stay up, ready and "
+                         "reporting finished, until SIGTERM (wait: under a supervisor that restarts exited "
+                         "containers, as the operator's StatefulSet does)")
     sp.add_argument("--faults", metavar="PLAN.json",
                     help="for fault-injection tests only: fire the faults of this plan (scalerl.faults.plan) in "
                          "this process, each once per run")
@@ -192,6 +244,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     sp.add_argument("--http-port", type=int, default=9090,
                     help="side port for /healthz /readyz /metrics (0: a free one; -1: none)")
     sp.set_defaults(func=cmd_serve)
+    fr = sub.add_parser("fetch-run", help="copy a finished run's files (summary.json, report.html, metrics.jsonl, "
+                        "train.jsonl) from its store",
+                        description="The learner uploads a finished run's files to <store>/run/ (an RLJob's "
+                        "status.report.uri). S3 endpoint and keys come from S3_ENDPOINT, S3_ACCESS_KEY and "
+                        "S3_SECRET_KEY, as for the roles. Exit 1 when no run files are there yet.")
+    fr.add_argument("uri", help="status.report.uri of the RLJob (s3://BUCKET/PREFIX/run), or the job's store "
+                    "(spec.store.uri); file:///PATH for a local store")
+    fr.add_argument("--out", required=True, help="folder to write the files into (created if missing)")
+    fr.set_defaults(func=cmd_fetch_run)
 
 
 def add_distributed_args(run: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ what comes next, and the followers do the same call in the same order:
     ("step", groups)   Learner.step(groups)      each rank trains on its share of whole groups
     ("weights", None)  Learner.full_state_dict() gathered onto rank 0 (publish, eval copy, checkpoint)
     ("state", None)    Learner.state_dict()      the full optimizer state onto rank 0 (checkpoint)
-    ("stop", None)     the followers leave their loop
+    ("stop", done)     the followers leave their loop (`done`: the run finished, not stopped)
 
 Start-up is collective too (`start_learner`): rank 0's policy (checkpoint or SFT result) is broadcast
 before sharding, then rank 0's trainer state (step, LR schedule, optimizer) if it resumed.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +92,10 @@ class Ranks:
         self._tell("state")
         return self.learner.state_dict()
 
-    def stop(self) -> None:
-        """Release the followers (once, at the end of the run or on shutdown)."""
+    def stop(self, finished: bool = False) -> None:
+        """Release the followers (once, at the end of the run or on shutdown); `finished`: the run is done."""
         if self.world_size > 1:
-            self._tell(STOP)
+            self._tell(STOP, finished)
             self.world_size = 1  # nobody is listening any more: no collective may follow
 
 
@@ -126,13 +127,14 @@ class FollowerStatus:
         self.rank = rank
         self.steps = 0
         self.joined = False
+        self.finished = False  # rank 0 said stop because the run is done
 
     def ready(self) -> bool:
         return self.joined
 
     def status(self) -> dict[str, Any]:
         return {"role": "learner", "id": f"learner-rank-{self.rank}", "ready": self.joined, "step": self.steps,
-                "policy_version": self.steps}
+                "policy_version": self.steps, "finished": self.finished}
 
 
 def follow(learner: Learner, status: FollowerStatus | None = None) -> int:
@@ -151,16 +153,18 @@ def follow(learner: Learner, status: FollowerStatus | None = None) -> int:
         elif command == "state":
             learner.state_dict()
         elif command == STOP:
+            status.finished = payload is True
             return steps
         else:
             raise RuntimeError(f"rank {learner.rank}: unknown command {command!r} from rank 0")
 
 
-def run_follower(spec: JobSpec, http_port: int | None = None) -> int:
+def run_follower(spec: JobSpec, http_port: int | None = None, stop: threading.Event | None = None) -> int:
     """`scalerl serve learner` on a rank > 0: build the same model (weights come from rank 0), follow.
 
     The first rank of each other node (LOCAL_RANK 0) serves the side port (/healthz, /readyz once it
-    holds its shard, /metrics), so every learner pod passes its probes; no rank but 0 serves gRPC."""
+    holds its shard, /metrics), so every learner pod passes its probes; no rank but 0 serves gRPC.
+    `stop` given: when the run finished, wait for it (SIGTERM) with the side port up, as rank 0 does."""
     from scalerl.model.factory import load_model_and_tokenizer, resolve_device
     from scalerl.parts import configure_threads, seed_everything
 
@@ -178,6 +182,9 @@ def run_follower(spec: JobSpec, http_port: int | None = None) -> int:
     try:
         learner = start_learner(spec, model, tok.pad_token_id, None)
         steps = follow(learner, status)
+        if stop is not None and status.finished:  # as rank 0 (scalerl.runtime.serve.wait_finished)
+            log.info("learner rank %d finished: staying up until SIGTERM", status.rank)
+            stop.wait()
     finally:
         if stop_side is not None:
             stop_side()

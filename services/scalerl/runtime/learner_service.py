@@ -44,6 +44,11 @@ group by group (forward pass only, no state changes); the groups that raise are 
 into a restart loop. (With several torchrun ranks a failed step may have left a collective half done: it is
 re-raised and the group restarts, as for any rank failure.)
 
+The end of the run: the learner writes summary.json and report.html, uploads them with metrics.jsonl and
+train.jsonl to `run/` of the store (`scalerl.store.run_files`: the run folder dies with the pod), then
+announces `done` on the metrics topic (the operator turns the job Succeeded and sets status.report). Each
+step logs one line (`scalerl.runtime.outputs.step_line`), what `kubectl logs` of the learner shows.
+
 While the learner waits for fresher rollouts (PipelineRL-k) with a batch in hand, that batch counts as
 consumed too: the curriculum then issues the prompts whose rollouts end the wait (with k = 1 and generators
 slow to load the newest weights, every in-flight slot was otherwise held by the batch the learner waits
@@ -71,11 +76,14 @@ from scalerl.learner.batch import stale_reason
 from scalerl.learner.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from scalerl.learner.lineage import lineage_of, resume_lineage
 from scalerl.messages import MetricRecord, ScoredGroup
+from scalerl.runtime.outputs import step_line
 from scalerl.runtime.roles import ServiceContext, ensure_job_topics, input_lag, retry_io
 from scalerl.runtime.trainer import TrainerHost
 from scalerl.store import open_store
 from scalerl.store.checkpoints import download_latest_checkpoint, upload_checkpoint
 from scalerl.store.fencing import check_epoch, take_epoch
+from scalerl.store.run_files import PREFIX as RUN_PREFIX
+from scalerl.store.run_files import upload_run_files
 from scalerl.store.weights import highest_version
 from scalerl.telemetry.hops import hop
 from scalerl.telemetry.steps import StepTimes
@@ -333,9 +341,9 @@ class LearnerService(TrainerHost):
                 "step_seconds": float(last.get("step_time_s") or 0.0),
                 "newest_version_seen": self.newest_version_seen, "buffered_groups": len(self.buffer),
                 "compute_device_hours": self.compute_device_hours(), "compute_flops": self.compute_flops(),
-                "devices": self.ledger.devices, **self._progress(),
+                "devices": self.ledger.devices, **self._progress(), "finished": self.finished,
                 "lag": input_lag(self.bus, self.topics.group("learner"), self.topics.scored)
-                if hasattr(self, "bus") else {}}
+                if hasattr(self, "bus") and not self.finished else {}}  # (finished: the bus is closed)
 
     def _dead_lettered_counts(self) -> dict[str, int]:
         """By reason code: what this learner dead-lettered (since it started), undecodable records included."""
@@ -404,6 +412,9 @@ class LearnerService(TrainerHost):
                                               "batch_wait_frac": waited_s / max(waited_s + step_s, 1e-9)})
             retry_io(partial(self._announce, "train", rec), what="metrics record")
             self.last_step = rec
+            rollouts = len(groups) * spec.generation.group_size  # completions trained on, over the step's wall time
+            log.info("%s", step_line(rec, total_steps=spec.train.steps, bound_k=spec.off_policy.k,
+                                     rollouts_per_s=rollouts / max(waited_s + step_s, 1e-9)))
             if self._eval_due():
                 last = self.last_eval = self._evaluate_paused_clock()
                 retry_io(partial(self._announce, "eval", last), what="metrics record")
@@ -425,14 +436,19 @@ class LearnerService(TrainerHost):
         final = self.safe_positions()
         self.counters["duplicates"] = self._count_duplicates(final)
         self.summary = self._summary(first, last, final_positions=final, distributed=True)
-        self._announce("done", {"final_pass_rate": last["pass_rate"]})
+        check_epoch(self.store, self.epoch)  # (a fenced learner uploads nothing)
+        uploaded = retry_io(partial(upload_run_files, self.store, self.out.root), what="upload the run files")
+        log.info("run files uploaded to %s: %s", self.store.uri(f"{RUN_PREFIX}/"), ", ".join(uploaded))
+        # after the upload: the operator reads `done` as "the run's files are in the store" (status.report)
+        self._announce("done", {"final_pass_rate": last["pass_rate"], "run_files": len(uploaded),
+                                "report_html": float("report.html" in uploaded)})
         self.bus.flush()
         self.finished = True
         self.close()
         return self.summary
 
     def close(self) -> None:
-        self.ranks.stop()  # release the other torchrun ranks (after the last checkpoint's collectives)
+        self.ranks.stop(finished=self.finished)  # release the other ranks (after the last checkpoint's collectives)
         self.scored.close()
         self.bus.flush()
         self.bus.close()

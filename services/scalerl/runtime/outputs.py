@@ -53,3 +53,20 @@ class RunOutputs:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         self.summary_path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
+
+
+def step_line(rec: dict[str, Any], *, total_steps: int, bound_k: int, rollouts_per_s: float) -> str:
+    """The learner's one log line per step (its stdout, what `kubectl logs` follows), from its train.jsonl
+    record. A number the step has not (no loss when every group was dropped) shows as "—", never 0.
+    Example: "step 3/10: loss 0.0123, train pass rate 0.42, staleness mean 0.5 max 1 (bound k=4) policy
+    versions, 12.5 rollouts/s, step 1.60 s, wait 0.40 s, 2 groups"."""
+
+    def shown(key: str, fmt: str) -> str:
+        value = rec.get(key)
+        return "—" if value is None else format(value, fmt)
+
+    return (f"step {rec.get('step')}/{total_steps}: loss {shown('loss', '.4f')}, "
+            f"train pass rate {shown('train_pass_rate', '.2f')}, staleness mean {shown('staleness_mean', '.1f')} "
+            f"max {shown('staleness_max', '.0f')} (bound k={bound_k}) policy versions, "
+            f"{rollouts_per_s:.1f} rollouts/s, step {shown('step_time_s', '.2f')} s, "
+            f"wait {shown('batch_wait_s', '.2f')} s, {shown('effective_batch', '.0f')} groups trained")

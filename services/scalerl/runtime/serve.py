@@ -6,6 +6,11 @@ SIGINT sets the stop event: the role finishes or hands back its in-flight work, 
 servers stop after it (grace period), so the process exits 0. A signal while the role is still
 connecting (the broker or store unreachable) ends the wait at once, also with 0: nothing was taken
 yet. An outage longer than `PROCESS_RETRY.max_outage_s` (`--max-outage`, 120 s) raises OutageTooLong.
+
+A learner that finished its last step returns (exit 0) unless it was told to wait (`--when-finished
+wait`, what the operator renders): then every rank stays up, Ready, its status saying `finished`, until
+SIGTERM. Under a supervisor that restarts an exited container (a StatefulSet), exiting would read as a
+crash: a restart, and a restarted learner that finds the run already done.
 """
 
 from __future__ import annotations
@@ -74,11 +79,13 @@ def install_stop_signals(stop: threading.Event) -> None:
 
 def serve(role: str, ctx: ServiceContext, *, grpc_port: int | None = None, http_port: int | None = None,
           stop: threading.Event | None = None, show_progress: bool = False,
-          on_ready: Callable[[dict[str, int]], None] | None = None) -> Any:
+          on_ready: Callable[[dict[str, int]], None] | None = None, wait_when_finished: bool = False) -> Any:
     """Build the role, start its servers, run until stopped (or, for the learner, until training ends).
 
     `grpc_port` / `http_port`: None = do not start that server, 0 = a free port. `on_ready` receives the
-    bound ports once the servers are up. Returns what the role's loop returns (the learner's summary).
+    bound ports once the servers are up. `wait_when_finished` (the learner): after the last step, keep the
+    servers up until `stop` is set (see the module docstring). Returns what the role's loop returns (the
+    learner's summary).
     """
     stop = stop or threading.Event()
     ranks = 1
@@ -87,7 +94,7 @@ def serve(role: str, ctx: ServiceContext, *, grpc_port: int | None = None, http_
 
         rank, ranks = init_process_group_from_env(ctx.spec.model.device)
         if rank > 0:
-            return run_follower(ctx.spec, http_port)
+            return run_follower(ctx.spec, http_port, stop=stop if wait_when_finished else None)
 
     def build() -> RoleService:
         return build_service(role, ctx, show_progress=show_progress)
@@ -108,7 +115,10 @@ def serve(role: str, ctx: ServiceContext, *, grpc_port: int | None = None, http_
     if on_ready is not None:
         on_ready(servers.ports)
     try:
-        return service.run(stop)
+        result = service.run(stop)
+        if wait_when_finished and isinstance(result, dict):  # finished, not stopped: stay up until SIGTERM
+            wait_finished(role, stop)
+        return result
     except RetryStopped as exc:  # stopped while the bus/store was down: what was not committed is redelivered
         log.info("stopped during an outage (%s): uncommitted work is redelivered to the group", exc)
         return None
@@ -117,6 +127,13 @@ def serve(role: str, ctx: ServiceContext, *, grpc_port: int | None = None, http_
         raise SystemExit(FENCED_EXIT) from None
     finally:
         servers.stop()
+
+
+def wait_finished(role: str, stop: threading.Event) -> None:
+    """Stay up, servers answering, until `stop` (SIGTERM): a finished learner must not exit into a restart."""
+    log.info("%s finished: staying up (ready, status finished) until SIGTERM", role)
+    stop.wait()
+    log.info("%s: signal received after the run finished; exiting 0", role)
 
 
 class _Servers:

@@ -191,3 +191,27 @@ def test_a_restore_from_the_step_0_checkpoint_drops_the_dead_timelines_run_files
     resumed.build()
     assert not (out / "train.jsonl").exists()
     resumed.close()
+
+
+def test_a_finished_run_uploads_its_files_and_logs_each_step(job, tokenizer, caplog):
+    """#26: summary.json and report.html live in the pod's emptyDir: the learner uploads them (and metrics.jsonl,
+    train.jsonl) to <store>/run/ before it announces `done` (which says how many); one log line per step."""
+    from scalerl.messages import MetricRecord
+
+    spec, bus, ctx = job
+    spec.train.steps = 1
+    svc = LearnerService(ctx())
+    _publish(bus, spec, [_group(spec, tokenizer, i, 0) for i in range(2)])
+    with caplog.at_level("INFO", logger="scalerl"):
+        summary = svc.run(threading.Event())
+    assert summary is not None and svc.learner.version == 1
+    store = open_store(ctx().store_url)
+    uploaded = {k for k in store.list("run/")}
+    assert {"run/summary.json", "run/metrics.jsonl", "run/train.jsonl"} <= uploaded
+    assert store.get_bytes("run/summary.json") == (ctx().out_dir / "summary.json").read_bytes()
+    done = [r.value for r in bus._logs[TopicNames.of(spec).metrics]
+            if isinstance(r.value, MetricRecord) and r.value.kind == "done"]
+    assert len(done) == 1 and done[0].values["run_files"] == len(uploaded)
+    assert done[0].values["report_html"] == float("run/report.html" in uploaded)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1/1: loss ")]
+    assert len(lines) == 1 and "rollouts/s" in lines[0] and "(bound k=" in lines[0], caplog.text

@@ -31,3 +31,9 @@ def test_values_say_the_image_must_be_built_pushed_and_set() -> None:
 def test_an_rljob_without_image_leaves_it_to_the_operator() -> None:
     spec = parse_spec({"bus": {"bootstrap": "k:9092"}, "store": {"uri": "s3://bucket/x"}})
     assert (spec.image, spec.image_pull_policy) == ("", "")
+
+
+def test_the_operator_runs_under_tini() -> None:
+    # PID 1 ignores SIGTERM without a handler: tini is PID 1 and forwards it to the operator's process group
+    template = (CHART / "templates" / "operator.yaml").read_text()
+    assert "          command: [tini, -g, --, python, -m, scalerl_operator]\n" in template

@@ -115,7 +115,7 @@ def test_role_containers(children: dict[tuple[str, str], dict[str, Any]]) -> Non
     gen = children[("Deployment", "j1-generator")]["spec"]
     pod = gen["template"]["spec"]
     c = pod["containers"][0]
-    assert c["command"] == ["scalerl"]
+    assert c["command"] == ["tini", "-g", "--", "scalerl"]  # tini is PID 1: SIGTERM reaches the role at once
     assert c["args"] == ["serve", "generator", "--job", JOB_FILE, "--bus", "kafka://kafka-0.kafka:9092",
                          "--store", "s3://bucket/runs", "--id", "$(POD_NAME)", "--grpc-port", str(GRPC_PORT),
                          "--http-port", "9091"]
@@ -147,17 +147,41 @@ def test_learner_statefulset_runs_torchrun_across_pods(children: dict[tuple[str,
     svc = children[("Service", "j1-learner")]["spec"]
     c = sts["template"]["spec"]["containers"][0]
     cmd = c["command"]
-    assert cmd[:2] == ["torchrun", "--nnodes"] and cmd[cmd.index("--nnodes") + 1] == "2"
+    assert cmd[:5] == ["tini", "-g", "--", "torchrun", "--nnodes"] and cmd[cmd.index("--nnodes") + 1] == "2"
     assert cmd[cmd.index("--nproc_per_node") + 1] == "4" and cmd[cmd.index("--node_rank") + 1] == "$(NODE_RANK)"
-    # rank 0's stable DNS name: <statefulset>-0.<headless service>
-    assert cmd[cmd.index("--master_addr") + 1] == f"j1-learner-0.{sts['serviceName']}"
+    assert "--standalone" not in cmd
+    # rank 0's pod FQDN: <statefulset>-0.<headless service>.<namespace>.svc (resolves from every pod)
+    assert cmd[cmd.index("--master_addr") + 1] == f"j1-learner-0.{sts['serviceName']}.{NS}.svc"
     assert sts["serviceName"] == "j1-learner" and svc["clusterIP"] == "None" and svc["publishNotReadyAddresses"]
+    assert children[("Service", "j1-learner")]["metadata"]["namespace"] == NS
+    assert {"name": "torch", "port": 29500, "targetPort": "torch", "protocol": "TCP"} in svc["ports"]
     assert cmd[cmd.index("-m") + 1:cmd.index("-m") + 4] == ["scalerl.cli", "serve", "learner"]
+    # after its last step the learner stays up until scaled down (no exit into a StatefulSet restart)
+    assert cmd[-2:] == ["--when-finished", "wait"]
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
     assert sts["replicas"] == 2 and sts["podManagementPolicy"] == "Parallel"
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 4}}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+
+
+def test_a_one_node_learner_runs_torchrun_standalone() -> None:
+    spec = make_spec(roles={"learner": {"nodes": 1, "devicesPerNode": 2}})
+    objs = by_kind_name(render(JOB, NS, spec, desired_replicas(spec, live={}, remembered={})))
+    cmd = objs[("StatefulSet", "j1-learner")]["spec"]["template"]["spec"]["containers"][0]["command"]
+    # a local rendezvous: no master address to resolve, so no cluster DNS is needed
+    assert cmd[:7] == ["tini", "-g", "--", "torchrun", "--standalone", "--nnodes", "1"]
+    assert not {"--master_addr", "--master_port", "--node_rank", "--rdzv_endpoint"} & set(cmd)
+    assert cmd[cmd.index("--nproc_per_node") + 1] == "2"
+    assert cmd[cmd.index("-m") + 1:cmd.index("-m") + 4] == ["scalerl.cli", "serve", "learner"]
+
+
+def test_every_rendered_container_runs_under_tini(children: dict[tuple[str, str], dict[str, Any]]) -> None:
+    pods = [o["spec"]["template"]["spec"] for o in children.values() if o["kind"] in ("Deployment", "StatefulSet")]
+    assert len(pods) == 4
+    for pod in pods:
+        for c in pod["containers"] + pod.get("initContainers", []):
+            assert c["command"][:3] == ["tini", "-g", "--"], c["name"]
 
 
 def test_spec_hash_rolls_pods_only_when_the_job_changes() -> None:
