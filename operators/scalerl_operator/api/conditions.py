@@ -27,9 +27,10 @@ POLICY_LAG_EXCEEDED: Final = "PolicyLagExceeded"  # measured staleness reached t
 SCALING_LIMITED: Final = "ScalingLimited"   # the autoscaler wanted more (or fewer) than it may set
 LEARNER_STALLED: Final = "LearnerStalled"   # no new learner step within failurePolicy.progressDeadlineSeconds
 QUEUE_ADMITTED: Final = "QueueAdmitted"     # spec.queueName: Kueue admitted the job's Workload (reason: Kueue's)
+BUS_REACHABLE: Final = "BusReachable"       # the brokers advertise addresses the pods can reach (not loopback)
 
 CONDITION_TYPES: Final = (READY, PROGRESSING, SUSPENDED, COMPLETE, FAILED, DEGRADED, LEARNER_STARVED,
-                          POLICY_LAG_EXCEEDED, SCALING_LIMITED, LEARNER_STALLED, QUEUE_ADMITTED)
+                          POLICY_LAG_EXCEEDED, SCALING_LIMITED, LEARNER_STALLED, QUEUE_ADMITTED, BUS_REACHABLE)
 
 # ---- phases -----------------------------------------------------------------------------------------
 PHASE_PENDING: Final = "Pending"
@@ -69,6 +70,9 @@ REASON_FED: Final = "BatchWaitWithinTarget"
 # PolicyLagExceeded
 REASON_STALENESS_AT_BOUND: Final = "StalenessAtBound"
 REASON_STALENESS_WITHIN_BOUND: Final = "StalenessWithinBound"
+# BusReachable
+REASON_BROKERS_ADVERTISE_LOOPBACK: Final = "BrokersAdvertiseLoopback"  # metadata names 127.0.0.0/8, ::1, localhost
+REASON_BROKERS_ADVERTISED: Final = "BrokersAdvertiseReachableAddresses"
 # ScalingLimited
 REASON_PARTITION_CAP: Final = "PartitionCap"               # verifiers capped at the topic's partitions
 REASON_MAX_REPLICAS: Final = "TooManyReplicas"             # HPA's wording for "capped at maxReplicas"

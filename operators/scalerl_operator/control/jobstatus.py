@@ -132,6 +132,21 @@ def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple
     return {**out, "phase": phase, "conditions": conds}
 
 
+def bus_reachable_patch(obj: dict[str, Any], problem: str | None,
+                        now: datetime) -> tuple[dict[str, Any] | None, bool]:
+    """(the /status patch of condition BusReachable, None when it says that already; whether to post a
+    Warning Event: it has just turned False). `problem`: `kafka_access.loopback_problem`'s line, or None."""
+    prev = (obj.get("status") or {}).get("conditions")
+    was = c.get_condition(prev, c.BUS_REACHABLE)
+    reason = c.REASON_BROKERS_ADVERTISE_LOOPBACK if problem else c.REASON_BROKERS_ADVERTISED
+    message = problem or "the brokers advertise addresses other than loopback"
+    conds = c.set_condition(prev, c.BUS_REACHABLE, "False" if problem else "True", reason, message[:MAX_MESSAGE],
+                            obj["metadata"].get("generation"), now)
+    if conds == prev:
+        return None, False
+    return {"conditions": conds}, problem is not None and (was is None or was["status"] != "False")
+
+
 def spec_replicas_status(spec: RLJobSpec, *, terminal: bool) -> dict[str, Any]:
     """status.scaling.<role>.specReplicas of the pools the operator does not autoscale: the spec
     replicas applied now (None while suspended or terminal, so a resume applies spec.replicas again)."""

@@ -26,15 +26,16 @@ from prometheus_client import Counter, Gauge
 from scalerl.bus.kafka import KafkaBus
 from scalerl.bus.security import KafkaSecurity
 from scalerl.config import SpecError
+from scalerl_operator.api import conditions as c
 from scalerl_operator.api.infra import StoreSpec
 from scalerl_operator.api.newer_fields import FieldsFromNewerCRD
 from scalerl_operator.api.spec import GROUP, VERSION, RLJobSpec, parse_served_spec
 from scalerl_operator.autoscale.scaler import autoscale, lag_status, scaling_status
-from scalerl_operator.cluster.kafka_access import kafka_security
+from scalerl_operator.cluster.kafka_access import kafka_security, loopback_problem
 from scalerl_operator.cluster.kube import Kube
 from scalerl_operator.cluster.rlstatus import LearnerStatus, MetricsTail, fold
 from scalerl_operator.control import kueue
-from scalerl_operator.control.jobstatus import is_terminal
+from scalerl_operator.control.jobstatus import bus_reachable_patch, is_terminal
 from scalerl_operator.control.reconcile import WORKLOADS, reconcile, unrealisable
 from scalerl_operator.control.workqueue import WorkQueue
 from scalerl_operator.render.names import bus_prefix, child_name
@@ -212,6 +213,8 @@ class Runtime:
                 spec = None
             # the Kafka credentials of spec.bus.security (read from its Secret on every pass: rotation)
             sec = kafka_security(self.kube, namespace, spec.bus) if spec is not None else None
+            if spec is not None:
+                obj = self._check_bus(obj, spec, sec)
             learner, ok = (self.learner(uid, name, namespace, spec, sec) if spec is not None
                            else (LearnerStatus(), False))
             if spec is not None and scale and not is_terminal(obj.get("status") or {}) and not kueue.holds(obj, spec):
@@ -219,6 +222,25 @@ class Runtime:
             out = reconcile(self.kube, obj, learner=learner,
                             ensure_topics=functools.partial(self.ensure_topics, security=sec))
             return out.phase
+
+    def _check_bus(self, obj: dict[str, Any], spec: RLJobSpec, security: KafkaSecurity | None) -> dict[str, Any]:
+        """Condition BusReachable from the brokers' advertised addresses (the bootstrap's metadata, through the
+        job's shared client), and an Event when it turns False; a bootstrap that fails says nothing here (the
+        topic creation reports it)."""
+        try:
+            advertised = self.bus(spec.bus.bootstrap, security).advertised_brokers()
+        except Exception as exc:  # unreachable now: reconcile's Kafka calls fail and are retried
+            log.debug("%s: reading the brokers' metadata failed: %s", obj["metadata"]["name"], exc)
+            return obj
+        problem = loopback_problem(spec.bus.bootstrap, advertised)
+        patch, warn = bus_reachable_patch(obj, problem, datetime.now(UTC))
+        if patch is None:
+            return obj
+        m = obj["metadata"]
+        if warn:
+            log.warning("%s/%s: %s", m["namespace"], m["name"], problem)
+            self.kube.event(obj, "Warning", c.REASON_BROKERS_ADVERTISE_LOOPBACK, str(problem), "BusCheck")
+        return self.kube.patch_status(m["namespace"], m["name"], patch)
 
     def _autoscale(self, obj: dict[str, Any], spec: RLJobSpec, learner: LearnerStatus | None,
                    security: KafkaSecurity | None = None) -> dict[str, Any]:

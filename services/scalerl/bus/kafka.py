@@ -147,6 +147,13 @@ class KafkaBus(Bus):
         brokers = self._get_admin().describe_cluster().get("brokers") or []
         return max(1, min(3, len(brokers)))
 
+    def advertised_brokers(self) -> list[tuple[str, int]]:
+        """(host, port) of every broker as the bootstrap's metadata response advertises it (what clients
+        connect to after bootstrapping), read from the admin client's cluster metadata: no broker but the
+        bootstrap address is contacted."""
+        brokers = self._get_admin()._manager.cluster.brokers()
+        return sorted((str(b.host), int(b.port)) for b in brokers)
+
     def partitions(self, topic: str) -> list[int]:
         """The partition ids of `topic` (empty if it does not exist)."""
         for t in self._get_admin().describe_topics([topic]):

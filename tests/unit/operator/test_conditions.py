@@ -64,4 +64,4 @@ def test_condition_types_and_reasons_are_valid_metav1_values() -> None:
     reasons = [v for k, v in vars(c).items() if k.startswith("REASON_")]
     assert len(reasons) == len(set(reasons))
     assert all(re.fullmatch(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?", r) for r in reasons)
-    assert len(c.CONDITION_TYPES) == 11 and len(set(c.CONDITION_TYPES)) == 11
+    assert len(c.CONDITION_TYPES) == 12 and len(set(c.CONDITION_TYPES)) == 12
