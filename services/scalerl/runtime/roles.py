@@ -258,7 +258,8 @@ class CurriculumService:
     """Issues prompts; learns pass rates from `scored` (No-Positive-Resampling); flow control from the
     learner's progress on `policy`: at most `max_inflight` prompts issued and not yet decided, where the
     learner's announcements say how many groups it has decided (`learner_consumed`: trained, dropped or
-    dead-lettered by the learner; B per step when a learner does not say) and the curriculum counts the
+    dead-lettered by the learner, or held while it waits for fresher rollouts: `scalerl.runtime.learner_intake`;
+    B per step when a learner does not say) and the curriculum counts the
     issued prompts that were dead-lettered before they reached `scored` (by a generator or a verifier: read
     from the dead-letter topic, each issued group once; `dead_upstream`). State is saved to the store after
     every round that changed it, so a restarted curriculum neither repeats nor skips prompts (a crash between
