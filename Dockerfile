@@ -31,7 +31,14 @@ ENV VIRTUAL_ENV=/opt/scalerl \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv "$VIRTUAL_ENV"
+# tini is PID 1 (the entrypoint, and the operator's rendered commands): it forwards SIGTERM to the role
+# (torchrun installs its own handler only once its workers run) and reaps what the role leaves behind.
+# A base made from Debian packages (scripts/image.sh) has it already.
+# hadolint ignore=DL3008
+RUN if ! command -v tini >/dev/null; then \
+        apt-get update && apt-get install -y --no-install-recommends tini && rm -rf /var/lib/apt/lists/*; \
+    fi \
+    && python -m venv "$VIRTUAL_ENV"
 
 FROM ${CUDA_IMAGE} AS base-gpu
 ARG VLLM_VERSION
@@ -41,7 +48,7 @@ LABEL dev.scalerl.gpu-requires="${CUDA_DRIVER}" \
       dev.scalerl.vllm-version="${VLLM_VERSION}"
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3.12 python3.12-venv ca-certificates \
+    && apt-get install -y --no-install-recommends python3.12 python3.12-venv ca-certificates tini \
     && rm -rf /var/lib/apt/lists/*
 ENV VIRTUAL_ENV=/opt/scalerl \
     PATH=/opt/scalerl/bin:$PATH \
@@ -51,51 +58,73 @@ ENV VIRTUAL_ENV=/opt/scalerl \
     NVIDIA_REQUIRE_CUDA="cuda>=13.0"
 RUN python3.12 -m venv "$VIRTUAL_ENV"
 
-# ---- build: install the package and its extras into the virtual environment --------------------------
+# ---- deps: the third-party packages, in the virtual environment (the large layer: it changes only with
+# requirements/runtime.lock, or pyproject.toml's dependencies on the GPU variant) --------------------------
 # hadolint ignore=DL3006
-FROM base-${VARIANT} AS build
+FROM base-${VARIANT} AS deps
 ARG VARIANT
 ARG VLLM_VERSION
 ARG TORCH_INDEX_URL=""
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# CPU variant: the pins of requirements/runtime.lock (what `make run` installs), on their own layer:
-# they are the largest download and change least often. GPU variant: vLLM pins the torch it was
-# built against, so its dependencies are resolved with `.[vllm]` below instead.
+# CPU variant: the pins of requirements/runtime.lock (what `make run` installs). GPU variant: vLLM pins the
+# torch it was built against, so vLLM ${VLLM_VERSION} is resolved together with the dependencies that
+# pyproject.toml declares for the package and its extras (read with tomllib; the package itself comes
+# in the build stage). pip's downloads stay in a build cache mount (never in a layer), so a rebuild after
+# a lock change fetches only what changed. A build secret `ca` (optional: `--secret id=ca,src=BUNDLE`) is
+# a CA bundle pip trusts, for registries reached through a TLS-intercepting proxy; a secret never lands
+# in a layer. The .pth file puts the package's own directory (/opt/scalerl-app) on the venv's path.
 COPY requirements/runtime.lock /tmp/runtime.lock
-RUN if [ "$VARIANT" = "cpu" ]; then \
+COPY pyproject.toml /tmp/pyproject.toml
+# hadolint ignore=DL3013
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=ca \
+    if [ -f /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    if [ "$VARIANT" = "cpu" ]; then \
         if [ -n "$TORCH_INDEX_URL" ]; then export PIP_EXTRA_INDEX_URL="$TORCH_INDEX_URL"; fi; \
-        pip install --no-cache-dir -r /tmp/runtime.lock; \
-    fi
+        pip install -r /tmp/runtime.lock; \
+    else \
+        python -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]; \
+print("\n".join(p["dependencies"] + [d for e in sys.argv[2].split(",") for d in p["optional-dependencies"][e] \
+if not d.startswith("vllm")]))' /tmp/pyproject.toml distributed,operator,vllm >/tmp/deps.txt; \
+        pip install "vllm==${VLLM_VERSION}" -r /tmp/deps.txt; \
+    fi \
+    && rm -f /tmp/runtime.lock /tmp/pyproject.toml /tmp/deps.txt \
+    && echo /opt/scalerl-app >"$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/scalerl-app.pth"
+
+# ---- build: the package alone into /opt/scalerl-app (small: a code change rebuilds this stage only) -----
+# hadolint ignore=DL3006
+FROM deps AS build
 WORKDIR /src
 COPY pyproject.toml setup.py MANIFEST.in README.md ./
 COPY protos ./protos
 COPY services ./services
 COPY operators ./operators
-# A regular (non-editable) install; on the CPU variant every dependency is already pinned and
-# installed, so pip only builds the package; the GPU variant adds the vLLM engine at its pinned version.
+# A regular (non-editable) build of the package, its dependencies already in the venv (--no-deps), into
+# its own directory; the `scalerl` console script lands in /opt/scalerl-app/bin.
 # hadolint ignore=DL3013
-RUN extras="distributed,operator"; pins=(); \
-    if [ "$VARIANT" = "gpu" ]; then extras="$extras,vllm"; pins=("vllm==${VLLM_VERSION}"); fi; \
-    pip install --no-cache-dir ".[${extras}]" "${pins[@]}"
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=ca \
+    if [ -f /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    pip install --no-deps --target /opt/scalerl-app .
 # The gRPC/protobuf stubs are generated at build time: setup.py's build_py compiles protos/ into the
 # wheel, and codegen confirms them (regenerating if stale), so the non-root runtime never writes
-# into site-packages; the imports prove they load.
+# into site-packages; the imports prove they load, with every dependency the extras need.
+ENV PATH=/opt/scalerl-app/bin:$PATH
 RUN python -m scalerl.rpc.codegen \
-    && python -c "import scalerl.rpc, scalerl_operator, scalerl.cli; print('scalerl image: imports ok')"
+    && python -c "import scalerl.rpc, scalerl_operator, scalerl.cli, kafka, minio, grpc, kopf, torch; print('scalerl image: imports ok')"
 
-# ---- runtime: the virtual environment and a non-root user, nothing else -------------------------------
-# hadolint ignore=DL3006
-FROM base-${VARIANT} AS runtime
+# ---- runtime: the dependencies' stage (its layer shared, not copied: 6 GB on the CPU variant), the
+# package and a non-root user, nothing else (no source tree, no build files) -----------------------------
+FROM deps AS runtime
 ARG VARIANT
 LABEL org.opencontainers.image.title="scalerl" \
       org.opencontainers.image.description="ScaleRL reinforcement learning of LLMs: every role and the operator" \
       org.opencontainers.image.licenses="Apache-2.0" \
       dev.scalerl.variant="${VARIANT}"
-COPY --from=build /opt/scalerl /opt/scalerl
+COPY --from=build /opt/scalerl-app /opt/scalerl-app
+ENV PATH=/opt/scalerl-app/bin:$PATH
 RUN groupadd --gid 10001 scalerl \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/scalerl --shell /usr/sbin/nologin scalerl
 WORKDIR /home/scalerl
 USER 10001:10001
 EXPOSE 50051 9090
-ENTRYPOINT ["scalerl"]
+ENTRYPOINT ["tini", "-g", "--", "scalerl"]
 CMD ["--help"]

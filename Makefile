@@ -36,7 +36,7 @@ PYTEST_ARGS ?=
 RETRAIN_TESTS ?= tests/unit tests/e2e
 ALT_KERNELS = $(PY) -c "import torch; print('default' if torch.backends.cpu.get_cpu_capability() == 'AVX2' else 'avx2')"
 
-.PHONY: install install-vllm lock-vllm test-vllm install-dev run test test-unit test-other-kernels lint typecheck bench bench-chaos crd protos lock docs \
+.PHONY: image install install-vllm lock-vllm test-vllm install-dev run test test-unit test-other-kernels lint typecheck bench bench-chaos crd protos lock docs \
         infra-up infra-build infra-down clean
 
 install: $(RUNTIME_STAMP)
@@ -139,6 +139,11 @@ crd: install
 docs: install-dev
 	$(PY) scripts/gen_docs.py
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
+
+# The project's image from ./Dockerfile with podman (Debian packages), no registry: a base made from Debian
+# packages unless SCALERL_PYTHON_IMAGE names one; tag localhost/scalerl:<version>-cpu (scripts/image.sh).
+image:
+	bash scripts/image.sh
 
 infra-up: install
 	$(VENV_PATH) bash scripts/infra/up.sh

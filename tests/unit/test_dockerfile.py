@@ -121,7 +121,12 @@ def test_runtime_stage_runs_scalerl_as_a_non_root_user(dockerfile: tuple[dict[st
     runs = " ".join(i.args for i in runtime.instructions if i.keyword == "RUN")
     assert f"--uid {uid}" in runs
     entrypoints = [i.args for i in runtime.instructions if i.keyword == "ENTRYPOINT"]
-    assert entrypoints and json.loads(entrypoints[-1]) == ["scalerl"]
+    # tini as PID 1 (forwards SIGTERM to the role's process group, reaps), then the console script
+    assert entrypoints and json.loads(entrypoints[-1]) == ["tini", "-g", "--", "scalerl"]
+    # both bases provide tini: installed where the base lacks it (the CPU base), with the GPU base's packages
+    bases = {s.name: " ".join(i.args for i in s.instructions if i.keyword == "RUN") for s in stages}
+    assert "install -y --no-install-recommends tini" in bases["base-cpu"]
+    assert re.search(r"apt-get install [^&]* tini\b", bases["base-gpu"])
     # `scalerl` is the package's console script
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["scalerl"] == "scalerl.cli:main"
@@ -137,6 +142,8 @@ def test_every_base_image_is_pinned(dockerfile: tuple[dict[str, str], list[Stage
         if base.startswith("base-"):  # base-${VARIANT}: one of this file's own stages
             assert {f"base-{v}" for v in ("cpu", "gpu")} <= names
             continue
+        if base in names:  # FROM deps
+            continue
         external.add(base)
     assert len(external) == 2, external  # the Python base and the CUDA base
     for image in external:
@@ -149,26 +156,46 @@ def test_every_base_image_is_pinned(dockerfile: tuple[dict[str, str], list[Stage
     assert (int(major_minor.group(1)), int(major_minor.group(2))) >= (3, 11)  # requires-python >= 3.11
 
 
+def _stage(stages: list[Stage], name: str) -> Stage:
+    return next(s for s in stages if s.name == name)
+
+
 def test_variants_install_the_right_extras(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
     args, stages = dockerfile
     assert args["VARIANT"] == "cpu"
-    build = next(s for s in stages if s.name == "build")
-    runs = [i.args for i in build.instructions if i.keyword == "RUN"]
-    text = "\n".join(runs)
-    assert 'extras="distributed,operator"' in text and 'extras="$extras,vllm"' in text
-    assert 'pip install --no-cache-dir ".[${extras}]"' in text
-    # the CPU variant installs the pins `make run` installs (one lock file), before the package
-    assert "pip install --no-cache-dir -r /tmp/runtime.lock" in text
-    copies = [shlex.split(i.args) for i in build.instructions if i.keyword == "COPY"]
-    assert ["requirements/runtime.lock", "/tmp/runtime.lock"] in copies
+    deps, build = _stage(stages, "deps"), _stage(stages, "build")
+    assert deps.base == "base-${VARIANT}" and build.base == "deps"
+    deps_runs = [i.args for i in deps.instructions if i.keyword == "RUN"]
+    build_runs = [i.args for i in build.instructions if i.keyword == "RUN"]
+    # the CPU variant installs the pins `make run` installs (one lock file), in the deps stage; the GPU
+    # variant the package's declared dependencies and extras, read from pyproject.toml
+    install = next(r for r in deps_runs if "pip install" in r)
+    assert "pip install -r /tmp/runtime.lock" in install
+    assert "distributed,operator,vllm" in install and "-r /tmp/deps.txt" in install
+    # the deps stage sees no code: only the lock and pyproject.toml (a code change reuses its layer)
+    deps_copies = [shlex.split(i.args) for i in deps.instructions if i.keyword == "COPY"]
+    assert deps_copies == [["requirements/runtime.lock", "/tmp/runtime.lock"], ["pyproject.toml", "/tmp/pyproject.toml"]]
+    # the package alone, no dependencies, into its own directory; the venv finds it through a .pth file
+    assert any("pip install --no-deps --target /opt/scalerl-app ." in r for r in build_runs)
+    assert "/opt/scalerl-app >" in install and "scalerl-app.pth" in install
+    # pip's downloads stay in a build cache mount, never in a layer; an optional CA bundle arrives as a
+    # build secret (never in a layer either) on every RUN that reaches the package index
+    pip_runs = [r for r in deps_runs + build_runs if "pip install" in r]
+    assert len(pip_runs) == 2 and all(
+        r.startswith("--mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=ca ")
+        and "PIP_CERT=/run/secrets/ca" in r for r in pip_runs)
     # gRPC stubs generated at build time by the project's own code generator
-    assert any("python -m scalerl.rpc.codegen" in r for r in runs)
+    assert any("python -m scalerl.rpc.codegen" in r for r in build_runs)
     assert (REPO / "services" / "scalerl" / "rpc" / "codegen.py").is_file()
     copies = [shlex.split(i.args) for i in build.instructions if i.keyword == "COPY"]
     sources = {src for c in copies for src in c[:-1]}
     assert sources >= {"protos", "services", "operators", "pyproject.toml", "setup.py", "MANIFEST.in", "README.md"}
+    # the runtime: on the dependencies' stage (its 6 GB layer shared, never copied), plus the package
     runtime = stages[-1]
-    assert any(i.keyword == "COPY" and i.args.startswith("--from=build ") for i in runtime.instructions)
+    assert runtime.base == "deps"
+    assert [i.args for i in runtime.instructions if i.keyword == "COPY"] == [
+        "--from=build /opt/scalerl-app /opt/scalerl-app"]
+    assert any(i.keyword == "ENV" and i.args.startswith("PATH=/opt/scalerl-app/bin:") for i in runtime.instructions)
 
 
 def _ignore_regex(pattern: str) -> re.Pattern[str]:
@@ -207,8 +234,8 @@ def test_dockerignore_sends_only_what_the_build_copies(dockerfile: tuple[dict[st
     assert excluded("x/__pycache__/m.pyc", ["**/__pycache__/"]) and excluded("__pycache__", ["**/__pycache__/"])
     # every file and folder the build stage COPYs from the context exists and is sent
     _, stages = dockerfile
-    build = next(s for s in stages if s.name == "build")
-    sources = [src for i in build.instructions if i.keyword == "COPY" for src in shlex.split(i.args)[:-1]]
+    sources = [src for s in stages for i in s.instructions if i.keyword == "COPY" and not i.args.startswith("--from=")
+               for src in shlex.split(i.args)[:-1]]
     for src in sources:
         assert (REPO / src).exists(), f"COPY {src}: not in the repository"
         assert not excluded(src, patterns), f"COPY {src}: excluded by .dockerignore"
@@ -229,10 +256,10 @@ def test_gpu_variant_pins_the_locked_vllm_and_states_its_driver_need(
     locked = re.search(r"^VLLM_VERSION=(\S+)$", (REPO / "scripts" / "vllm_env.sh").read_text(), re.M)
     assert locked is not None
     assert args["VLLM_VERSION"] == locked.group(1)
-    build = next(s for s in stages if s.name == "build")
-    install = next(i.args for i in build.instructions if i.keyword == "RUN" and '".[${extras}]"' in i.args)
-    assert 'pins=("vllm==${VLLM_VERSION}")' in install and '"${pins[@]}"' in install
-    assert any(i.keyword == "ARG" and i.args == "VLLM_VERSION" for i in build.instructions)
+    deps = _stage(stages, "deps")
+    install = next(i.args for i in deps.instructions if i.keyword == "RUN" and "pip install" in i.args)
+    assert 'pip install "vllm==${VLLM_VERSION}" -r /tmp/deps.txt' in install
+    assert any(i.keyword == "ARG" and i.args == "VLLM_VERSION" for i in deps.instructions)
     gpu = next(s for s in stages if s.name == "base-gpu")
     labels = " ".join(expand(i.args, args) for i in gpu.instructions if i.keyword == "LABEL")
     assert f'dev.scalerl.vllm-version="{locked.group(1)}"' in labels
