@@ -3,8 +3,9 @@
 # (SCALERL_STOP_GRACE, default 20 s). Logs and data under build/infra/ are kept, so a later up.sh
 # continues with the same topics and buckets; build/infra.env is removed (it names running servers).
 #
-# Usage: scripts/infra/down.sh [--purge] [kafka|minio|k8s|cluster|prometheus|jaeger|kueue ...]
-#   k8s stops the Pod-running cluster too (its API server uses k8s's etcd); k8s and cluster stop kueue.
+# Usage: scripts/infra/down.sh [--purge] [kafka|minio|k8s|cluster|prometheus|jaeger|kueue|node ...]
+#   k8s stops the Pod-running cluster and the real node too (their API servers use k8s's etcd); k8s and
+#   cluster stop kueue. node: its containers and processes, and what it changed on the host.
 #   --purge: also delete the data directories (build/infra/*/data, build/infra/k8s/etcd-data); logs
 #   are still kept.
 # shellcheck source=scripts/infra/lib.sh
@@ -15,9 +16,9 @@ services=()
 for arg in "$@"; do
     case "$arg" in
         --purge) purge=1 ;;
-        kafka | minio | k8s | cluster | prometheus | jaeger | kueue) services+=("$arg") ;;
-        -h | --help) sed -n '2,10p' "$0"; exit 0 ;;
-        *) die "unknown argument $arg (expected --purge, kafka, minio, k8s, cluster, prometheus, jaeger, kueue)" ;;
+        kafka | minio | k8s | cluster | prometheus | jaeger | kueue | node) services+=("$arg") ;;
+        -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+        *) die "unknown argument $arg (expected --purge, kafka, minio, k8s, cluster, prometheus, jaeger, kueue, node)" ;;
     esac
 done
 ((${#services[@]})) || services=(kafka minio k8s prometheus jaeger)
@@ -32,9 +33,14 @@ for svc in "${services[@]}"; do
         down_cluster
         continue
     fi
+    if [[ "$svc" == node ]]; then
+        down_node
+        continue
+    fi
     if [[ "$svc" == k8s ]]; then
         down_kueue
         down_cluster
+        down_node
         down_k8s
         if ((purge)); then
             log "k8s: purging $K8S_STATE/etcd-data"

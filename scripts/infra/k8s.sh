@@ -38,15 +38,17 @@ _go_build_in() {
 }
 
 # The Kubernetes commands built from one wrapper module (one download of k8s.io/kubernetes, one
-# `go mod tidy`): the API server here, the scheduler and controller-manager for cluster.sh.
-KUBE_CMDS=(kube-apiserver kube-scheduler kube-controller-manager)
+# `go mod tidy`): the API server here, the scheduler and controller-manager for cluster.sh, the kubelet,
+# kube-proxy and the kubectl a user runs for node.sh.
+KUBE_CMDS=(kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy kubectl)
 
 # _kube_wrapper: prepare $CACHE/src/kubernetes-$K8S_VERSION (go.mod with the staging replaces and a
 # tools.go importing every command of KUBE_CMDS) unless an earlier build left it complete; echoes it.
 _kube_wrapper() {
     local dir staging modfile c
     dir="$CACHE/src/kubernetes-$K8S_VERSION"
-    [[ -f "$dir/.complete" ]] && { echo "$dir"; return 0; }
+    # complete for these commands (an older checkout's module may pin fewer: it is prepared again)
+    [[ "$(cat "$dir/.complete" 2>/dev/null)" == "${KUBE_CMDS[*]}" ]] && { echo "$dir"; return 0; }
     staging="v0.${K8S_VERSION#v1.}" # v1.34.4 -> v0.34.4: the staging modules' tag of that release
     rm -rf "$dir"
     mkdir -p "$dir" "$CACHE/bin"
@@ -69,7 +71,7 @@ _kube_wrapper() {
     } >"$dir/tools.go"
     (cd "$dir" && GOTOOLCHAIN=local GOFLAGS=-mod=mod nice -n 10 go mod tidy >>build.log 2>&1) \
         || { tail -n 40 "$dir/build.log" >&2; die "go mod tidy of the Kubernetes wrapper module failed"; }
-    touch "$dir/.complete"
+    echo "${KUBE_CMDS[*]}" >"$dir/.complete"
     echo "$dir"
 }
 

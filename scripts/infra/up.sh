@@ -8,13 +8,16 @@
 #   - prometheus (the Debian package unpacked into the cache) and jaeger (Jaeger v2 built from source),
 #     see observability.sh
 #   - kueue: Kueue's controller manager on the cluster (kueue.sh; needs cluster)
+#   - node: a real node (node.sh; needs k8s, root): its own kube-apiserver on the host's address, scheduler,
+#     controller-manager, containerd + runc + CNI, kubelet, kube-proxy, CoreDNS, the project's image
+#     (scripts/image.sh, built here when missing) imported into containerd, fake GPUs on the node
 # then write build/infra.env (KAFKA_BOOTSTRAP; the SASL_SSL listener's KAFKA_SASL_BOOTSTRAP,
 # KAFKA_SASL_{MECHANISM,USERNAME,PASSWORD} and KAFKA_SSL_CAFILE (a self-signed test CA); S3_ENDPOINT,
 # S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION, KUBECONFIG, K8S_API, HELM_BIN, CLUSTER_KUBECONFIG, CLUSTER_API,
 # PROMETHEUS_URL, PROMETHEUS_FILE_SD, JAEGER_QUERY_URL, JAEGER_OTLP_GRPC, PIDs and log paths).
 # Idempotent: a server that is already running and healthy is reused.
 #
-# Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s|cluster|prometheus|jaeger|kueue ...]
+# Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s|cluster|prometheus|jaeger|kueue|node ...]
 #   no service named: all of them (cluster starts k8s too, kueue starts cluster).  --build-only: fetch/build into the cache, start nothing.
 # Env: SCALERL_CACHE (default ~/.cache/scalerl), SCALERL_KAFKA_READY_TIMEOUT (120),
 #      SCALERL_MINIO_READY_TIMEOUT (60), SCALERL_KAFKA_HEAP (-Xmx512m), SCALERL_KAFKA_JVM_OPTS,
@@ -25,6 +28,8 @@
 #      SCALERL_{PROMETHEUS,JAEGER}_READY_TIMEOUT (60), SCALERL_JAEGER_VERSION (observability.sh).
 #      SCALERL_KUEUE_VERSION (v0.17.0), SCALERL_KUEUE_READY_TIMEOUT (90) (kueue.sh).
 #      SCALERL_BUILD_LANES (2: two builds at once; 1: one after the other).
+#      SCALERL_COREDNS_VERSION (v1.14.7), SCALERL_NODE_GPUS (4), SCALERL_NODE_READY_TIMEOUT (180) (node.sh);
+#      the image's variables in scripts/image.sh (SCALERL_PYTHON_IMAGE, SCALERL_IMAGE_TAG, SCALERL_IMAGE_CA).
 # shellcheck source=scripts/infra/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -33,12 +38,13 @@ services=()
 for arg in "$@"; do
     case "$arg" in
         --build-only) build_only=1 ;;
-        kafka | minio | k8s | cluster | prometheus | jaeger | kueue) services+=("$arg") ;;
-        -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
-        *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s, cluster, prometheus, jaeger, kueue)" ;;
+        kafka | minio | k8s | cluster | prometheus | jaeger | kueue | node) services+=("$arg") ;;
+        -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
+        *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s, cluster, prometheus, jaeger, kueue, node)" ;;
     esac
 done
-((${#services[@]})) || services=(kafka minio k8s cluster kueue prometheus jaeger)
+((${#services[@]})) || services=(kafka minio k8s cluster kueue prometheus jaeger node)
+[[ " ${services[*]} " != *" node "* || " ${services[*]} " == *" k8s "* ]] || services+=(k8s)
 [[ " ${services[*]} " != *" kueue "* || " ${services[*]} " == *" cluster "* ]] || services+=(cluster)
 [[ " ${services[*]} " != *" cluster "* || " ${services[*]} " == *" k8s "* ]] || services+=(k8s)
 want() { [[ " ${services[*]} " == *" $1 "* ]]; }
@@ -58,6 +64,7 @@ lane_servers() {
     want minio && build_minio
     want k8s && build_k8s
     want cluster && build_cluster_kube
+    want node && build_node
     return 0
 }
 lane_observability() {
@@ -67,6 +74,11 @@ lane_observability() {
     want kueue && build_kueue
     return 0
 }
+# The project's image (node): mostly downloads and a layer commit, so it runs beside the compiles.
+image_lane=""
+if want node && ! podman image exists "$(bash "$REPO_ROOT/scripts/image.sh" --print-tag)" 2>/dev/null; then
+    bash "$REPO_ROOT/scripts/image.sh" >/dev/null & image_lane=$!
+fi
 if [[ "$lanes" == 1 ]]; then
     lane_servers
     lane_observability
@@ -78,6 +90,7 @@ else
     wait "$lane_b" || rc=$?
     ((rc == 0)) || die "a server build failed (see its lines above)"
 fi
+[[ -z "$image_lane" ]] || wait "$image_lane" || die "the image build failed (see its lines above)"
 if ((build_only)); then
     log "build done in $(elapsed "$T0")"
     exit 0
@@ -105,7 +118,7 @@ if want kafka; then
 fi
 if want minio; then
     pid="$(read_pid "$STATE/minio/pid")"
-    if pid_alive "$pid" "$(minio_pattern)" && minio_ready 2>/dev/null; then
+    if pid_alive "$pid" "$(minio_pattern)" && pid_alive "$pid" "--address :" && minio_ready 2>/dev/null; then
         log "minio: already running and healthy on 127.0.0.1:$(cat "$STATE/minio/port") (pid $pid)"
     else
         stop_pid "$pid" "$(minio_pattern)" minio
@@ -124,6 +137,7 @@ want jaeger && up_observability jaeger
 want k8s && up_k8s # etcd + kube-apiserver start while the JVM warms up
 want cluster && up_cluster
 want kueue && up_kueue
+want node && up_node
 [[ -z "$kafka_t0" ]] || wait_kafka "$kafka_t0"
 
 # Every service started so far (this run or an earlier one) is written; tests check the keys they need.
