@@ -58,37 +58,46 @@ ENV VIRTUAL_ENV=/opt/scalerl \
     NVIDIA_REQUIRE_CUDA="cuda>=13.0"
 RUN python3.12 -m venv "$VIRTUAL_ENV"
 
-# ---- deps: the third-party packages, in the virtual environment (the large layer: it changes only with
-# requirements/runtime.lock, or pyproject.toml's dependencies on the GPU variant) --------------------------
+# ---- deps: the third-party packages, in the virtual environment (the large layer: 6 GB on the CPU
+# variant). It changes only with what it reads: requirements/runtime.lock (CPU), pyproject.toml (GPU). -----
+# pip's downloads stay in a build cache mount (never in a layer). A build secret `ca` (optional:
+# `--secret id=ca,src=BUNDLE`) is a CA bundle pip trusts, for registries reached through a TLS-intercepting
+# proxy; a secret never lands in a layer. The .pth file puts the package's own directory
+# (/opt/scalerl-app, the build stage's) on the venv's path.
+#
+# CPU variant: the pins of requirements/runtime.lock (what `make run` installs).
 # hadolint ignore=DL3006
-FROM base-${VARIANT} AS deps
-ARG VARIANT
-ARG VLLM_VERSION
+FROM base-cpu AS deps-cpu
 ARG TORCH_INDEX_URL=""
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# CPU variant: the pins of requirements/runtime.lock (what `make run` installs). GPU variant: vLLM pins the
-# torch it was built against, so vLLM ${VLLM_VERSION} is resolved together with the dependencies that
-# pyproject.toml declares for the package and its extras (read with tomllib; the package itself comes
-# in the build stage). pip's downloads stay in a build cache mount (never in a layer), so a rebuild after
-# a lock change fetches only what changed. A build secret `ca` (optional: `--secret id=ca,src=BUNDLE`) is
-# a CA bundle pip trusts, for registries reached through a TLS-intercepting proxy; a secret never lands
-# in a layer. The .pth file puts the package's own directory (/opt/scalerl-app) on the venv's path.
 COPY requirements/runtime.lock /tmp/runtime.lock
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=ca \
+    if [ -f /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    if [ -n "$TORCH_INDEX_URL" ]; then export PIP_EXTRA_INDEX_URL="$TORCH_INDEX_URL"; fi; \
+    pip install -r /tmp/runtime.lock \
+    && rm -f /tmp/runtime.lock \
+    && echo /opt/scalerl-app >"$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/scalerl-app.pth"
+
+# GPU variant: vLLM pins the torch it was built against, so vLLM ${VLLM_VERSION} is resolved together with
+# the dependencies pyproject.toml declares for the package and its extras (read with tomllib; the package
+# itself comes in the build stage).
+# hadolint ignore=DL3006
+FROM base-gpu AS deps-gpu
+ARG VLLM_VERSION
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY pyproject.toml /tmp/pyproject.toml
 # hadolint ignore=DL3013
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=ca \
     if [ -f /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
-    if [ "$VARIANT" = "cpu" ]; then \
-        if [ -n "$TORCH_INDEX_URL" ]; then export PIP_EXTRA_INDEX_URL="$TORCH_INDEX_URL"; fi; \
-        pip install -r /tmp/runtime.lock; \
-    else \
-        python -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]; \
+    python -c 'import sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]; \
 print("\n".join(p["dependencies"] + [d for e in sys.argv[2].split(",") for d in p["optional-dependencies"][e] \
-if not d.startswith("vllm")]))' /tmp/pyproject.toml distributed,operator,vllm >/tmp/deps.txt; \
-        pip install "vllm==${VLLM_VERSION}" -r /tmp/deps.txt; \
-    fi \
-    && rm -f /tmp/runtime.lock /tmp/pyproject.toml /tmp/deps.txt \
+if not d.startswith("vllm")]))' /tmp/pyproject.toml distributed,operator,vllm >/tmp/deps.txt \
+    && pip install "vllm==${VLLM_VERSION}" -r /tmp/deps.txt \
+    && rm -f /tmp/pyproject.toml /tmp/deps.txt \
     && echo /opt/scalerl-app >"$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/scalerl-app.pth"
+
+# hadolint ignore=DL3006
+FROM deps-${VARIANT} AS deps
 
 # ---- build: the package alone into /opt/scalerl-app (small: a code change rebuilds this stage only) -----
 # hadolint ignore=DL3006

@@ -77,7 +77,6 @@ tb="$(date +%s)"
 if ! podman build --format docker --layers --pull=never \
     --build-arg VARIANT=cpu --build-arg PYTHON_IMAGE="$base" \
     --secret id=ca,src="$ca" \
-    --label "dev.scalerl.revision=$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
     -t "$TAG" "$REPO_ROOT" >"$STATE/build.log" 2>&1; then
     tail -n 40 "$STATE/build.log" >&2
     die "podman build failed (log above, $STATE/build.log)"

@@ -163,32 +163,35 @@ def _stage(stages: list[Stage], name: str) -> Stage:
 def test_variants_install_the_right_extras(dockerfile: tuple[dict[str, str], list[Stage]]) -> None:
     args, stages = dockerfile
     assert args["VARIANT"] == "cpu"
+    cpu, gpu = _stage(stages, "deps-cpu"), _stage(stages, "deps-gpu")
     deps, build = _stage(stages, "deps"), _stage(stages, "build")
-    assert deps.base == "base-${VARIANT}" and build.base == "deps"
-    deps_runs = [i.args for i in deps.instructions if i.keyword == "RUN"]
+    assert (cpu.base, gpu.base, deps.base, build.base) == ("base-cpu", "base-gpu", "deps-${VARIANT}", "deps")
+    assert deps.instructions == []  # the variant's deps stage, renamed
+    cpu_install = next(i.args for i in cpu.instructions if i.keyword == "RUN")
+    gpu_install = next(i.args for i in gpu.instructions if i.keyword == "RUN")
     build_runs = [i.args for i in build.instructions if i.keyword == "RUN"]
-    # the CPU variant installs the pins `make run` installs (one lock file), in the deps stage; the GPU
-    # variant the package's declared dependencies and extras, read from pyproject.toml
-    install = next(r for r in deps_runs if "pip install" in r)
-    assert "pip install -r /tmp/runtime.lock" in install
-    assert "distributed,operator,vllm" in install and "-r /tmp/deps.txt" in install
-    # the deps stage sees no code: only the lock and pyproject.toml (a code change reuses its layer)
-    deps_copies = [shlex.split(i.args) for i in deps.instructions if i.keyword == "COPY"]
-    assert deps_copies == [["requirements/runtime.lock", "/tmp/runtime.lock"], ["pyproject.toml", "/tmp/pyproject.toml"]]
+    # the CPU variant installs the pins `make run` installs (one lock file); the GPU variant the package's
+    # declared dependencies and extras, read from pyproject.toml, with the locked vLLM
+    assert "pip install -r /tmp/runtime.lock" in cpu_install
+    assert "distributed,operator,vllm" in gpu_install and "-r /tmp/deps.txt" in gpu_install
+    # each reads only its own input: a code change (or a pyproject change, on CPU) reuses the 6 GB layer
+    def copies(stage: Stage) -> list[list[str]]:
+        return [shlex.split(i.args) for i in stage.instructions if i.keyword == "COPY"]
+    assert copies(cpu) == [["requirements/runtime.lock", "/tmp/runtime.lock"]]
+    assert copies(gpu) == [["pyproject.toml", "/tmp/pyproject.toml"]]
     # the package alone, no dependencies, into its own directory; the venv finds it through a .pth file
     assert any("pip install --no-deps --target /opt/scalerl-app ." in r for r in build_runs)
-    assert "/opt/scalerl-app >" in install and "scalerl-app.pth" in install
+    assert all("echo /opt/scalerl-app >" in r and "scalerl-app.pth" in r for r in (cpu_install, gpu_install))
     # pip's downloads stay in a build cache mount, never in a layer; an optional CA bundle arrives as a
     # build secret (never in a layer either) on every RUN that reaches the package index
-    pip_runs = [r for r in deps_runs + build_runs if "pip install" in r]
-    assert len(pip_runs) == 2 and all(
+    pip_runs = [r for r in [cpu_install, gpu_install, *build_runs] if "pip install" in r]
+    assert len(pip_runs) == 3 and all(
         r.startswith("--mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=ca ")
         and "PIP_CERT=/run/secrets/ca" in r for r in pip_runs)
     # gRPC stubs generated at build time by the project's own code generator
     assert any("python -m scalerl.rpc.codegen" in r for r in build_runs)
     assert (REPO / "services" / "scalerl" / "rpc" / "codegen.py").is_file()
-    copies = [shlex.split(i.args) for i in build.instructions if i.keyword == "COPY"]
-    sources = {src for c in copies for src in c[:-1]}
+    sources = {src for c in copies(build) for src in c[:-1]}
     assert sources >= {"protos", "services", "operators", "pyproject.toml", "setup.py", "MANIFEST.in", "README.md"}
     # the runtime: on the dependencies' stage (its 6 GB layer shared, never copied), plus the package
     runtime = stages[-1]
@@ -256,7 +259,7 @@ def test_gpu_variant_pins_the_locked_vllm_and_states_its_driver_need(
     locked = re.search(r"^VLLM_VERSION=(\S+)$", (REPO / "scripts" / "vllm_env.sh").read_text(), re.M)
     assert locked is not None
     assert args["VLLM_VERSION"] == locked.group(1)
-    deps = _stage(stages, "deps")
+    deps = _stage(stages, "deps-gpu")
     install = next(i.args for i in deps.instructions if i.keyword == "RUN" and "pip install" in i.args)
     assert 'pip install "vllm==${VLLM_VERSION}" -r /tmp/deps.txt' in install
     assert any(i.keyword == "ARG" and i.args == "VLLM_VERSION" for i in deps.instructions)
