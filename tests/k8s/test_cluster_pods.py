@@ -151,17 +151,27 @@ def test_a_node_going_not_ready_evicts_its_pods_and_the_status_shows_it(
             j = get_job(kube, ns, name)
             return j if tainted and condition(j, c.DEGRADED) == ("True", c.REASON_UNSCHEDULABLE) else None
 
-        # node-lifecycle taints it; taint-eviction evicts after the default toleration; the StatefulSet
-        # makes the pod again, and it cannot be placed: the job runs degraded and says why
+        # node-lifecycle taints it; taint-eviction evicts after the default toleration; a rank lost with its node
+        # restarts the whole torchrun group (the operator deletes the surviving ranks); the StatefulSet makes the
+        # pods again, and the one that no longer fits cannot be placed: the job runs degraded and says why
         j = wait_for("node tainted not-ready, RLJob Degraded (Unschedulable)", taint_and_degraded, timeout_s=WAIT_S)
         assert j["status"]["phase"] == c.PHASE_RUNNING
         assert condition(j, c.READY) == ("False", c.REASON_UNSCHEDULABLE)
-        learner = by_role(pods(call, ns, name))["learner"]
-        assert failed not in {p["spec"].get("nodeName") for p in learner}  # nothing left on the failed node
-        assert sum(1 for p in learner if is_ready(p)) == len(gpu_nodes) - 1
+
+        def regrouped() -> list[dict[str, Any]] | None:  # nothing left on the failed node, every other rank Ready
+            learner = by_role(pods(call, ns, name))["learner"]
+            on_failed = failed in {p["spec"].get("nodeName") for p in learner}
+            return None if on_failed or sum(1 for p in learner if is_ready(p)) != len(gpu_nodes) - 1 else learner
+
+        wait_for("the learner group restarted without the failed node", regrouped, timeout_s=WAIT_S)
+        j = wait_for("status.restarts 1", lambda: (j := get_job(kube, ns, name)) and j["status"].get(
+            "restarts") == 1 and j, timeout_s=WAIT_S)
+        lost = [e for e in kube.events(ns, name) if e["reason"] == "GroupRestart"]
+        assert len(lost) == 1 and "deleted outside the operator" in lost[0]["message"], lost
     finally:
         call("PATCH", node_path, {"metadata": {"labels": {NOT_READY_LABEL: None}}}, content_type=MERGE)
     # the node recovers (kwok's node-initialize stage): the pod is placed on it again and the job is Ready
     wait_for("every pod Running and Ready again", lambda: all_ready(call, ns, name, want), timeout_s=WAIT_S)
     j = wait_for("RLJob Ready again", lambda: job_ready(kube, ns, name), timeout_s=WAIT_S)
     assert condition(j, c.DEGRADED) == ("False", c.REASON_ALL_ROLES_READY)
+    assert j["status"]["restarts"] == 1  # the pending rank placed on the recovered node is the same pod

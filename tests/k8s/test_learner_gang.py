@@ -1,8 +1,9 @@
 """The learner's torchrun group as one gang, against the REAL kube-apiserver (operator in-process): one rank
-restarting restarts every rank and counts once; the failure policy counts group restarts; a template change
-recreates the group; the progress watchdog restarts a group whose step does not advance; the group has a
-PodDisruptionBudget. No StatefulSet controller or kubelet runs: the pods it would create, and their
-container restarts, are written by hand (as the controller would recreate them after a group restart)."""
+restarting restarts every rank and counts once, and so does a rank's pod deleted by hand; the failure policy
+counts group restarts; a template change recreates the group; the progress watchdog restarts a group whose step
+does not advance; the group has a PodDisruptionBudget. No StatefulSet controller or kubelet runs: the pods it
+would create, and their container restarts, are written by hand (as the controller would recreate them after a
+group restart)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,26 @@ def test_one_rank_restarting_restarts_the_group_once_and_counts_one(
                      j["status"].get("phase") == c.PHASE_FAILED and j, timeout_s=30)
         assert condition(j, c.FAILED) == ("True", c.REASON_MAX_RESTARTS_EXCEEDED) and j["status"]["restarts"] == 2
         wait_for("every role at 0", lambda: set(replicas(kube, namespace, name).values()) == {0}, timeout_s=30)
+
+
+def test_a_rank_deleted_by_hand_restarts_the_group_once(
+        kube: Kube, namespace: str, bootstrap: str, k8s_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    name = unique_job()
+    with operator(namespace, k8s_env["KUBECONFIG"], monkeypatch):
+        create(kube, namespace, rljob(name, bootstrap, roles={"learner": {"nodes": 2}}))
+        wait_for("children", lambda: len(children(kube, namespace, name)) == 8, timeout_s=60)
+        uids = ranks(kube, namespace, name, 2)
+        wait_for("the running group recorded", lambda: sorted(g["uid"] for g in status(kube, namespace, name).get(
+            "learnerGroup") or []) == sorted(uids), timeout_s=30)
+        # `kubectl delete pod` of rank 1 (no kubelet here: an unscheduled pod goes at once); rank 0 would be stuck
+        kube.request("DELETE", path("v1", "Pod", namespace, f"{name}-learner-1"))
+        wait_for("rank 0 deleted too", lambda: learner_pods(kube, namespace, name) == [], timeout_s=30)
+        wait_for("one group restart", lambda: status(kube, namespace, name).get("restarts") == 1, timeout_s=30)
+        assert "GroupRestart" in event_reasons(kube, namespace, name)
+        # the StatefulSet controller would make both ranks again: new pods, not another restart
+        ranks(kube, namespace, name, 2)
+        time.sleep(1.5)  # 3 passes
+        assert status(kube, namespace, name).get("restarts") == 1 and len(learner_pods(kube, namespace, name)) == 2
 
 
 def test_a_template_change_recreates_the_whole_group(

@@ -135,6 +135,13 @@ class LearnerProgress(K8sModel):
     since: datetime | None = Field(None, description="When that step was first seen with the group up.")
 
 
+class LearnerRank(K8sModel):
+    """One learner pod of the running group, as the operator last saw it live."""
+
+    name: Annotated[str, StringConstraints(max_length=253)] = Field(description="Pod name (<job>-learner-<ordinal>).")
+    uid: Annotated[str, StringConstraints(max_length=64)] = Field(description="Pod UID.")
+
+
 class RLJobStatus(K8sModel):
     observed_generation: int | None = Field(None, ge=0)
     phase: Phase = "Pending"
@@ -156,6 +163,11 @@ class RLJobStatus(K8sModel):
     restarts: int = Field(0, ge=0, description="Learner group restarts so far, one per restart of the whole "
                           "torchrun group however many pods it spans (failurePolicy.maxRestarts).")
     learner_progress: LearnerProgress | None = None
+    learner_group: list[LearnerRank] = Field(
+        default_factory=list, max_length=256, description="The learner pods of the running group (name and UID): "
+        "one being deleted, gone or replaced under a new UID other than by the operator is a lost rank, which "
+        "restarts the group and counts in restarts. Emptied before the operator deletes the pods itself and "
+        "while the learner is scaled to zero.")
 
     @model_validator(mode="after")
     def _fill_lag_total(self) -> RLJobStatus:

@@ -5,10 +5,16 @@ others block in a collective until the NCCL timeout, and a restarted rank cannot
 group. So the operator treats the learner StatefulSet's pods as one unit (JobSet's
 `RestartJobSet` / LeaderWorkerSet's `RecreateGroupOnPodRestart`):
 
-- **group restart**: when any live learner pod had a container restart or failed (`failure`), every
-  learner pod is deleted; the StatefulSet (podManagementPolicy Parallel) recreates all ranks at once.
-  One group restart counts one in `status.restarts`, however many pods it spans (a node failure on
-  N nodes costs 1, not N), against `failurePolicy.maxRestarts`;
+- **group restart**: when any live learner pod had a container restart or failed (`failure`), or a
+  rank of the running group was lost (`lost`: deleted by hand, evicted, lost with its node, replaced by
+  the StatefulSet under a new UID), every learner pod is deleted; the StatefulSet (podManagementPolicy
+  Parallel) recreates all ranks at once. One group restart counts one in `status.restarts`, however many
+  pods it spans (a node failure on N nodes costs 1, not N), against `failurePolicy.maxRestarts`;
+- **the group's memory** (`status.learnerGroup`, name → UID of each live rank, `remember`): a rank is lost
+  when its recorded pod is being deleted, gone, or has another UID. The record survives operator restarts;
+  it is emptied *before* the operator deletes pods itself (group restart or update) and whenever the
+  learner is scaled to zero (suspended, held by Kueue, finished), so those deletions and the pods that
+  replace them are never counted; a rank seen for the first time (a new or scaled-up group) is not a loss;
 - **group update**: the StatefulSet's updateStrategy is `OnDelete`, so a template change (a new
   spec.job, image, resources) rolls nothing by itself; the operator deletes every pod whose
   revision is not the template's (`outdated`) and the group comes back whole on the new template;
@@ -54,6 +60,49 @@ def failure(pods: list[dict[str, Any]]) -> str | None:
             n = int(cs.get("restartCount") or 0)
             if n > 0:
                 return f"pod {name}: container {cs.get('name')} restarted {n} time(s)"
+    return None
+
+
+def remember(pods: list[dict[str, Any]]) -> dict[str, str]:
+    """The running group to record (status.learnerGroup): name → UID of every live learner pod."""
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in live(pods)}
+
+
+def group_of(status: dict[str, Any]) -> dict[str, str]:
+    """The recorded group (status.learnerGroup, a list of {name, uid}) as name → UID."""
+    return {g["name"]: g["uid"] for g in status.get("learnerGroup") or []}
+
+
+def group_status(group: dict[str, str]) -> list[dict[str, str]]:
+    """status.learnerGroup of `group` (a list, which a merge patch replaces whole), by name."""
+    return [{"name": n, "uid": u} for n, u in sorted(group.items())]
+
+
+def _disruption(pod: dict[str, Any]) -> str:
+    """' (DisruptionTarget: <reason>)' when Kubernetes said why it deletes the pod (eviction, taint, preemption)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return f" (DisruptionTarget: {cond.get('reason') or 'no reason'})"
+    return ""
+
+
+def lost(pods: list[dict[str, Any]], group: dict[str, str]) -> str | None:
+    """Why a rank of the recorded running group (`group`, name → UID) is lost, or None: its pod is being
+    deleted, is gone, or was replaced under the same name with a new UID. A surviving rank is stuck in a
+    collective and a fresh one cannot join, so this restarts the group like a container restart.
+    Example: group {j-learner-0: u1}, pod j-learner-0 now has UID u2 → "pod j-learner-0 was replaced (UID u1 → u2):
+    deleted outside the operator (kubectl delete, eviction or a lost node)"."""
+    now = {p["metadata"]["name"]: p for p in pods}
+    for name, uid in sorted(group.items()):
+        pod = now.get(name)
+        if pod is None:
+            return f"pod {name} is gone: deleted outside the operator (kubectl delete, eviction or a lost node)"
+        m = pod["metadata"]
+        if m.get("uid") != uid:
+            return (f"pod {name} was replaced (UID {uid} → {m.get('uid')}): deleted outside the operator "
+                    "(kubectl delete, eviction or a lost node)")
+        if m.get("deletionTimestamp"):
+            return f"pod {name} is being deleted outside the operator{_disruption(pod)}"
     return None
 
 

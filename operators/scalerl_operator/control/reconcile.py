@@ -128,43 +128,60 @@ def learner_pods(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
     return kube.list_objects("v1", "Pod", namespace, ",".join(f"{k}={v}" for k, v in selector(name, "learner").items()))
 
 
-def _delete_group(kube: Kube, namespace: str, pods: list[dict[str, Any]]) -> None:
-    """Delete every live learner pod (the StatefulSet recreates all ranks together)."""
+def _delete_group(kube: Kube, obj: dict[str, Any], pods: list[dict[str, Any]], *, restarts: int) -> None:
+    """Delete every live learner pod (the StatefulSet recreates all ranks together). status.learnerGroup
+    is emptied (and `restarts` written) first, so neither these deletions nor the pods that replace them
+    are taken for a lost rank, whatever happens to this pass or this process afterwards."""
+    m = obj["metadata"]
+    kube.patch_status(m["namespace"], m["name"], {"restarts": restarts, "learnerGroup": []})
     for p in gang.live(pods):
         try:
-            kube.request("DELETE", path("v1", "Pod", namespace, p["metadata"]["name"]))
+            kube.request("DELETE", path("v1", "Pod", m["namespace"], p["metadata"]["name"]))
         except KubeError as exc:
             if exc.status != 404:
                 raise
 
 
+@dataclass(frozen=True, slots=True)
+class GangPass:
+    """What `gang_pass` did: group restarts so far, the watchdog's memory, why the group stalled (or None),
+    and the running group to record in status.learnerGroup (name → UID; empty after the operator deleted
+    the pods itself or while the learner is at zero)."""
+
+    restarts: int
+    progress: gang.Progress
+    stall: str | None
+    group: dict[str, str]
+
+
 def gang_pass(kube: Kube, obj: dict[str, Any], spec: RLJobSpec, *, learner: LearnerStatus, group_up: bool,
-              sts: dict[str, Any] | None, spec_hash: str, now: datetime) -> tuple[int, gang.Progress, str | None]:
-    """Restart or recreate the learner group when it must (scalerl_operator.control.gang); returns (group
-    restarts so far, watchdog memory, why it stalled or None). A job that reached a terminal phase, or
-    whose learner reported the run done (`done` on the metrics topic: this pass turns it Succeeded), is
-    left alone: its pods' exits and restarts are the end of the run, not failures (`gang.settled`)."""
+              sts: dict[str, Any] | None, spec_hash: str, now: datetime) -> GangPass:
+    """Restart or recreate the learner group when it must (scalerl_operator.control.gang). A job that reached
+    a terminal phase, or whose learner reported the run done (`done` on the metrics topic: this pass turns it
+    Succeeded), is left alone: its pods' exits and restarts are the end of the run, not failures
+    (`gang.settled`); it, and a suspended job, remember no group (the learner goes to zero)."""
     m, prev = obj["metadata"], obj.get("status") or {}
     restarts = int(prev.get("restarts") or 0)
     deadline = spec.failure_policy.progress_deadline_seconds
     progress, stalled = gang.watchdog(gang.progress_of(prev), learner.step if learner.records else None,
                                       group_up=group_up, now_s=now.timestamp(), deadline_s=deadline)
     if gang.settled(terminal=is_terminal(prev), learner_done=learner.done) or spec.suspend:
-        return restarts, progress, None
+        return GangPass(restarts, progress, None, {})
     pods = learner_pods(kube, m["namespace"], m["name"])
     stall = (f"learner step {progress.step if progress.step is not None else '(none yet)'} has not advanced for "
              f"{deadline}s (failurePolicy.progressDeadlineSeconds)") if stalled and gang.live(pods) else None
-    if (why := gang.failure(pods) or stall) is not None:
-        _delete_group(kube, m["namespace"], pods)
+    if (why := gang.failure(pods) or gang.lost(pods, gang.group_of(prev)) or stall) is not None:
         restarts += 1
+        _delete_group(kube, obj, pods, restarts=restarts)
         kube.event(obj, "Warning", "LearnerStalled" if stall and why == stall else "GroupRestart",
                    f"restarting the whole learner group ({restarts} so far): {why}", "Restart")
-        return restarts, gang.Progress(progress.step, None), stall
+        return GangPass(restarts, gang.Progress(progress.step, None), stall, {})
     if old := gang.outdated(pods, sts, spec_hash, SPEC_HASH_ANNOTATION):
-        _delete_group(kube, m["namespace"], pods)
+        _delete_group(kube, obj, pods, restarts=restarts)
         kube.event(obj, "Normal", "GroupRecreated", f"learner template changed ({', '.join(old)} outdated): "
                    "recreating every rank together", "Update")
-    return restarts, progress, None
+        return GangPass(restarts, progress, None, {})
+    return GangPass(restarts, progress, None, gang.remember(pods))
 
 
 EnsureTopics = Callable[[str, list[str], list[str], int], None]
@@ -253,14 +270,15 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
     roles = {r: _workload_replicas(o) or (0, replicas[r]) for r, o in live.items()}
     sts = next(ch for ch in children if ch["kind"] == "StatefulSet")
     ready, want = roles["learner"]
-    restarts, progress, stall = gang_pass(
-        kube, obj, run, learner=learner, group_up=want > 0 and ready >= want, sts=live["learner"],
-        spec_hash=sts["spec"]["template"]["metadata"]["annotations"][SPEC_HASH_ANNOTATION], now=now)
+    g = gang_pass(kube, obj, run, learner=learner, group_up=want > 0 and ready >= want, sts=live["learner"],
+                  spec_hash=sts["spec"]["template"]["metadata"]["annotations"][SPEC_HASH_ANNOTATION], now=now)
+    progress, stall = g.progress, g.stall
     pods = job_pods(kube, ns, name)
     if queue is not None:
         kueue.release(kube, obj, queue, len(pods), now)
-    patch = status_patch(obj, spec, roles=roles, learner=learner, now=now, restarts=restarts,
+    patch = status_patch(obj, spec, roles=roles, learner=learner, now=now, restarts=g.restarts,
                          devices=device_pool(spec, replicas), pending=unschedulable(pods), queue=queue)
+    patch["learnerGroup"] = gang.group_status(g.group)
     patch["learnerProgress"] = {"step": progress.step,
                                 "since": c.rfc3339_us(progress.since_s) if progress.since_s is not None else None}
     if spec.failure_policy.progress_deadline_seconds is not None:

@@ -33,6 +33,9 @@ class FakeKube:
     def list_objects(self, api_version: str, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return self.pods
 
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
     def request(self, method: str, url_path: str, **_: Any) -> dict[str, Any]:
         self.deleted.append((method, url_path))
         return {}
@@ -42,7 +45,7 @@ class FakeKube:
 
 
 def restarted_pod() -> dict[str, Any]:
-    return {"metadata": {"name": "j-learner-0"}, "status": {"phase": "Running", "containerStatuses": [
+    return {"metadata": {"name": "j-learner-0", "uid": "u1"}, "status": {"phase": "Running", "containerStatuses": [
         {"name": "learner", "restartCount": 1, "lastState": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}}
 
 
@@ -52,10 +55,10 @@ def rljob(phase: str = c.PHASE_RUNNING, restarts: int = 0) -> dict[str, Any]:
 
 
 def run_gang(kube: FakeKube, obj: dict[str, Any], learner: LearnerStatus) -> int:
-    restarts, _, stall = gang_pass(kube, obj, SPEC, learner=learner, group_up=True, sts=None, spec_hash="h",
-                                   now=NOW)  # type: ignore[arg-type]
-    assert stall is None
-    return restarts
+    g = gang_pass(kube, obj, SPEC, learner=learner, group_up=True, sts=None, spec_hash="h",  # type: ignore[arg-type]
+                  now=NOW)
+    assert g.stall is None
+    return g.restarts
 
 
 def test_a_restarted_rank_of_a_running_job_restarts_the_group() -> None:

@@ -5,12 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from scalerl_operator.control.gang import Progress, failure, live, outdated, watchdog
+from scalerl_operator.control.gang import (
+    Progress,
+    failure,
+    group_of,
+    group_status,
+    live,
+    lost,
+    outdated,
+    remember,
+    watchdog,
+)
 
 
 def pod(name: str, restarts: int = 0, phase: str = "Running", deleting: bool = False, rev: str | None = None,
-        spec_hash: str | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "labels": {}, "annotations": {}}
+        spec_hash: str | None = None, uid: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "uid": uid or f"uid-{name}", "labels": {}, "annotations": {}}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     if rev is not None:
@@ -54,3 +64,44 @@ def test_watchdog_clock() -> None:
     # nothing reported yet: the clock runs from the group's start (a first step must come within the deadline)
     p0, _ = watchdog(Progress(None, None), None, group_up=True, now_s=0.0, deadline_s=60)
     assert watchdog(p0, None, group_up=True, now_s=61.0, deadline_s=60)[1] is True
+
+
+def test_a_rank_of_the_running_group_deleted_gone_or_replaced_is_lost() -> None:
+    group = {"j-learner-0": "a0", "j-learner-1": "a1"}
+    running = [pod("j-learner-0", uid="a0"), pod("j-learner-1", uid="a1")]
+    assert lost(running, group) is None
+    # kubectl delete pod j-learner-1: it terminates (checkpointing) with its UID, deleted by someone else
+    deleting = [pod("j-learner-0", uid="a0"), pod("j-learner-1", uid="a1", deleting=True)]
+    assert lost(deleting, group) == "pod j-learner-1 is being deleted outside the operator"
+    evicted = pod("j-learner-1", uid="a1", deleting=True)
+    evicted["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
+                                        "reason": "EvictionByEvictionAPI"}]
+    assert lost([running[0], evicted], group) == \
+        "pod j-learner-1 is being deleted outside the operator (DisruptionTarget: EvictionByEvictionAPI)"
+    # gone (force-deleted, or never seen terminating) and not yet recreated
+    assert lost([running[0]], group) == \
+        "pod j-learner-1 is gone: deleted outside the operator (kubectl delete, eviction or a lost node)"
+    # the StatefulSet made it again under the same name: a new UID, restartCount 0 (failure() sees nothing)
+    replaced = [pod("j-learner-0", uid="a0"), pod("j-learner-1", uid="b1")]
+    assert failure(replaced) is None
+    assert lost(replaced, group) == ("pod j-learner-1 was replaced (UID a1 → b1): deleted outside the operator "
+                                     "(kubectl delete, eviction or a lost node)")
+    # both ranks lost at once (a node with both): one reason, so one restart
+    assert lost([pod("j-learner-0", uid="b0"), pod("j-learner-1", uid="b1")], group) is not None
+
+
+def test_ranks_not_in_the_record_are_not_lost() -> None:
+    # nothing recorded (a new group, or the operator emptied it before deleting the pods itself, or the
+    # learner was at zero): pods seen for the first time are the group, not replacements
+    assert lost([pod("j-learner-0", uid="b0")], {}) is None
+    # a group still coming up: rank 1 appears after rank 0 was recorded
+    assert lost([pod("j-learner-0", uid="a0"), pod("j-learner-1", uid="a1")], {"j-learner-0": "a0"}) is None
+
+
+def test_the_record_is_the_live_pods_and_round_trips_through_status() -> None:
+    pods = [pod("j-learner-1", uid="a1"), pod("j-learner-0", uid="a0"), pod("j-learner-2", uid="a2", deleting=True)]
+    group = remember(pods)
+    assert group == {"j-learner-0": "a0", "j-learner-1": "a1"}  # the pod being deleted is no longer the group
+    assert group_status(group) == [{"name": "j-learner-0", "uid": "a0"}, {"name": "j-learner-1", "uid": "a1"}]
+    assert group_of({"learnerGroup": group_status(group)}) == group
+    assert group_of({}) == {}  # a status written before the record existed: nothing to compare with
