@@ -216,6 +216,30 @@ def test_delete_with_store_retention_delete_empties_the_jobs_prefix(
     assert "StoreDeleted" in event_reasons(kube, namespace, name)
 
 
+def test_delete_with_its_secrets_gone_reports_what_is_left_and_releases_the_finalizer(
+        kube: Kube, namespace: str, bootstrap: str, k8s_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """As `kubectl delete namespace` leaves it (the namespace controller deletes the Secrets while the RLJob waits
+    on its finalizer): the Secrets of spec.bus.security and spec.store.credentialsSecret do not exist, so the
+    finalizer leaves the topics and the store's objects, names them and how to remove them in a Warning Event,
+    and the RLJob goes at once instead of waiting on the Secrets forever."""
+    name = unique_job()
+    security = {"protocol": "SASL_PLAINTEXT", "saslMechanism": "PLAIN", "secretRef": {"name": f"{name}-kafka"}}
+    store = {"uri": f"s3://scalerl-tests/{name}", "endpoint": "http://minio.invalid:9000", "retention": "delete",
+             "credentialsSecret": {"name": f"{name}-s3"}}
+    with operator(namespace, k8s_env["KUBECONFIG"], monkeypatch):
+        create(kube, namespace, rljob(name, bootstrap, bus={"bootstrap": bootstrap, "security": security},
+                                      store=store))
+        wait_for("the finalizer (the operator handled the RLJob)",
+                 lambda: FINALIZER in get_job(kube, namespace, name)["metadata"].get("finalizers", []))
+        kube.request("DELETE", f"/apis/scalerl.dev/v1alpha1/namespaces/{namespace}/rljobs/{name}")
+        wait_for("the RLJob gone", lambda: get_job(kube, namespace, name) is None, timeout_s=30)
+    kafka, store = [e["message"] for e in kube.events(namespace, name) if e["reason"] == "CleanupIncomplete"]
+    assert f"left behind Kafka topics and consumer groups {namespace}.{name}.* on {bootstrap}" in kafka
+    assert f"Secret {namespace}/{name}-kafka not found" in kafka and "kafka-topics.sh" in kafka
+    assert f"Secret {namespace}/{name}-s3 not found" in store
+    assert f"aws s3 rm --recursive s3://scalerl-tests/{name}/" in store
+
+
 def test_killed_mid_reconcile_then_restarted_reaches_the_same_state(
         kube: Kube, namespace: str, bootstrap: str, k8s_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A real process (python -m scalerl_operator) is SIGKILLed as soon as its first child exists;

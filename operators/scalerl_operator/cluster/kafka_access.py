@@ -9,19 +9,21 @@ BrokersAdvertiseLoopback, and an Event) instead."""
 
 from __future__ import annotations
 
-import base64
 import ipaddress
 
 from scalerl.bus.security import KafkaSecurity, KafkaSecurityError
 from scalerl_operator.api.infra import BusSpec
 from scalerl_operator.cluster.kube import Kube
+from scalerl_operator.cluster.secrets import secret_values
 
 
 class KafkaAccessError(RuntimeError):
-    """The Secret of spec.bus.security is missing or incomplete (one line naming it)."""
+    """spec.bus.security cannot make client settings (one line naming it)."""
 
 
 def kafka_security(kube: Kube, namespace: str, bus: BusSpec) -> KafkaSecurity:
+    """The client settings of `bus` with its Secret's values; raises `secrets.SecretNotFound` / `SecretError`
+    when the Secret is missing or lacks a key, `KafkaAccessError` when the settings do not fit together."""
     sec = bus.security
     if sec is None:
         return KafkaSecurity()
@@ -31,16 +33,7 @@ def kafka_security(kube: Kube, namespace: str, bus: BusSpec) -> KafkaSecurity:
         wanted = {"ca": ref.ca_key} if ref.ca_key else {}
         if sec.sasl_mechanism:
             wanted.update(username=ref.username_key, password=ref.password_key)
-        found = kube.get("v1", "Secret", namespace, ref.name)
-        if found is None:
-            raise KafkaAccessError(f"spec.bus.security.secretRef: Secret {namespace}/{ref.name} not found")
-        data = found.get("data") or {}
-        missing = [key for key in wanted.values() if key not in data]
-        if missing:
-            raise KafkaAccessError(f"spec.bus.security.secretRef: Secret {namespace}/{ref.name} lacks "
-                                   f"{', '.join(missing)}")
-        for what, key in wanted.items():
-            values[what] = base64.b64decode(data[key]).decode()
+        values.update(secret_values(kube, namespace, ref.name, wanted, "spec.bus.security.secretRef"))
     try:
         return KafkaSecurity(protocol=sec.protocol, mechanism=sec.sasl_mechanism, username=values["username"],
                              password=values["password"], ca_data=values["ca"], check_hostname=sec.check_hostname)

@@ -10,9 +10,11 @@ state and the work they drive: `scalerl_operator.control.runtime`).
   (Deployments, StatefulSets, Pods, Kueue Workloads labelled `app.kubernetes.io/managed-by: scalerl-operator`) are
   watched: a change queues a status pass of its RLJob within `CHILD_DELAY_S` (the autoscaler still
   runs only once per `interval_s`).
-- delete (finalizer `scalerl.dev/finalizer`, only for what Kubernetes cannot clean): the workloads
-  are scaled to zero (the learner checkpoints on SIGTERM), then the job's consumer groups and topics
-  are deleted once no member is left; children themselves go by garbage collection (owner refs).
+- delete (finalizer `scalerl.dev/finalizer`, only for what Kubernetes cannot clean;
+  scalerl_operator.control.cleanup): the workloads are scaled to zero (the learner checkpoints on SIGTERM),
+  then the job's consumer groups and topics are deleted once no member is left; children themselves go by
+  garbage collection (owner refs). What cannot be cleaned (a credential Secret deleted with the namespace)
+  is reported and left, never waited on forever.
 Handlers of one RLJob never overlap: a lock per RLJob serialises the pool's passes and the event
 handlers (kopf runs sync handlers in its own threads, which the pool leaves free).
 
@@ -32,14 +34,9 @@ import kopf
 from scalerl_operator.api import conditions as c
 from scalerl_operator.api.spec import GROUP, PLURAL, VERSION
 from scalerl_operator.cluster.kube import Kube, KubeError, load_client
+from scalerl_operator.control.cleanup import CLEANUP_DELAY_S, CLEANUP_RETRIES
 from scalerl_operator.control.jobstatus import write_status
-from scalerl_operator.control.runtime import (
-    CLEANUP_DELAY_S,
-    CLEANUP_RETRIES,
-    RECONCILE_ERRORS,
-    OperatorConfig,
-    Runtime,
-)
+from scalerl_operator.control.runtime import RECONCILE_ERRORS, OperatorConfig, Runtime
 
 log = logging.getLogger("scalerl_operator")
 
@@ -147,20 +144,27 @@ for _group, _version, _plural in (("apps", "v1", "deployments"), ("apps", "v1", 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def on_delete(body: kopf.Body, memo: kopf.Memo, retry: int, **_: Any) -> None:
+    """The finalizer (scalerl_operator.control.cleanup): retried while a step can still succeed, released with a
+    report of what was left behind otherwise, so a namespace being deleted is never held."""
     rt = _runtime(memo)
     obj = dict(body)
+    m = obj["metadata"]
     try:
         rt.cleanup(obj, retry)
     except kopf.TemporaryError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # not a step's error (cleanup decides those): retried as long, then released
         if retry < CLEANUP_RETRIES:
             raise kopf.TemporaryError(f"cleanup failed, retrying: {exc}", delay=CLEANUP_DELAY_S) from exc
-        log.error("%s: giving up the Kafka cleanup: %s", obj["metadata"]["name"], exc)
-        write_status(rt.kube, obj, {"conditions": c.set_condition(
-            (obj.get("status") or {}).get("conditions"), c.DEGRADED, "True", "CleanupFailed", str(exc)[:1000],
-            obj["metadata"].get("generation"), datetime.now(UTC))})
+        log.error("%s/%s: giving up the cleanup (the topics %s.%s.* and, with store.retention: delete, the objects "
+                  "under spec.store.uri may be left): %s", m["namespace"], m["name"], m["namespace"], m["name"], exc)
+        try:
+            write_status(rt.kube, obj, {"conditions": c.set_condition(
+                (obj.get("status") or {}).get("conditions"), c.DEGRADED, "True", "CleanupFailed", str(exc)[:1000],
+                m.get("generation"), datetime.now(UTC))})
+        except KubeError as err:  # the RLJob may be gone already: the log line above says it
+            log.info("%s/%s: CleanupFailed not written: %s", m["namespace"], m["name"], err)
     finally:
-        rt.forget(obj["metadata"]["uid"])
+        rt.forget(m["uid"])
         if rt.queue is not None:
-            rt.queue.forget((obj["metadata"]["namespace"], obj["metadata"]["name"]))
+            rt.queue.forget((m["namespace"], m["name"]))

@@ -1,15 +1,15 @@
 """What the operator process keeps between kopf's handler calls and the work it does for one RLJob
 (`Runtime`): the periodic pass (`sync`: one autoscaler pass when its period came round, the RL status
 from the metrics topic, then `reconcile`), the shared Kafka clients and metrics readers, and the
-finalizer's clean-up (`cleanup`: Kafka topics and consumer groups, and the store's objects with
-`store.retention: delete`). The kopf handlers that drive it are in `scalerl_operator.control.handlers`.
+finalizer's clean-up (`cleanup`, done by `scalerl_operator.control.cleanup`: Kafka topics and consumer
+groups, and the store's objects with `store.retention: delete`). The kopf handlers that drive it are in
+`scalerl_operator.control.handlers`.
 
 Passes of one RLJob never overlap: `lock(uid)` serialises the pool's passes and the event handlers.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import logging
 import os
@@ -19,31 +19,26 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import kopf
-from kafka import KafkaAdminClient
 from prometheus_client import Counter, Gauge
 
 from scalerl.bus.kafka import KafkaBus
 from scalerl.bus.security import KafkaSecurity
 from scalerl.config import SpecError
 from scalerl_operator.api import conditions as c
-from scalerl_operator.api.infra import StoreSpec
-from scalerl_operator.api.newer_fields import FieldsFromNewerCRD
 from scalerl_operator.api.spec import GROUP, VERSION, RLJobSpec, parse_served_spec
 from scalerl_operator.autoscale.scaler import autoscale, lag_status, scaling_status
 from scalerl_operator.cluster.kafka_access import kafka_security, loopback_problem
 from scalerl_operator.cluster.kube import Kube
 from scalerl_operator.cluster.rlstatus import LearnerStatus, MetricsTail, fold
 from scalerl_operator.control import kueue
+from scalerl_operator.control.cleanup import finalize
 from scalerl_operator.control.jobstatus import bus_reachable_patch, is_terminal
-from scalerl_operator.control.reconcile import WORKLOADS, reconcile, unrealisable
+from scalerl_operator.control.reconcile import reconcile, unrealisable
 from scalerl_operator.control.workqueue import WorkQueue
-from scalerl_operator.render.names import bus_prefix, child_name
+from scalerl_operator.render.names import bus_prefix
 
 log = logging.getLogger("scalerl_operator")
 
-CLEANUP_RETRIES = 60  # x CLEANUP_DELAY_S: how long deletion waits for the role pods to leave Kafka
-CLEANUP_DELAY_S = 5.0
 
 # served on --metrics-port by `python -m scalerl_operator`
 SCALE_EVENTS = Counter("scalerl_operator_scale_events_total", "Pool size changes written by the autoscaler",
@@ -261,69 +256,10 @@ class Runtime:
         return self.kube.patch_status(ns, name, patch)
 
     def cleanup(self, obj: dict[str, Any], retry: int) -> None:
-        """The finalizer's work; raises kopf.TemporaryError while the role pods still hold the groups."""
+        """The finalizer's work (`cleanup.finalize`); raises kopf.TemporaryError while a step should be retried."""
         m = obj["metadata"]
-        name, ns = m["name"], m["namespace"]
-        prefix = bus_prefix(name, ns)
+        prefix = bus_prefix(m["name"], m["namespace"])
         try:
-            spec = parse_served_spec(obj.get("spec") or {})
-        except FieldsFromNewerCRD as exc:  # what this build knows of it names the bus and the store
-            spec = exc.known
-        except SpecError:
-            return  # never realised: nothing outside Kubernetes to clean
-        for role, kind in WORKLOADS.items():  # stop the producers first (the learner checkpoints on SIGTERM)
-            scale = self.kube.get_scale(ns, child_name(name, role), kind)
-            if scale is not None and scale["spec"].get("replicas"):
-                self.kube.set_scale(ns, child_name(name, role), 0, kind)
-        bus = self.bus(spec.bus.bootstrap, kafka_security(self.kube, ns, spec.bus))
-        admin = bus.connect(KafkaAdminClient, client_id="scalerl-operator-admin",
-                            request_timeout_ms=int(self.config.kafka_timeout_s * 1000))
-        try:
-            groups = [g for g in admin.list_groups() if g["group_id"].startswith(f"{prefix}.")]
-            busy = [g["group_id"] for g in groups if g.get("group_state") not in ("Empty", "Dead", None)]
-            if busy and retry < CLEANUP_RETRIES:
-                raise kopf.TemporaryError(f"consumer groups still have members: {', '.join(busy)}",
-                                          delay=CLEANUP_DELAY_S)
-            idle = [g["group_id"] for g in groups if g["group_id"] not in busy]
-            failed = [f"{gid}: {err}" for gid, err in (admin.delete_groups(idle) if idle else [])
-                      if err is not None and getattr(err, "errno", 0) != 0]
+            finalize(self.kube, obj, retry, bus_for=self.bus, kafka_timeout_s=self.config.kafka_timeout_s)
         finally:
-            admin.close()
-        doomed = bus.list_topics(prefix=f"{prefix}.")
-        bus.delete_topics(doomed)
-        self.topics_ready = {k for k in self.topics_ready if not k[1].startswith(f"{prefix}.")}
-        if busy or failed:
-            self.kube.event(obj, "Warning", "CleanupIncomplete",
-                            f"left in Kafka: {', '.join(busy + failed)}", "Cleanup")
-        self.kube.event(obj, "Normal", "CleanedUp", f"deleted topics {', '.join(doomed) or '(none)'} and "
-                        f"{len(groups) - len(busy)} consumer group(s)", "Cleanup")
-        if spec.store.retention == "delete":
-            deleted = delete_store_objects(self.kube, ns, spec.store)
-            self.kube.event(obj, "Normal", "StoreDeleted", f"deleted {deleted} object(s) under {spec.store.uri} "
-                            "(store.retention: delete)", "Cleanup")
-
-
-def delete_store_objects(kube: Kube, namespace: str, store: StoreSpec) -> int:
-    """Delete every object under `store.uri`, with the key pair of `store.credentialsSecret` (else the
-    operator's own S3_ACCESS_KEY / S3_SECRET_KEY) at `store.endpoint` (else S3_ENDPOINT). Returns the count."""
-    from scalerl.store.s3 import S3Store
-
-    access, secret = os.environ.get("S3_ACCESS_KEY", ""), os.environ.get("S3_SECRET_KEY", "")
-    if (ref := store.credentials_secret) is not None:
-        found = kube.get("v1", "Secret", namespace, ref.name)
-        if found is None:
-            raise RuntimeError(f"store.credentialsSecret: Secret {namespace}/{ref.name} not found")
-        data = found.get("data") or {}
-        missing = [k for k in (ref.access_key_key, ref.secret_key_key) if k not in data]
-        if missing:
-            raise RuntimeError(f"store.credentialsSecret: Secret {namespace}/{ref.name} lacks {', '.join(missing)}")
-        access, secret = (base64.b64decode(data[k]).decode() for k in (ref.access_key_key, ref.secret_key_key))
-    endpoint = store.endpoint or os.environ.get("S3_ENDPOINT", "")
-    if not (endpoint and access and secret):
-        raise RuntimeError("store.retention: delete needs store.endpoint and a key pair (credentialsSecret)")
-    bucket, _, prefix = store.uri.removeprefix("s3://").partition("/")
-    s3 = S3Store(endpoint, access, secret, bucket, prefix, create_bucket=False)
-    keys = s3.list("")
-    for key in keys:
-        s3.delete(key)
-    return len(keys)
+            self.topics_ready = {k for k in self.topics_ready if not k[1].startswith(f"{prefix}.")}
