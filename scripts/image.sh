@@ -81,6 +81,8 @@ if ! podman build --format docker --layers --pull=never \
     tail -n 40 "$STATE/build.log" >&2
     die "podman build failed (log above, $STATE/build.log)"
 fi
+# the previous build's layers (untagged, unused) go: each rebuild would otherwise keep gigabytes
+podman image prune -f >/dev/null 2>&1 || true
 size="$(podman image inspect --format '{{.Size}}' "$TAG" | numfmt --to=iec)"
 log "image: $TAG built in $(since "$tb") ($size); checking that it starts"
 out="$(podman run --rm --pull=never "$TAG" --version 2>&1)" || die "the image does not start: $out"

@@ -153,25 +153,26 @@ write_cluster_kubeconfig() {
     mv "$CLUSTER_STATE/kubeconfig.tmp.$$" "$CLUSTER_STATE/kubeconfig"
 }
 
-# Common flags of the scheduler and the controller-manager: the admin kubeconfig for everything,
-# no leader election (one of each), /healthz over HTTPS on a free loopback port.
-_component_flags() { # PART PORT
-    local k="$CLUSTER_STATE/kubeconfig"
-    echo "$2" >"$CLUSTER_STATE/$1-port"
+# Common flags of the scheduler and the controller-manager of a cluster whose state is DIR (its
+# kubeconfig there; node.sh's cluster too): the admin kubeconfig for everything, no leader election (one
+# of each), /healthz over HTTPS on a free loopback port.
+_component_flags() { # DIR PART PORT
+    local d="$1" k="$1/kubeconfig"
+    echo "$3" >"$d/$2-port"
     printf '%s\n' --kubeconfig "$k" --authentication-kubeconfig "$k" --authorization-kubeconfig "$k" \
-        --authentication-skip-lookup --leader-elect=false --bind-address 127.0.0.1 --secure-port "$2" --cert-dir "$CLUSTER_STATE/$1-certs" \
+        --authentication-skip-lookup --leader-elect=false --bind-address 127.0.0.1 --secure-port "$3" --cert-dir "$d/$2-certs" \
         --profiling=false --v=1
 }
 
 start_cluster_scheduler() {
     local flags
-    mapfile -t flags < <(_component_flags scheduler "$1")
+    mapfile -t flags < <(_component_flags "$CLUSTER_STATE" scheduler "$1")
     spawn "$CLUSTER_STATE/scheduler.pid" "$CLUSTER_STATE/scheduler.log" "$(kube_scheduler_bin)" "${flags[@]}"
 }
 
 start_cluster_controller_manager() {
     local flags c="$K8S_STATE/certs"
-    mapfile -t flags < <(_component_flags controller-manager "$1")
+    mapfile -t flags < <(_component_flags "$CLUSTER_STATE" controller-manager "$1")
     spawn "$CLUSTER_STATE/controller-manager.pid" "$CLUSTER_STATE/controller-manager.log" \
         "$(kube_controller_manager_bin)" "${flags[@]}" --controllers "$CLUSTER_CONTROLLERS" \
         --service-account-private-key-file "$c/sa.key" --root-ca-file "$c/ca.crt" \

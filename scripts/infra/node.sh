@@ -175,23 +175,15 @@ start_node_apiserver() {
         --enable-priority-and-fairness=false --profiling=false --v=1
 }
 
-_node_component_flags() { # PART PORT (as cluster.sh's)
-    local k="$NODE_STATE/kubeconfig"
-    echo "$2" >"$NODE_STATE/$1-port"
-    printf '%s\n' --kubeconfig "$k" --authentication-kubeconfig "$k" --authorization-kubeconfig "$k" \
-        --authentication-skip-lookup --leader-elect=false --bind-address 127.0.0.1 --secure-port "$2" \
-        --cert-dir "$NODE_STATE/$1-certs" --profiling=false --v=1
-}
-
 start_node_scheduler() {
     local flags
-    mapfile -t flags < <(_node_component_flags scheduler "$1")
+    mapfile -t flags < <(_component_flags "$NODE_STATE" scheduler "$1")
     spawn "$NODE_STATE/scheduler.pid" "$NODE_STATE/scheduler.log" "$(kube_scheduler_bin)" "${flags[@]}"
 }
 
 start_node_controller_manager() {
     local flags c="$K8S_STATE/certs"
-    mapfile -t flags < <(_node_component_flags controller-manager "$1")
+    mapfile -t flags < <(_component_flags "$NODE_STATE" controller-manager "$1")
     spawn "$NODE_STATE/controller-manager.pid" "$NODE_STATE/controller-manager.log" \
         "$(kube_controller_manager_bin)" "${flags[@]}" --controllers "$NODE_CONTROLLERS" \
         --service-account-private-key-file "$c/sa.key" --root-ca-file "$c/ca.crt" \
@@ -273,7 +265,7 @@ EOF
     podman build -q --format docker -t "$NODE_PAUSE_IMAGE" "$d" >/dev/null \
         || die "node: podman could not build the pause image"
     podman save --format docker-archive "$NODE_PAUSE_IMAGE" \
-        | ctr --address "$(node_sock)" -n k8s.io images import --digests - >/dev/null \
+        | ctr --address "$(node_sock)" -n k8s.io images import - >/dev/null \
         || die "node: could not import the pause image into containerd"
     log "node: pause image $NODE_PAUSE_IMAGE made and imported"
 }
@@ -296,7 +288,7 @@ node_import_image() {
     t0="$(now)"
     log "node: importing $tag into containerd (several GB: minutes)"
     podman save --format docker-archive "$tag" \
-        | ctr --address "$(node_sock)" -n k8s.io images import --digests - >/dev/null \
+        | ctr --address "$(node_sock)" -n k8s.io images import - >/dev/null \
         || die "node: could not import $tag into containerd"
     echo "$id" >"$stamp"
     log "node: $tag imported in $(elapsed "$t0")"
@@ -464,6 +456,7 @@ up_node() {
     if ((healthy)) && node_ready; then
         log "node: already running and Ready ($NODE_NAME at $(node_api))"
         write_node_kubeconfig
+        node_pause_image # (the kubelet's image GC removes an unused pause image under disk pressure)
         node_import_image
         return 0
     fi

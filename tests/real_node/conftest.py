@@ -121,6 +121,11 @@ def chart(node_env: dict[str, str], kubectl: Callable[..., Any]) -> Iterator[dic
     from rljob_helpers import RELEASE, REPO, SYSTEM_NS, expose_infra
 
     expose_infra(kubectl, node_env)
+    deadline = time.monotonic() + NAMESPACE_GONE_TIMEOUT_S  # an earlier session's, still being deleted
+    while kubectl("get", "namespace", SYSTEM_NS, check=False).returncode == 0 and time.monotonic() < deadline:
+        if "Terminating" not in kubectl("get", "namespace", SYSTEM_NS, check=False).stdout:
+            break
+        time.sleep(1.0)
     repo, _, tag = node_env["NODE_IMAGE"].rpartition(":")
     helm = [node_env["HELM_BIN"], "--kubeconfig", node_env["NODE_KUBECONFIG"], "-n", SYSTEM_NS]
     t0 = time.monotonic()
@@ -131,3 +136,4 @@ def chart(node_env: dict[str, str], kubectl: Callable[..., Any]) -> Iterator[dic
     assert proc.returncode == 0, f"helm install failed: {proc.stderr}"
     yield {"helm": helm, "install_s": time.monotonic() - t0}
     subprocess.run([*helm, "uninstall", RELEASE, "--wait", "--timeout", "120s"], capture_output=True, timeout=180)
+    kubectl("delete", "namespace", SYSTEM_NS, "--wait=false", check=False)  # and the `helm test` Pods it keeps
