@@ -37,8 +37,11 @@ def _chart_rbac(helm: str, release: str, namespace: str) -> list[dict[str, Any]]
                            "v1.34.0", "--set", "operator.scope=namespace"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
+    # the operator's own: not `helm test`'s identity (component `test`, plain chart objects since the test
+    # Pods alone are hooks)
     return [o for o in yaml.safe_load_all(proc.stdout) if o and o["kind"] in ("ServiceAccount", "Role", "RoleBinding")
-            and "helm.sh/hook" not in (o["metadata"].get("annotations") or {})]
+            and "helm.sh/hook" not in (o["metadata"].get("annotations") or {})
+            and (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component") != "test"]
 
 
 def chart_operator_kubeconfig(call: Call, env: dict[str, str], ns: str, out_dir: Path) -> Path:

@@ -233,7 +233,10 @@ def test_delete_with_its_secrets_gone_reports_what_is_left_and_releases_the_fina
                  lambda: FINALIZER in get_job(kube, namespace, name)["metadata"].get("finalizers", []))
         kube.request("DELETE", f"/apis/scalerl.dev/v1alpha1/namespaces/{namespace}/rljobs/{name}")
         wait_for("the RLJob gone", lambda: get_job(kube, namespace, name) is None, timeout_s=30)
-    kafka, store = [e["message"] for e in kube.events(namespace, name) if e["reason"] == "CleanupIncomplete"]
+    left = [e["message"] for e in kube.events(namespace, name) if e["reason"] == "CleanupIncomplete"]
+    assert len(left) == 2, left  # one Event per thing left behind, in no particular order
+    (kafka,) = [m for m in left if "Kafka topics" in m]
+    (store,) = [m for m in left if "objects under" in m]
     assert f"left behind Kafka topics and consumer groups {namespace}.{name}.* on {bootstrap}" in kafka
     assert f"Secret {namespace}/{name}-kafka not found" in kafka and "kafka-topics.sh" in kafka
     assert f"Secret {namespace}/{name}-s3 not found" in store

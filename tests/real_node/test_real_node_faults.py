@@ -6,6 +6,7 @@ group trained at most once, none lost, no step number twice), never from logs.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -27,6 +28,18 @@ def _bus(env: dict[str, str]) -> Any:
     return KafkaBus(env["KAFKA_SASL_BOOTSTRAP"], request_timeout_s=10, security=KafkaSecurity(
         protocol="SASL_SSL", mechanism=env["KAFKA_SASL_MECHANISM"], username=env["KAFKA_SASL_USERNAME"],
         password=env["KAFKA_SASL_PASSWORD"], ca_file=env["KAFKA_SSL_CAFILE"]))
+
+
+def _wait_replaced(core: Any, ns: str, old: str, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    names: list[str] = []
+    while time.monotonic() < deadline:
+        pods = core.list_namespaced_pod(ns, label_selector=GENERATORS).items
+        names = [p.metadata.name for p in pods]
+        if any(p.metadata.name != old and p.status.phase == "Running" for p in pods):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"generator pod {old} not replaced by a running one after {timeout_s:.0f} s: {names}")
 
 
 def _finished(job: dict[str, Any]) -> bool:
@@ -52,6 +65,8 @@ def test_real_node_deleted_generator_and_learner_pods_lose_and_repeat_nothing(
     gen = node_core.list_namespaced_pod(node_namespace, label_selector=GENERATORS).items
     assert len(gen) == 1
     kubectl("delete", "pod", "-n", node_namespace, gen[0].metadata.name, "--wait=false")
+    # its Deployment replaces it (the deleted one may still be draining: SIGTERM, then its grace period)
+    _wait_replaced(node_core, node_namespace, gen[0].metadata.name)
     # the learner Pod deleted past its first checkpoint: it checkpoints on SIGTERM, the group restarts once
     wait_job(custom, node_namespace, name, lambda j: _step(j) >= 8, "at step 8", TIMEOUT_S)
     kubectl("delete", "pod", "-n", node_namespace, f"{name}-learner-0", "--wait=false")
@@ -59,8 +74,6 @@ def test_real_node_deleted_generator_and_learner_pods_lose_and_repeat_nothing(
     status = job["status"]
     assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
     assert status["restarts"] == 1 and status["learnerStep"] == STEPS
-    gen_now = node_core.list_namespaced_pod(node_namespace, label_selector=GENERATORS).items
-    assert gen[0].metadata.name not in {p.metadata.name for p in gen_now}  # replaced, not the same Pod
 
     for key in ("S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY"):
         monkeypatch.setenv(key, node_env[key])
