@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -108,3 +108,13 @@ def time_first_setup(items: list[pytest.Item], here: Path, fixture: str, timeout
                 item.config.pluginmanager.hasplugin("timeout"):
             item.add_marker(pytest.mark.timeout(timeout_s))
             return
+
+
+def sasl_bus(values: dict[str, str]) -> Any:
+    """A KafkaBus of the test process on the broker's SASL_SSL listener (SASL_KEYS in `values`)."""
+    from scalerl.bus.kafka import KafkaBus
+    from scalerl.bus.security import KafkaSecurity
+
+    return KafkaBus(values["KAFKA_SASL_BOOTSTRAP"], request_timeout_s=10, security=KafkaSecurity(
+        protocol="SASL_SSL", mechanism=values["KAFKA_SASL_MECHANISM"], username=values["KAFKA_SASL_USERNAME"],
+        password=values["KAFKA_SASL_PASSWORD"], ca_file=values["KAFKA_SSL_CAFILE"]))

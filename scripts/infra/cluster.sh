@@ -164,10 +164,11 @@ _component_flags() { # DIR PART PORT
         --profiling=false --v=1
 }
 
-start_cluster_scheduler() {
+# start_scheduler DIR PORT: the kube-scheduler of the cluster whose state is DIR (node.sh's too)
+start_scheduler() {
     local flags
-    mapfile -t flags < <(_component_flags "$CLUSTER_STATE" scheduler "$1")
-    spawn "$CLUSTER_STATE/scheduler.pid" "$CLUSTER_STATE/scheduler.log" "$(kube_scheduler_bin)" "${flags[@]}"
+    mapfile -t flags < <(_component_flags "$1" scheduler "$2")
+    spawn "$1/scheduler.pid" "$1/scheduler.log" "$(kube_scheduler_bin)" "${flags[@]}"
 }
 
 start_cluster_controller_manager() {
@@ -264,7 +265,7 @@ up_cluster() {
     _cluster_wait apiserver "$t0"
     t0="$(now)"
     port="$(reuse_or_pick_port "$CLUSTER_STATE/scheduler-port")"
-    start_cluster_scheduler "$port"
+    start_scheduler "$CLUSTER_STATE" "$port"
     local cm_port
     cm_port="$(reuse_or_pick_port "$CLUSTER_STATE/controller-manager-port")"
     [[ "$cm_port" != "$port" ]] || cm_port="$(free_port)"

@@ -175,12 +175,6 @@ start_node_apiserver() {
         --enable-priority-and-fairness=false --profiling=false --v=1
 }
 
-start_node_scheduler() {
-    local flags
-    mapfile -t flags < <(_component_flags "$NODE_STATE" scheduler "$1")
-    spawn "$NODE_STATE/scheduler.pid" "$NODE_STATE/scheduler.log" "$(kube_scheduler_bin)" "${flags[@]}"
-}
-
 start_node_controller_manager() {
     local flags c="$K8S_STATE/certs"
     mapfile -t flags < <(_component_flags "$NODE_STATE" controller-manager "$1")
@@ -470,7 +464,7 @@ up_node() {
     write_node_kubeconfig
     start_node_containerd
     _node_wait apiserver "$t0"
-    start_node_scheduler "$(reuse_or_pick_port "$NODE_STATE/scheduler-port")"
+    start_scheduler "$NODE_STATE" "$(reuse_or_pick_port "$NODE_STATE/scheduler-port")"
     port="$(reuse_or_pick_port "$NODE_STATE/controller-manager-port")"
     [[ "$port" != "$(cat "$NODE_STATE/scheduler-port")" ]] || port="$(free_port)"
     start_node_controller_manager "$port"

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from operator_helpers import QUIET_KAFKA, create, get_job, operator, rljob, unique_job
 
-from infra_session import sasl_listener
+from infra_session import sasl_bus, sasl_listener
 from scalerl.bus.kafka import KafkaBus
-from scalerl.bus.security import KafkaConnectError, KafkaSecurity
+from scalerl.bus.security import KafkaConnectError
 from scalerl_operator.api.spec import RLJobSpec
 from scalerl_operator.cluster.kafka_access import kafka_security
 from scalerl_operator.cluster.kube import Kube, path
@@ -46,12 +46,6 @@ def _security(sasl: dict[str, str]) -> dict[str, Any]:
             "secretRef": {"name": "kafka-auth", "usernameKey": "user", "passwordKey": "pass", "caKey": "ca.crt"}}
 
 
-def _independent_bus(sasl: dict[str, str]) -> KafkaBus:
-    return KafkaBus(sasl["KAFKA_SASL_BOOTSTRAP"], request_timeout_s=10, security=KafkaSecurity(
-        protocol="SASL_SSL", mechanism=sasl["KAFKA_SASL_MECHANISM"], username=sasl["KAFKA_SASL_USERNAME"],
-        password=sasl["KAFKA_SASL_PASSWORD"], ca_file=sasl["KAFKA_SSL_CAFILE"]))
-
-
 def _wait(what: str, fn: Any, timeout_s: float = 60.0) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -65,7 +59,7 @@ def test_operator_creates_reads_lag_and_cleans_up_through_sasl_ssl(kube, namespa
     _secret(kube, namespace, sasl, sasl["KAFKA_SASL_PASSWORD"])
     name = unique_job()
     prefix = bus_prefix(name, namespace)
-    bus = _independent_bus(sasl)
+    bus = sasl_bus(sasl)
     try:
         with operator(namespace, k8s_env["KUBECONFIG"], monkeypatch) as runner:
             create(kube, namespace, rljob(name, sasl["KAFKA_SASL_BOOTSTRAP"],

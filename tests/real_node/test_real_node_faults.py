@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from rljob_helpers import start_job, wait_job
 
+from infra_session import sasl_bus
 from scalerl_operator.render.names import bus_prefix
 
 pytestmark = [pytest.mark.infra]
@@ -19,15 +20,6 @@ pytestmark = [pytest.mark.infra]
 STEPS = 18
 TIMEOUT_S = 1200.0
 GENERATORS = "app.kubernetes.io/component=generator"
-
-
-def _bus(env: dict[str, str]) -> Any:
-    from scalerl.bus.kafka import KafkaBus
-    from scalerl.bus.security import KafkaSecurity
-
-    return KafkaBus(env["KAFKA_SASL_BOOTSTRAP"], request_timeout_s=10, security=KafkaSecurity(
-        protocol="SASL_SSL", mechanism=env["KAFKA_SASL_MECHANISM"], username=env["KAFKA_SASL_USERNAME"],
-        password=env["KAFKA_SASL_PASSWORD"], ca_file=env["KAFKA_SSL_CAFILE"]))
 
 
 def _wait_replaced(core: Any, ns: str, old: str, timeout_s: float = 180.0) -> None:
@@ -78,7 +70,7 @@ def test_real_node_deleted_generator_and_learner_pods_lose_and_repeat_nothing(
     for key in ("S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY"):
         monkeypatch.setenv(key, node_env[key])
     monkeypatch.setenv("S3_REGION", "us-east-1")
-    bus = _bus(node_env)
+    bus = sasl_bus(node_env)
     try:
         report = check_accounting(bus, open_store(f"s3://{bucket}/{name}"), bus_prefix(name, node_namespace))
     finally:
