@@ -3,7 +3,8 @@ teams point at a managed Kafka and S3), the chart installed with `helm install`,
 tiny model whose roles run as Pods of the project's image.
 
 Services, in namespace `scalerl-infra`, selector-less with an EndpointSlice at the host's address:
-`kafka` (9093: the broker's PODS listener, SASL_SSL with the test CA) and `s3` (9000: MinIO).
+`kafka` (9093: the broker's PODS listener, SASL_SSL with the test CA), `s3` (9000: MinIO) and `jaeger`
+(4317: Jaeger's OTLP/gRPC receiver for Pods, when build/infra.env has JAEGER_PODS_OTLP_GRPC).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ RELEASE = "scalerl"
 SYSTEM_NS = "scalerl-system"
 KAFKA_SVC = f"kafka.{INFRA_NS}.svc:9093"
 S3_SVC = f"http://s3.{INFRA_NS}.svc:9000"
+JAEGER_OTLP_SVC = f"http://jaeger.{INFRA_NS}.svc:4317"
 RLJOB_API = ("scalerl.dev", "v1alpha1", "rljobs")
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
@@ -36,6 +38,8 @@ def expose_infra(kubectl: Kubectl, env: dict[str, str]) -> None:
     each session: the ports may change when a server restarts)."""
     host = env["NODE_HOST_IP"]
     services = {"kafka": (9093, _port(env["KAFKA_PODS_BOOTSTRAP"])), "s3": (9000, _port(env["S3_PODS_ENDPOINT"]))}
+    if env.get("JAEGER_PODS_OTLP_GRPC"):
+        services["jaeger"] = (4317, _port(env["JAEGER_PODS_OTLP_GRPC"]))
     docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": INFRA_NS}}]
     for name, (port, target) in services.items():
         docs.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": INFRA_NS},
@@ -74,13 +78,15 @@ def warm_start_config_map(kubectl: Kubectl, ns: str, folder: str) -> None:
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "warm-start"}, "binaryData": files}))
 
 
-def tiny_rljob(name: str, bucket: str, env: dict[str, str], *, steps: int, **spec_over: Any) -> dict[str, Any]:
+def tiny_rljob(name: str, bucket: str, env: dict[str, str], *, steps: int, k: int = 2, partitions: int = 2,
+               **spec_over: Any) -> dict[str, Any]:
     """An RLJob of the tests' addition job (`warm_start.addition_spec`: a 64-wide tiny model built from a
     config, 1-digit sums), starting from the warm start of ConfigMap `warm-start` mounted in every Pod,
-    `steps` learner steps, the test servers as its bus and store through the Services above."""
+    `steps` learner steps, off-policy bound `k`, the test servers as its bus (`partitions` per data topic)
+    and store through the Services above."""
     from warm_start import addition_spec
 
-    job = addition_spec(name, WARM_START_MOUNT, steps=steps, off_policy={"mode": "pipeline", "k": 2},
+    job = addition_spec(name, WARM_START_MOUNT, steps=steps, off_policy={"mode": "pipeline", "k": k},
                         checkpoint_every=6, eval_every=6).model_dump(mode="json", exclude={"name", "runtime"})
     spec: dict[str, Any] = {
         "job": job,
@@ -88,7 +94,7 @@ def tiny_rljob(name: str, bucket: str, env: dict[str, str], *, steps: int, **spe
         "imagePullPolicy": "Never",
         "podTemplate": {"volumes": [{"name": "warm-start", "configMap": {"name": "warm-start"}}],
                         "volumeMounts": [{"name": "warm-start", "mountPath": WARM_START_MOUNT, "readOnly": True}]},
-        "bus": {"bootstrap": KAFKA_SVC, "partitions": 2,
+        "bus": {"bootstrap": KAFKA_SVC, "partitions": partitions,
                 "security": {"protocol": "SASL_SSL", "saslMechanism": env["KAFKA_SASL_MECHANISM"],
                              "secretRef": {"name": "kafka-auth", "usernameKey": "user", "passwordKey": "pass",
                                            "caKey": "ca.crt"}}},
