@@ -82,11 +82,11 @@ run: install
 	$(PY) -m scalerl.cli run examples/quickstart.yaml --overwrite
 
 # scripts/test_suite.sh runs every test: the servers (Kafka, MinIO, the API servers, Kueue, Prometheus,
-# Jaeger) are built into $$SCALERL_CACHE (~/.cache/scalerl) where it lacks them and started in the
-# background while the tests that need no server run (the main suite's, the vLLM environment's, and
-# the tests that train again on other kernels, ALT_KERNELS above); then the tests that need the servers
-# (they fail, never skip, when CI is set and the servers cannot start). Each pass writes JUnit XML into
-# build/; pytest's exit 5 (no tests collected) fails the run like any other status.
+# Jaeger, the real node) are built into $$SCALERL_CACHE (~/.cache/scalerl) where it lacks them and started in
+# the background, Kafka and MinIO first; at once, side by side, the tests that need servers (each waits for
+# its own; they fail, never skip, when CI is set and the servers cannot start) and the tests that need none
+# (the main suite's, the vLLM environment's, and the tests that train again on other kernels, ALT_KERNELS
+# above). Each pass writes JUnit XML into build/; pytest's exit 5 (no tests collected) fails the run.
 test: install-dev install-vllm
 	export $(VENV_PATH); PY=$(PY) VLLM_PY="$$(cat $(VLLM_PY_FILE))" ALT_KERNELS=$$($(ALT_KERNELS)) \
 	  RETRAIN_TESTS="$(RETRAIN_TESTS)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test_suite.sh

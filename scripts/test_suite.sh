@@ -2,17 +2,22 @@
 # `make test`: every test, in pytest processes that each write JUnit XML into build/, with the real
 # servers built and started beside the tests that do not need them.
 #
-#   1. scripts/infra/up.sh starts in the background (log build/infra-up.log): it builds what the cache
-#      lacks (niced; about 35 minutes on a new machine, nothing when cached) and starts the servers.
-#   2. Meanwhile, the tests that need no server (SCALERL_INFRA_AUTOSTART=0, so a test that needs one
-#      and is not marked `infra` fails in CI instead of starting servers of its own):
-#        the main suite's                           -m "not infra"          build/junit.xml
-#        the vLLM environment's                     -m "vllm and not infra" build/junit-vllm.xml
-#        the tests that train, on other CPU kernels  ATEN_CPU_CAPABILITY     build/junit-<kernels>.xml
-#   3. Once the servers are up, the tests that need them:
-#        the main suite's                           -m infra                build/junit-infra.xml
-#        the vLLM environment's                     -m "vllm and infra"     build/junit-vllm-infra.xml
-#   4. The servers stop.
+#   1. scripts/infra/up.sh starts in the background (log build/infra-up.log): first Kafka and MinIO (the
+#      servers most tests need; a few minutes cold), then the rest. It builds what the cache lacks (niced;
+#      about 35 minutes on a new machine, nothing when cached) and writes build/infra.env as each group is up.
+#   2. At once, two streams side by side (the servers' tests mostly wait on servers, Pods and the bus, so
+#      they fill the CPU the others leave idle):
+#      a. the tests that need servers (SCALERL_INFRA_UP_PID: a session fixture whose servers are not up
+#         yet waits for the background up.sh instead of failing), then the vLLM environment's, once all
+#         servers are up:
+#           the main suite's                         -m infra                build/junit-infra.xml
+#           the vLLM environment's                   -m "vllm and infra"     build/junit-vllm-infra.xml
+#      b. the tests that need no server (SCALERL_INFRA_AUTOSTART=0, so a test that needs one and is not
+#         marked `infra` fails in CI instead of starting servers of its own):
+#           the main suite's                           -m "not infra"          build/junit.xml
+#           the vLLM environment's                     -m "vllm and not infra" build/junit-vllm.xml
+#           the tests that train, on other CPU kernels  ATEN_CPU_CAPABILITY     build/junit-<kernels>.xml
+#   3. The servers stop.
 # Every pass runs whatever the others did; the exit status is the first non-zero one (pytest's 5, no
 # tests collected, included), or 1 when the servers could not be built or started.
 #
@@ -34,11 +39,41 @@ vllm_pytest() { # the vLLM tests run from the checkout in the vLLM environment (
     PY="$PY" VLLM_PY="$VLLM_PY" bash scripts/vllm_python.sh -m pytest -p no:cacheprovider tests/vllm_cpu "$@"
 }
 
-rm -f build/infra.env # written by up.sh once the servers are up
-bash scripts/infra/up.sh >build/infra-up.log 2>&1 &
+rm -f build/infra.env build/infra-up.rc build/infra-stream.rc # infra.env: written by up.sh as the servers come up
+( (bash scripts/infra/up.sh kafka minio && bash scripts/infra/up.sh) >build/infra-up.log 2>&1
+  echo $? >build/infra-up.rc ) &
 up_pid=$!
 note "building (where the cache lacks them) and starting the servers in the background: build/infra-up.log"
 
+# stream a: the tests that need the servers; its status in build/infra-stream.rc
+(
+    src=0
+    s() { local x=$1; ((src != 0)) || src=$x; ((x == 0)) || note "that pass exited $x"; }
+    note "the tests that need the servers (each waits for its servers): build/infra-tests.log"
+    SCALERL_INFRA_AUTOSTART=0 SCALERL_INFRA_UP_PID=$up_pid "$PY" -m pytest -m "infra and not gpu and not vllm" \
+        --junitxml=build/junit-infra.xml "${extra[@]}" >build/infra-tests.log 2>&1
+    s $?
+    tail -n 15 build/infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
+    note "the vLLM tests that need the servers, once all are up: build/vllm-infra-tests.log"
+    while [[ ! -s build/infra-up.rc ]]; do sleep 5; done
+    if [[ "$(cat build/infra-up.rc)" == 0 ]]; then
+        set -a
+        # shellcheck source=/dev/null
+        source build/infra.env
+        set +a
+        SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and infra" --junitxml=build/junit-vllm-infra.xml \
+            >build/vllm-infra-tests.log 2>&1
+        s $?
+        tail -n 5 build/vllm-infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
+    else
+        note "the servers could not be built or started (build/infra-up.log): the vLLM tests that need them did not run"
+        s 1
+    fi
+    echo "$src" >build/infra-stream.rc
+) &
+stream_pid=$!
+
+# stream b: the tests that need no server
 note "the tests that need no server"
 SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -m "not gpu and not vllm and not infra" \
     --junitxml=build/junit.xml "${extra[@]}"
@@ -51,24 +86,20 @@ ATEN_CPU_CAPABILITY="$ALT_KERNELS" SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -p 
     -m "not gpu and not infra and not slow and not vllm" --junitxml="build/junit-$ALT_KERNELS.xml" "${retrain[@]}"
 keep $?
 
-note "waiting for the servers"
-if wait "$up_pid"; then
-    grep -E "built in|fetched in|build done|up in" build/infra-up.log | sed 's/^/    /'
-    set -a
-    # shellcheck source=/dev/null
-    source build/infra.env
-    set +a
-    note "the tests that need the servers"
-    "$PY" -m pytest -m "infra and not gpu and not vllm" --junitxml=build/junit-infra.xml "${extra[@]}"
-    keep $?
-    note "the vLLM tests that need the servers"
-    vllm_pytest -m "vllm and infra" --junitxml=build/junit-vllm-infra.xml
-    keep $?
+note "waiting for the tests that need the servers"
+wait "$stream_pid"
+keep "$(cat build/infra-stream.rc 2>/dev/null || echo 1)"
+wait "$up_pid"
+if [[ "$(cat build/infra-up.rc 2>/dev/null)" == 0 ]]; then
+    grep -E "built in|fetched in|build done|up in|imported in" build/infra-up.log | sed 's/^/    /'
 else
-    s=$?
     tail -n 40 build/infra-up.log
-    note "the servers could not be built or started (exit $s; build/infra-up.log above): the tests that need them did not run"
+    note "the servers could not be built or started (build/infra-up.log above)"
     keep 1
+fi
+if ((rc != 0)) && [[ -s build/infra-tests.log ]]; then
+    note "the failures of the tests that need the servers (build/infra-tests.log):"
+    sed -n '/= FAILURES =\|= ERRORS =/,$p' build/infra-tests.log | tail -n 300
 fi
 bash scripts/infra/down.sh >/dev/null 2>&1 || true
 note "done, exit $rc"

@@ -71,3 +71,20 @@ def tiny_model(tiny_spec, tokenizer):
 
     torch.manual_seed(0)
     return build_tiny_model(tiny_spec.model, tokenizer, seed=0).eval()
+
+
+# Servers that scripts/test_suite.sh's background up.sh brings up last (Kafka and MinIO come first).
+_LATE_SERVER_FIXTURES = frozenset({"k8s", "cluster_env", "kueue_env", "node_env", "observability"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `make test` (SCALERL_INFRA_UP_PID set: the servers still come up in the background), the files
+    whose tests need only Kafka and MinIO run first, so they run while the other servers build; the order
+    within a file, and of files of the same kind, is kept."""
+    if not os.environ.get("SCALERL_INFRA_UP_PID"):
+        return
+    late: set[str] = set()
+    for item in items:
+        if _LATE_SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            late.add(str(item.fspath))
+    items.sort(key=lambda item: str(item.fspath) in late)

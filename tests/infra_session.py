@@ -4,7 +4,9 @@ be reached — the tests FAIL when the environment variable CI is set (never a s
 are skipped otherwise.
 
 SCALERL_INFRA_AUTOSTART=0 never starts anything; SCALERL_INFRA_KEEP=1 keeps running what a session
-started. Servers that were already up are always left running.
+started. Servers that were already up are always left running. SCALERL_INFRA_UP_PID (set by
+scripts/test_suite.sh): the pid of an up.sh running in the background; a session fixture whose servers
+are not up yet waits for it instead of failing at once.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ def running_servers(what: str, services: Sequence[str], problem: Callable[[dict[
     up_cmd = " ".join(["scripts/infra/up.sh", *services])
     values = read_env_file()
     reason = problem(values)
+    if reason is not None:
+        values, reason = _wait_for_background_up(values, reason, problem, timeout_s)
     started = False
     if reason is not None and os.environ.get("SCALERL_INFRA_AUTOSTART", "1") != "0":
         t0 = time.monotonic()
@@ -93,6 +97,40 @@ def running_servers(what: str, services: Sequence[str], problem: Callable[[dict[
     finally:
         if started and os.environ.get("SCALERL_INFRA_KEEP") != "1":
             subprocess.run(["bash", str(DOWN), *services], cwd=REPO, capture_output=True, timeout=120, check=False)
+
+
+def _up_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie (exited, not yet reaped by scripts/test_suite.sh) has finished
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _wait_for_background_up(values: dict[str, str], reason: str, problem: Callable[[dict[str, str]], str | None],
+                            timeout_s: float) -> tuple[dict[str, str], str | None]:
+    """While the scripts/infra/up.sh that `make test` started in the background (its pid in
+    SCALERL_INFRA_UP_PID) still runs, wait for it to bring these servers up (it writes build/infra.env
+    as each group comes up), so the tests that need servers start beside the builds of the others."""
+    pid = int(os.environ.get("SCALERL_INFRA_UP_PID", "0") or 0)
+    deadline = time.monotonic() + timeout_s
+    t0 = time.monotonic()
+    while pid > 0 and reason is not None and _up_running(pid) and time.monotonic() < deadline:
+        time.sleep(5.0)
+        values = read_env_file()
+        reason = problem(values)
+    if pid > 0 and reason is None and time.monotonic() - t0 > 5:
+        print(f"\n[infra] waited {time.monotonic() - t0:.0f} s for the background scripts/infra/up.sh")
+    if reason is not None and pid > 0:  # it finished (or gave up) without them: a last look at what it wrote
+        values = read_env_file()
+        reason = problem(values)
+    return values, reason
 
 
 def in_dir(item: pytest.Item, here: Path) -> bool:
