@@ -87,7 +87,9 @@ run: install
 # its own; they fail, never skip, when CI is set and the servers cannot start) and the tests that need none
 # (the main suite's, the vLLM environment's, and the tests that train again on other kernels, ALT_KERNELS
 # above). Each pass writes JUnit XML into build/; pytest's exit 5 (no tests collected) fails the run.
-test: install-dev install-vllm
+test:
+	bash scripts/test_suite.sh --prebuild
+	$(MAKE) --no-print-directory install-dev install-vllm
 	export $(VENV_PATH); PY=$(PY) VLLM_PY="$$(cat $(VLLM_PY_FILE))" ALT_KERNELS=$$($(ALT_KERNELS)) \
 	  RETRAIN_TESTS="$(RETRAIN_TESTS)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test_suite.sh
 

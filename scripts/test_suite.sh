@@ -26,11 +26,22 @@
 # for the main suite's passes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+mkdir -p build
+if [[ "${1:-}" == --prebuild ]]; then
+    # Before make test installs the environments (minutes of downloads cold): the servers' and the image's
+    # builds start, in the background, needing no environment (log build/infra-prebuild.log).
+    rm -f build/infra-prebuild-km build/infra-prebuild.rc
+    nohup bash -c 'bash scripts/infra/up.sh --build-only kafka minio && touch build/infra-prebuild-km \
+        && bash scripts/infra/up.sh --build-only; echo $? >build/infra-prebuild.rc' \
+        >build/infra-prebuild.log 2>&1 </dev/null &
+    echo $! >build/infra-prebuild.pid
+    echo "make test: building what the cache lacks of the servers in the background: build/infra-prebuild.log"
+    exit 0
+fi
 : "${PY:?PY: the project environment's python}" "${VLLM_PY:?VLLM_PY: the vLLM environment's python}"
 : "${ALT_KERNELS:?ALT_KERNELS: avx2 or default}" "${RETRAIN_TESTS:=tests/unit tests/e2e}"
 read -r -a extra <<<"${PYTEST_ARGS:-}"
 read -r -a retrain <<<"$RETRAIN_TESTS"
-mkdir -p build
 T0=$SECONDS
 rc=0
 note() { printf 'make test [%dm%02ds]: %s\n' $(((SECONDS - T0) / 60)) $(((SECONDS - T0) % 60)) "$*"; }
@@ -40,7 +51,17 @@ vllm_pytest() { # the vLLM tests run from the checkout in the vLLM environment (
 }
 
 rm -f build/infra.env build/infra-up.rc build/infra-stream.rc # infra.env: written by up.sh as the servers come up
-( (bash scripts/infra/up.sh kafka minio && bash scripts/infra/up.sh) >build/infra-up.log 2>&1
+# `--prebuild` (make test, before it installs the environments) already builds what the cache lacks, Kafka
+# and MinIO first; the servers start as their builds are done.
+prebuilt() { # wait for the prebuild's marker $1 (or its end); false when it failed
+    local pid
+    pid="$(cat build/infra-prebuild.pid 2>/dev/null || true)"
+    [[ -n "$pid" ]] || return 0
+    while [[ ! -e "build/$1" && ! -s build/infra-prebuild.rc ]] && kill -0 "$pid" 2>/dev/null; do sleep 5; done
+    [[ -e "build/$1" ]] || [[ "$(cat build/infra-prebuild.rc 2>/dev/null || echo 0)" == 0 ]]
+}
+( (prebuilt infra-prebuild-km && bash scripts/infra/up.sh kafka minio && prebuilt infra-prebuild.rc \
+     && bash scripts/infra/up.sh) >build/infra-up.log 2>&1
   echo $? >build/infra-up.rc ) &
 up_pid=$!
 note "building (where the cache lacks them) and starting the servers in the background: build/infra-up.log"
