@@ -145,15 +145,15 @@ go_module_dir() {
         | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'
 }
 
-go_install_to() {
-    local bin="$1" pkg="$2" ldflags="${3:-}" tmp cmd
+go_install_to() { # BIN PKG@VERSION [LDFLAGS] [TAGS]
+    local bin="$1" pkg="$2" ldflags="${3:-}" tags="${4:-}" tmp cmd
     cmd="${pkg%@*}"
     cmd="${cmd##*/}"
     tmp="$CACHE/bin/.$cmd-build.$$"
     rm -rf "$tmp"
     mkdir -p "$tmp"
     CGO_ENABLED=0 GOTOOLCHAIN=local GOBIN="$tmp" GOFLAGS=-trimpath \
-        nice -n 10 go install -ldflags "$ldflags" "$pkg" >"$tmp/go.log" 2>&1 \
+        nice -n 10 go install -ldflags "$ldflags" -tags "$tags" "$pkg" >"$tmp/go.log" 2>&1 \
         || { tail -n 40 "$tmp/go.log" >&2; die "go install of $pkg failed (log above)"; }
     mv "$tmp/$cmd" "$bin"
     rm -rf "$tmp"

@@ -452,6 +452,7 @@ up_node() {
         write_node_kubeconfig
         node_pause_image # (the kubelet's image GC removes an unused pause image under disk pressure)
         node_import_image
+        prometheus_follow_node # (observability.sh: the test Prometheus discovers the node's Pods)
         return 0
     fi
     down_node
@@ -482,6 +483,7 @@ up_node() {
         sleep 0.5
     done
     node_advertise_gpus
+    prometheus_follow_node
     log "node: $NODE_NAME Ready with $NODE_GPUS fake GPUs in $(elapsed "$t0") (API $(node_api))"
 }
 

@@ -3,66 +3,58 @@
 # the roles' OTLP traces, in-memory storage, query API). Sourced by lib.sh, never run.
 #
 # Layout
-#   cache:  prometheus-<deb version>/usr/bin/prometheus   the Debian package, unpacked (`dpkg -x`, no install)
-#           bin/prometheus-<module version>                or built with `go install` where apt has no package
-#           bin/jaeger-<version>                            built through src/jaeger-<version>/ (a wrapper module)
-#   state:  build/infra/prometheus/{prometheus.yml,file_sd/,data/,prometheus.log,pid,port}
-#           build/infra/jaeger/{config.yaml,jaeger.log,pid,port,otlp-grpc-port,otlp-http-port,health-port}
+#   cache:  bin/prometheus-k8s-<module version>   `go install`ed with file and kubernetes SD only (see below)
+#           bin/jaeger-<version>                   built through src/jaeger-<version>/ (a wrapper module)
+#   state:  build/infra/prometheus/{prometheus.yml,file_sd/,data/,prometheus.log,pid,port,node-token}
+#           build/infra/jaeger/{config.yaml,jaeger.log,pid,port,otlp-grpc-port,otlp-http-port,health-port,
+#                               otlp-pods-port}
 #
-# Prometheus scrapes whatever the tests put in build/infra/prometheus/file_sd/*.json (file-based service
-# discovery, re-read every 2 s): each test writes its own targets file and removes it afterwards.
+# Prometheus has two scrape jobs:
+#   scalerl       whatever the tests put in build/infra/prometheus/file_sd/*.json (file-based service
+#                 discovery, re-read every 2 s): each test writes its own targets file and removes it after.
+#   kubernetes-pods  the Pods of the real node (node.sh), found through its API server (kubernetes_sd_configs,
+#                 role pod, the admin token in node-token, the test CA): those annotated
+#                 prometheus.io/scrape "true", at <pod IP>:<prometheus.io/port>, as the operator renders the
+#                 RLJob role Pods; each series labelled as the chart's PodMonitor labels them (namespace, pod,
+#                 rljob from label scalerl.dev/job, role from app.kubernetes.io/component), so the chart's
+#                 dashboards read them unchanged. Written only once the node has a port and a kubeconfig:
+#                 up_node calls prometheus_follow_node, which rewrites the config and reloads Prometheus
+#                 (SIGHUP) when it changed, so the order in which the two start does not matter.
+#
+# Jaeger's OTLP receivers: gRPC and HTTP on loopback (the tests' processes), and a second gRPC receiver
+# `otlp/pods` on the host's address (as Kafka's PODS listener and MinIO) that the node's Pods reach:
+# JAEGER_PODS_OTLP_GRPC in build/infra.env (tests/real_node expose it as Service jaeger.scalerl-infra:4317).
 #
 # Jaeger v2 is `cmd/jaeger` of github.com/jaegertracing/jaeger, whose go.mod replaces
 # github.com/Shopify/sarama, so it cannot be `go install`ed: a wrapper module requires it and repeats
 # that one replace line (as for kube-apiserver in k8s.sh).
 
-PROMETHEUS_DEB_VERSION="${SCALERL_PROMETHEUS_DEB_VERSION:-2.42.0+ds-5+deb12u1}"
 PROMETHEUS_MODULE_VERSION="${SCALERL_PROMETHEUS_MODULE_VERSION:-v0.316.0}"
 JAEGER_VERSION="${SCALERL_JAEGER_VERSION:-v1.76.0}"
 JAEGER_REPLACE="github.com/Shopify/sarama => github.com/Shopify/sarama v1.33.0"
 PROMETHEUS_READY_TIMEOUT="${SCALERL_PROMETHEUS_READY_TIMEOUT:-60}"
 JAEGER_READY_TIMEOUT="${SCALERL_JAEGER_READY_TIMEOUT:-60}"
 
-_prometheus_deb_dir() { echo "$CACHE/prometheus-${PROMETHEUS_DEB_VERSION//[+~:]/_}"; }
 jaeger_bin() { echo "$CACHE/bin/jaeger-$JAEGER_VERSION"; }
 
-# The Prometheus binary in the cache: the unpacked Debian package, else the go-installed one; empty when
-# neither is there yet.
+# The Prometheus binary in the cache (built with kubernetes SD); empty when it is not there yet.
 prometheus_bin() {
-    local deb go
-    deb="$(_prometheus_deb_dir)/usr/bin/prometheus"
-    go="$CACHE/bin/prometheus-$PROMETHEUS_MODULE_VERSION"
-    if [[ -x "$deb" ]]; then echo "$deb"; elif [[ -x "$go" ]]; then echo "$go"; fi
+    local go="$CACHE/bin/prometheus-k8s-$PROMETHEUS_MODULE_VERSION"
+    if [[ -x "$go" ]]; then echo "$go"; fi
 }
 
+# Debian's package is built without the kubernetes service discovery (its promtool rejects
+# kubernetes_sd_configs), so Prometheus is built from source with file SD (always in) and kubernetes SD
+# only: the build tags remove_all_sd,enable_kubernetes_sd leave the cloud SDs out.
 _build_prometheus() {
-    local dir tmp t0 deb
+    local t0
     [[ -n "$(prometheus_bin)" ]] && return 0
-    t0="$(now)"
-    dir="$(_prometheus_deb_dir)"
-    tmp="$dir.tmp.$$"
-    rm -rf "$tmp"
-    mkdir -p "$tmp"
-    if command -v apt-get >/dev/null && command -v dpkg >/dev/null \
-        && (cd "$tmp" && apt-get download "prometheus=$PROMETHEUS_DEB_VERSION" >download.log 2>&1); then
-        deb="$(ls "$tmp"/prometheus_*.deb)"
-        dpkg -x "$deb" "$tmp" || die "prometheus: dpkg -x $deb failed"
-        rm -f "$deb"
-        if "$tmp/usr/bin/prometheus" --version >/dev/null 2>&1; then
-            rm -rf "$dir"
-            mv "$tmp" "$dir"
-            log "prometheus: Debian package $PROMETHEUS_DEB_VERSION unpacked in $(elapsed "$t0") into $dir"
-            return 0
-        fi
-        log "prometheus: the unpacked Debian binary does not run here; building it instead"
-    else
-        log "prometheus: no Debian package $PROMETHEUS_DEB_VERSION (apt-get download failed); building it"
-    fi
-    rm -rf "$tmp"
     command -v go >/dev/null || die "go is required to build Prometheus"
+    t0="$(now)"
     mkdir -p "$CACHE/bin"
-    go_install_to "$CACHE/bin/prometheus-$PROMETHEUS_MODULE_VERSION" \
-        "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_MODULE_VERSION" "-s -w"
+    go_install_to "$CACHE/bin/prometheus-k8s-$PROMETHEUS_MODULE_VERSION" \
+        "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_MODULE_VERSION" "-s -w" \
+        remove_all_sd,enable_kubernetes_sd
     log "prometheus: built in $(elapsed "$t0")"
 }
 
@@ -129,6 +121,57 @@ scrape_configs:
       - files: ["$d/file_sd/*.json"]
         refresh_interval: 2s
 EOF
+    prometheus_node_job >>"$d/prometheus.yml"
+}
+
+# The `kubernetes-pods` job (see the header) once the real node has its API port and kubeconfig; nothing before.
+prometheus_node_job() {
+    local d="$STATE/prometheus"
+    [[ -s "$NODE_STATE/port" && -s "$NODE_STATE/kubeconfig" && -s "$K8S_STATE/tokens.csv" ]] || return 0
+    (umask 077 && k8s_token >"$d/node-token")
+    cat <<EOF
+  # the real node's Pods annotated prometheus.io/scrape (the RLJob role Pods), found through its API server
+  - job_name: kubernetes-pods
+    kubernetes_sd_configs:
+      - role: pod
+        api_server: $(node_api)
+        tls_config:
+          ca_file: $K8S_STATE/certs/ca.crt
+        authorization:
+          credentials_file: $d/node-token
+    relabel_configs:
+      - source_labels: [__meta_kubernetes_pod_annotation_prometheus_io_scrape]
+        regex: "true"
+        action: keep
+      - source_labels: [__meta_kubernetes_pod_phase]
+        regex: Pending|Running
+        action: keep
+      - source_labels: [__meta_kubernetes_pod_ip, __meta_kubernetes_pod_annotation_prometheus_io_port]
+        regex: "([0-9.]+);([0-9]+)"
+        replacement: "\$1:\$2"
+        target_label: __address__
+      - source_labels: [__meta_kubernetes_namespace]
+        target_label: namespace
+      - source_labels: [__meta_kubernetes_pod_name]
+        target_label: pod
+      - source_labels: [__meta_kubernetes_pod_label_scalerl_dev_job]
+        target_label: rljob
+      - source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_component]
+        target_label: role
+EOF
+}
+
+# prometheus_follow_node: called by up_node once the node is up; rewrites the config and reloads a running
+# Prometheus (SIGHUP) when the `kubernetes-pods` job changed (the node's first start, a new API port).
+prometheus_follow_node() {
+    local d="$STATE/prometheus" pid before
+    pid="$(read_pid "$d/pid")"
+    pid_alive "$pid" "$(prometheus_pattern)" || return 0
+    before="$(cat "$d/prometheus.yml" 2>/dev/null || true)"
+    write_prometheus_config
+    [[ "$(cat "$d/prometheus.yml")" != "$before" ]] || return 0
+    log "prometheus: scraping the real node's Pods ($(node_api)); reloading its config"
+    kill -HUP "$pid"
 }
 
 start_prometheus() {
@@ -153,26 +196,30 @@ jaeger_pattern() { echo "$STATE/jaeger/config.yaml"; }
 write_jaeger_config() {
     local d="$STATE/jaeger"
     mkdir -p "$d"
-    local port grpc http health
+    local port grpc http health pods
     port="$(reuse_or_pick_port "$d/port")"
     grpc="$(reuse_or_pick_port "$d/otlp-grpc-port")"
     http="$(reuse_or_pick_port "$d/otlp-http-port")"
     health="$(reuse_or_pick_port "$d/health-port")"
+    pods="$(reuse_or_pick_port "$d/otlp-pods-port")"
     # (each picked on its own: two of them can come back equal when none was stored)
     while [[ "$grpc" == "$port" ]]; do grpc="$(free_port)"; done
     while [[ "$http" == "$port" || "$http" == "$grpc" ]]; do http="$(free_port)"; done
     while [[ "$health" == "$port" || "$health" == "$grpc" || "$health" == "$http" ]]; do health="$(free_port)"; done
+    while [[ " $port $grpc $http $health " == *" $pods "* ]]; do pods="$(free_port)"; done
     echo "$port" >"$d/port"
     echo "$grpc" >"$d/otlp-grpc-port"
     echo "$http" >"$d/otlp-http-port"
     echo "$health" >"$d/health-port"
+    echo "$pods" >"$d/otlp-pods-port"
     cat >"$d/config.yaml" <<EOF
-# generated by scripts/infra/up.sh: Jaeger v2, OTLP in, in-memory storage, query API (loopback only)
+# generated by scripts/infra/up.sh: Jaeger v2, OTLP in (loopback, and gRPC on the host's address for the
+# real node's Pods), in-memory storage, query API (loopback only)
 service:
   extensions: [jaeger_storage, jaeger_query, healthcheckv2]
   pipelines:
     traces:
-      receivers: [otlp]
+      receivers: [otlp, otlp/pods]
       processors: [batch]
       exporters: [jaeger_storage_exporter]
   telemetry:
@@ -202,6 +249,10 @@ receivers:
         endpoint: 127.0.0.1:$grpc
       http:
         endpoint: 127.0.0.1:$http
+  otlp/pods:
+    protocols:
+      grpc:
+        endpoint: $(host_ip):$pods
 processors:
   batch:
     timeout: 200ms
@@ -223,12 +274,19 @@ jaeger_ready() {
 
 wait_jaeger() { wait_ready jaeger "$1" "$JAEGER_READY_TIMEOUT" 0.3; }
 
+# Whether the running server has this file's setup (else up.sh restarts it): Jaeger, the Pods' receiver;
+# Prometheus, the binary with kubernetes SD (it follows the node through prometheus_follow_node).
+jaeger_current() { grep -q "otlp/pods" "$STATE/jaeger/config.yaml" 2>/dev/null; }
+prometheus_current() {
+    [[ -n "$(prometheus_bin)" ]] && pid_alive "$(read_pid "$STATE/prometheus/pid")" "$(prometheus_bin)"
+}
+
 # up_observability NAME: start prometheus or jaeger unless it already runs healthy; sets <name>_t0 to
 # wait on (empty when it was running).
 up_observability() {
     local name="$1" pid port
     pid="$(read_pid "$STATE/$name/pid")"
-    if pid_alive "$pid" "$("${name}_pattern")" && "${name}_ready" 2>/dev/null; then
+    if pid_alive "$pid" "$("${name}_pattern")" && "${name}_ready" 2>/dev/null && "${name}_current"; then
         log "$name: already running and healthy on 127.0.0.1:$(cat "$STATE/$name/port") (pid $pid)"
         printf -v "${name}_t0" '%s' ""
         return 0
@@ -243,7 +301,9 @@ up_observability() {
     else
         start_jaeger
         log "jaeger: starting (query 127.0.0.1:$(cat "$STATE/jaeger/port"), OTLP gRPC" \
-            "127.0.0.1:$(cat "$STATE/jaeger/otlp-grpc-port")), log $STATE/jaeger/jaeger.log"
+            "127.0.0.1:$(cat "$STATE/jaeger/otlp-grpc-port"), for Pods" \
+            "$(host_ip):$(cat "$STATE/jaeger/otlp-pods-port"))," \
+            "log $STATE/jaeger/jaeger.log"
     fi
 }
 
@@ -268,5 +328,6 @@ JAEGER_VERSION=$JAEGER_VERSION
 JAEGER_PID=$(read_pid "$d/pid")
 JAEGER_LOG=$d/jaeger.log
 EOF
+        ! jaeger_current || echo "JAEGER_PODS_OTLP_GRPC=http://$(host_ip):$(cat "$d/otlp-pods-port")"
     fi
 }

@@ -5,7 +5,7 @@
 #   - k8s: etcd + kube-apiserver (built from source, see k8s.sh) and the helm client
 #   - cluster: a Pod-running cluster beside it (cluster.sh): a second kube-apiserver on the same etcd,
 #     kube-scheduler, kube-controller-manager and kwok with fake GPU and CPU Nodes (needs k8s)
-#   - prometheus (the Debian package unpacked into the cache) and jaeger (Jaeger v2 built from source),
+#   - prometheus (built from source with kubernetes SD) and jaeger (Jaeger v2 built from source),
 #     see observability.sh
 #   - kueue: Kueue's controller manager on the cluster (kueue.sh; needs cluster)
 #   - node: a real node (node.sh; needs k8s, root): its own kube-apiserver on the host's address, scheduler,
@@ -14,7 +14,7 @@
 # then write build/infra.env (KAFKA_BOOTSTRAP; the SASL_SSL listener's KAFKA_SASL_BOOTSTRAP,
 # KAFKA_SASL_{MECHANISM,USERNAME,PASSWORD} and KAFKA_SSL_CAFILE (a self-signed test CA); S3_ENDPOINT,
 # S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION, KUBECONFIG, K8S_API, HELM_BIN, CLUSTER_KUBECONFIG, CLUSTER_API,
-# PROMETHEUS_URL, PROMETHEUS_FILE_SD, JAEGER_QUERY_URL, JAEGER_OTLP_GRPC, PIDs and log paths).
+# PROMETHEUS_URL, PROMETHEUS_FILE_SD, JAEGER_QUERY_URL, JAEGER_OTLP_GRPC, JAEGER_PODS_OTLP_GRPC, PIDs and log paths).
 # Idempotent: a server that is already running and healthy is reused.
 #
 # Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s|cluster|prometheus|jaeger|kueue|node ...]
