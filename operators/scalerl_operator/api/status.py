@@ -142,6 +142,23 @@ class LearnerRank(K8sModel):
     uid: Annotated[str, StringConstraints(max_length=64)] = Field(description="Pod UID.")
 
 
+class ContainerKill(K8sModel):
+    """A container of the job's pods killed by the kernel for exceeding its memory limit (OOMKilled), as the
+    kubelet reported it; the operator also sends a Warning Event `OOMKilled` for each (control.podfaults)."""
+
+    pod: Annotated[str, StringConstraints(max_length=253)] = Field(description="Pod name.")
+    uid: Annotated[str, StringConstraints(max_length=64)] = Field(description="Pod UID.")
+    role: Annotated[str, StringConstraints(max_length=63)] = Field(
+        description="generator, verifier, curriculum or learner.")
+    container: Annotated[str, StringConstraints(max_length=253)] = Field(description="Container name.")
+    reason: Literal["OOMKilled"] = Field("OOMKilled", description="The kubelet's termination reason.")
+    exit_code: int = Field(description="The container's exit code (137: SIGKILL).")
+    finished_at: Annotated[str, StringConstraints(max_length=64)] = Field(description="When it was killed (RFC 3339).")
+    memory_limit: Annotated[str, StringConstraints(max_length=64)] | None = Field(
+        None, description="The container's resources.limits.memory; null when it had none.")
+    restarts: int = Field(0, ge=0, description="The container's restartCount when the operator saw the kill.")
+
+
 class RLJobStatus(K8sModel):
     observed_generation: int | None = Field(None, ge=0)
     phase: Phase = "Pending"
@@ -168,6 +185,9 @@ class RLJobStatus(K8sModel):
         "one being deleted, gone or replaced under a new UID other than by the operator is a lost rank, which "
         "restarts the group and counts in restarts. Emptied before the operator deletes the pods itself and "
         "while the learner is scaled to zero.")
+    container_kills: list[ContainerKill] = Field(
+        default_factory=list, max_length=16, description="The newest containers of the job's pods killed for "
+        "exceeding their memory limit (OOMKilled), oldest first; each also a Warning Event OOMKilled.")
 
     @model_validator(mode="after")
     def _fill_lag_total(self) -> RLJobStatus:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scalerl_operator.api.conditions import parse_rfc3339
+from scalerl_operator.control.podfaults import oom_of
 
 REVISION_LABEL = "controller-revision-hash"
 
@@ -50,7 +51,8 @@ def live(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def failure(pods: list[dict[str, Any]]) -> str | None:
     """Why the group must restart (the first live pod with a container restart or a Failed phase), or None.
-    Example: pod j-learner-1 with restartCount 1 → "pod j-learner-1: container learner restarted 1 time(s)"."""
+    Example: pod j-learner-1 with restartCount 1 → "pod j-learner-1: container learner restarted 1 time(s)";
+    " (OOMKilled: over its memory limit 2Gi)" follows when the kernel killed it for its memory."""
     for p in live(pods):
         name = p["metadata"]["name"]
         st = p.get("status") or {}
@@ -59,7 +61,7 @@ def failure(pods: list[dict[str, Any]]) -> str | None:
         for cs in st.get("containerStatuses") or []:
             n = int(cs.get("restartCount") or 0)
             if n > 0:
-                return f"pod {name}: container {cs.get('name')} restarted {n} time(s)"
+                return f"pod {name}: container {cs.get('name')} restarted {n} time(s){oom_of(p, cs.get('name', ''))}"
     return None
 
 

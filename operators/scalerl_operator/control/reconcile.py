@@ -34,7 +34,7 @@ from scalerl_operator.api.spec import RLJobSpec, parse_served_spec
 from scalerl_operator.cluster.kube import Kube, KubeError, path
 from scalerl_operator.cluster.rlstatus import LearnerStatus
 from scalerl_operator.cluster.scheduling import unschedulable
-from scalerl_operator.control import gang, kueue
+from scalerl_operator.control import gang, kueue, podfaults
 from scalerl_operator.control.jobstatus import (
     SPEC_REPLICAS,
     failed_status,
@@ -274,11 +274,17 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
                   spec_hash=sts["spec"]["template"]["metadata"]["annotations"][SPEC_HASH_ANNOTATION], now=now)
     progress, stall = g.progress, g.stall
     pods = job_pods(kube, ns, name)
+    recorded = prev.get("containerKills") or []
+    kills = podfaults.new_kills(pods, recorded)
+    for kill in kills:
+        kube.event(obj, "Warning", podfaults.OOM_KILLED, kill.message(), "Observe")
     if queue is not None:
         kueue.release(kube, obj, queue, len(pods), now)
     patch = status_patch(obj, spec, roles=roles, learner=learner, now=now, restarts=g.restarts,
                          devices=device_pool(spec, replicas), pending=unschedulable(pods), queue=queue)
     patch["learnerGroup"] = gang.group_status(g.group)
+    if kills:
+        patch["containerKills"] = podfaults.kills_status(recorded, kills)
     patch["learnerProgress"] = {"step": progress.step,
                                 "since": c.rfc3339_us(progress.since_s) if progress.since_s is not None else None}
     if spec.failure_policy.progress_deadline_seconds is not None:
