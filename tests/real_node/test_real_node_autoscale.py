@@ -208,5 +208,8 @@ def test_real_node_autoscales_verifiers_on_kafka_lag_and_generators_on_starvatio
         total_s = time.monotonic() - t0
     finally:
         bus.close()
+        # the job's Pods stopped gracefully (they leave their consumer groups) before the namespace goes with
+        # grace 0: else the RLJob's finalizer waits out the groups' session timeouts (2 min measured)
+        kubectl("delete", "rljob", "-n", node_namespace, name, "--timeout=90s", check=False, timeout_s=120.0)
     print(f"\n[autoscale] verifiers 1 -> 3 {up_s:.0f} s after apply; 3 -> 1 {down_s:.1f} s after the backlog was "
           f"committed (window {VERIFIER_DOWN_WINDOW_S} s); generators held at 3 with one Pod Pending; {total_s:.0f} s")
