@@ -148,6 +148,7 @@ def test_real_node_pods_scraped_through_kubernetes_sd_and_traced_into_jaeger(
     assert len(queries) > 30  # both dashboards, every target
     deadline = t0 + DEADLINE_S
     pods: dict[str, tuple[str, str]] = {}
+    seen: dict[str, tuple[str, str]] = {}  # every role Pod that ran (a Pod replaced mid-run may have written a span)
     targets: str | None = "not looked at"
     empty = queries
     chain: list[dict[str, Any]] | None = None
@@ -157,10 +158,11 @@ def test_real_node_pods_scraped_through_kubernetes_sd_and_traced_into_jaeger(
             + "\n".join(f"  {q}" for q in empty[:12]) + f"; a prompt's trace across the 4 roles: {chain is not None}")
         time.sleep(2.0)
         pods = _role_pods(node_core, ns, name)
+        seen.update(pods)
         targets = _targets_problem(prometheus, ns, pods)
         if targets:
             continue
-        empty = [(t, e) for t, e in empty if _panel_problem(prometheus, ns, name, t, e, pods)]
+        empty = [(t, e) for t, e in empty if _panel_problem(prometheus, ns, name, t, e, seen)]
         chain = chain or _prompt_chain(jaeger, ns, pods)
     print(f"\n{len(pods)} role Pods discovered and up, {len(queries)} panel queries with data and a prompt's "
           f"trace in Jaeger after {time.monotonic() - t0:.0f} s from kubectl apply")
@@ -168,10 +170,12 @@ def test_real_node_pods_scraped_through_kubernetes_sd_and_traced_into_jaeger(
     for s in chain:
         print(f"  {s['service']:<20} {s['operationName']:<20} pod {s['pod']} span {s['spanID']}")
     assert [s["service"] for s in chain] == [f"scalerl-{r}" for r in ROLES]
-    assert [pods.get(s["pod"], ("?",))[0] for s in chain] == list(ROLES), ([s["pod"] for s in chain], pods)
+    assert [seen.get(s["pod"], ("?",))[0] for s in chain] == list(ROLES), ([s["pod"] for s in chain], seen)
     assert len({s["traceID"] for s in chain}) == 1
     # the dashboards' variables offer this job (label_values(scalerl_learner_policy_version, namespace/rljob))
     for label, value in (("namespace", ns), ("rljob", name)):
         match = urllib.parse.urlencode({"match[]": f'scalerl_learner_policy_version{{namespace=~"{ns}"}}'})
         assert value in _get_json(f"{prometheus}/api/v1/label/{label}/values?{match}")["data"], label
-    kubectl("delete", "rljob", "-n", ns, name, "--wait=false")
+    # the Pods stop gracefully (leaving their consumer groups) before the namespace goes with grace 0: else the
+    # RLJob's finalizer waits out the groups' session timeouts (as in test_real_node_autoscale.py)
+    kubectl("delete", "rljob", "-n", ns, name, "--timeout=90s", check=False, timeout_s=120.0)
