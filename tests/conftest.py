@@ -74,7 +74,7 @@ def tiny_model(tiny_spec, tokenizer):
 
 
 # Servers that scripts/test_suite.sh's background up.sh brings up last (Kafka and MinIO come first).
-_LATE_SERVER_FIXTURES = frozenset({"k8s", "cluster_env", "kueue_env", "node_env", "observability"})
+_LATE_SERVER_FIXTURES = frozenset({"k8s", "k8s_env", "cluster_env", "kueue_env", "node_env", "observability"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -119,6 +119,8 @@ def test_problems_returns_copies() -> None:
 
 
 def test_generation_is_fast() -> None:
-    with cpu_budget(1.0, "20000 addition problems"):
+    # (0.16-0.29 s of CPU in a process of its own on a loaded machine; 1.11 s inside a cold CI run's suite, where
+    # process time counts the pytest process's other threads too: the budget catches a blow-up, not those)
+    with cpu_budget(3.0, "20000 addition problems"):
         task = build_task("addition", train_size=20_000, eval_size=200, digits=3)
         assert len(task.problems("train")) == 20_000

@@ -3,8 +3,8 @@ Pod, after the hooks ran. So the test Pods are the only test hooks (their Servic
 RoleBinding are plain chart objects: a hook of another kind failed it with `pods "<name>" not found`), and
 a test Pod is deleted only before the next `helm test` (`before-hook-creation`), never when it succeeded.
 
-Rendered with the helm client scripts/infra builds into the cache (HELM_BIN, else the cache's
-bin/helm-*); without one the test is skipped (failed in CI). A plain client, no server."""
+Rendered with the helm client scripts/infra builds into the cache (HELM_BIN of the `k8s_env` session
+fixture, which waits for `make test`'s background build of it). A plain client, no server."""
 
 from __future__ import annotations
 
@@ -16,33 +16,18 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "scalerl"
 HOOK, POLICY = "helm.sh/hook", "helm.sh/hook-delete-policy"
 
-
-def _helm() -> Path:
-    candidates = [os.environ.get("HELM_BIN", "")]
-    env_file = REPO / "build" / "infra.env"
-    if env_file.is_file():
-        candidates += [v.strip().strip('"') for k, _, v in (line.partition("=") for line in
-                                                             env_file.read_text().splitlines()) if k == "HELM_BIN"]
-    cache = Path(os.environ.get("SCALERL_CACHE") or Path.home() / ".cache" / "scalerl") / "bin"
-    candidates += [str(p) for p in sorted(cache.glob("helm-*"), reverse=True)]
-    found = next((Path(c) for c in candidates if c and Path(c).is_file()), None)
-    if found is None:
-        why = "no helm client (HELM_BIN, or `make infra-up`, which builds it into the cache)"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return found
+pytestmark = [pytest.mark.infra]
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def rendered(k8s_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     home = tmp_path_factory.mktemp("helm")
-    proc = subprocess.run([str(_helm()), "template", "rel", str(CHART), "--namespace", "ns"], capture_output=True,
-                          text=True, timeout=120, check=False,
+    proc = subprocess.run([k8s_env["HELM_BIN"], "template", "rel", str(CHART), "--namespace", "ns"],
+                          capture_output=True, text=True, timeout=120, check=False,
                           env={**os.environ, "HELM_CACHE_HOME": str(home / "cache"),
                                "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")})
     assert proc.returncode == 0, proc.stderr
