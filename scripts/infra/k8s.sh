@@ -32,7 +32,7 @@ k8s_minor() { local m="${K8S_VERSION#v1.}"; echo "${m%%.*}"; } # v1.34.4 -> 34
 _go_build_in() {
     local dir="$1" out="$2" pkg="$3" ldflags="$4"
     (cd "$dir" && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false" \
-        nice -n 10 go build -trimpath -ldflags "$ldflags" -o "$out.tmp.$$" "$pkg") >>"$dir/build.log" 2>&1 \
+        nice -n "${SCALERL_BUILD_NICE:-10}" go build -trimpath -ldflags "$ldflags" -o "$out.tmp.$$" "$pkg") >>"$dir/build.log" 2>&1 \
         || { tail -n 40 "$dir/build.log" >&2; die "go build of $pkg failed (log above, $dir/build.log)"; }
     mv "$out.tmp.$$" "$out"
 }
@@ -69,7 +69,7 @@ _kube_wrapper() {
         for c in "${KUBE_CMDS[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done
         printf ')\n'
     } >"$dir/tools.go"
-    (cd "$dir" && GOTOOLCHAIN=local GOFLAGS=-mod=mod nice -n 10 go mod tidy >>build.log 2>&1) \
+    (cd "$dir" && GOTOOLCHAIN=local GOFLAGS=-mod=mod nice -n "${SCALERL_BUILD_NICE:-10}" go mod tidy >>build.log 2>&1) \
         || { tail -n 40 "$dir/build.log" >&2; die "go mod tidy of the Kubernetes wrapper module failed"; }
     echo "${KUBE_CMDS[*]}" >"$dir/.complete"
     echo "$dir"
@@ -90,7 +90,7 @@ _build_kube() {
     rm -rf "$out"
     mkdir -p "$out"
     (cd "$dir" && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false" \
-        nice -n 10 go build -trimpath -o "$out/" -ldflags "-s -w -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 \
+        nice -n "${SCALERL_BUILD_NICE:-10}" go build -trimpath -o "$out/" -ldflags "-s -w -X $v.gitVersion=$K8S_VERSION -X $v.gitMajor=1 \
 -X $v.gitMinor=$(k8s_minor) -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z" "${pkgs[@]}") \
         >>"$dir/build.log" 2>&1 \
         || { tail -n 40 "$dir/build.log" >&2; die "go build of ${missing[*]} failed (log above, $dir/build.log)"; }
@@ -125,7 +125,7 @@ func main() { etcdmain.Main(os.Args) }
 EOF
     (cd "$dir" && GOTOOLCHAIN=local go mod init scalerl.local/etcd-build >build.log 2>&1 \
         && GOTOOLCHAIN=local GOFLAGS=-mod=mod go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >>build.log 2>&1 \
-        && GOTOOLCHAIN=local GOFLAGS=-mod=mod nice -n 10 go mod tidy >>build.log 2>&1) \
+        && GOTOOLCHAIN=local GOFLAGS=-mod=mod nice -n "${SCALERL_BUILD_NICE:-10}" go mod tidy >>build.log 2>&1) \
         || { tail -n 40 "$dir/build.log" >&2; die "could not resolve go.etcd.io/etcd/server/v3@$ETCD_VERSION"; }
     _go_build_in "$dir" "$bin" . "-s -w"
     log "etcd: built in $(elapsed "$t0") ($(du -sh "$bin" | cut -f1))"

@@ -153,7 +153,7 @@ go_install_to() { # BIN PKG@VERSION [LDFLAGS] [TAGS]
     rm -rf "$tmp"
     mkdir -p "$tmp"
     CGO_ENABLED=0 GOTOOLCHAIN=local GOBIN="$tmp" GOFLAGS=-trimpath \
-        nice -n 10 go install -ldflags "$ldflags" -tags "$tags" "$pkg" >"$tmp/go.log" 2>&1 \
+        nice -n "${SCALERL_BUILD_NICE:-10}" go install -ldflags "$ldflags" -tags "$tags" "$pkg" >"$tmp/go.log" 2>&1 \
         || { tail -n 40 "$tmp/go.log" >&2; die "go install of $pkg failed (log above)"; }
     mv "$tmp/$cmd" "$bin"
     rm -rf "$tmp"

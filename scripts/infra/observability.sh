@@ -79,7 +79,7 @@ EOF
     (cd "$dir" && GOTOOLCHAIN=local go mod init scalerl.local/jaeger-build >build.log 2>&1 \
         && printf 'require github.com/jaegertracing/jaeger %s\nreplace %s\n' "$JAEGER_VERSION" "$JAEGER_REPLACE" \
             >>go.mod \
-        && GOTOOLCHAIN=local GOFLAGS=-mod=mod nice -n 10 go mod tidy >>build.log 2>&1) \
+        && GOTOOLCHAIN=local GOFLAGS=-mod=mod nice -n "${SCALERL_BUILD_NICE:-10}" go mod tidy >>build.log 2>&1) \
         || { tail -n 40 "$dir/build.log" >&2; die "go mod tidy of the Jaeger wrapper failed"; }
     _go_build_in "$dir" "$bin" github.com/jaegertracing/jaeger/cmd/jaeger "-s -w"
     log "jaeger: built in $(elapsed "$t0") ($(du -sh "$bin" | cut -f1))"

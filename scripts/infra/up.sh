@@ -27,7 +27,8 @@
 #      SCALERL_CLUSTER_TOLERATION_S (2), SCALERL_CLUSTER_NODE_GRACE_S (20) (cluster.sh).
 #      SCALERL_{PROMETHEUS,JAEGER}_READY_TIMEOUT (60), SCALERL_JAEGER_VERSION (observability.sh).
 #      SCALERL_KUEUE_VERSION (v0.17.0), SCALERL_KUEUE_READY_TIMEOUT (90) (kueue.sh).
-#      SCALERL_BUILD_LANES (2: two builds at once; 1: one after the other).
+#      SCALERL_BUILD_LANES (2: two builds at once; 1: one after the other), SCALERL_BUILD_NICE (10: the
+#      compiles' niceness; make test's prebuild sets 0).
 #      SCALERL_COREDNS_VERSION (v1.14.7), SCALERL_NODE_GPUS (4), SCALERL_NODE_READY_TIMEOUT (180) (node.sh);
 #      the image's variables in scripts/image.sh (SCALERL_PYTHON_IMAGE, SCALERL_IMAGE_TAG, SCALERL_IMAGE_CA).
 # shellcheck source=scripts/infra/lib.sh
@@ -39,7 +40,7 @@ for arg in "$@"; do
     case "$arg" in
         --build-only) build_only=1 ;;
         kafka | minio | k8s | cluster | prometheus | jaeger | kueue | node) services+=("$arg") ;;
-        -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,33p' "$0"; exit 0 ;;
         *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s, cluster, prometheus, jaeger, kueue, node)" ;;
     esac
 done
