@@ -99,6 +99,11 @@ def running_servers(what: str, services: Sequence[str], problem: Callable[[dict[
             subprocess.run(["bash", str(DOWN), *services], cwd=REPO, capture_output=True, timeout=120, check=False)
 
 
+# How long a session fixture waits for the background up.sh of `make test` at most: a cold run builds every
+# server first (the cold CI run of 2026-11-28: the last one about 65 minutes in).
+BACKGROUND_UP_WAIT_S = 7200.0
+
+
 def _up_running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -119,7 +124,7 @@ def _wait_for_background_up(values: dict[str, str], reason: str, problem: Callab
     SCALERL_INFRA_UP_PID) still runs, wait for it to bring these servers up (it writes build/infra.env
     as each group comes up), so the tests that need servers start beside the builds of the others."""
     pid = int(os.environ.get("SCALERL_INFRA_UP_PID", "0") or 0)
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + max(timeout_s, BACKGROUND_UP_WAIT_S)  # (the wait ends with up.sh, well before)
     t0 = time.monotonic()
     while pid > 0 and reason is not None and _up_running(pid) and time.monotonic() < deadline:
         time.sleep(5.0)
@@ -141,6 +146,8 @@ def time_first_setup(items: list[pytest.Item], here: Path, fixture: str, timeout
     """The first test in `here` that uses `fixture` gets `timeout_s`: the session fixture may build
     the servers cold during its setup (needs pytest-timeout; run as a trylast collection hook, after
     -k / -m deselection)."""
+    if os.environ.get("SCALERL_INFRA_UP_PID"):  # it may wait for make test's background up.sh
+        timeout_s = max(timeout_s, BACKGROUND_UP_WAIT_S + 300)
     for item in items:
         if in_dir(item, here) and fixture in getattr(item, "fixturenames", ()) and \
                 item.config.pluginmanager.hasplugin("timeout"):
