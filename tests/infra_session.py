@@ -151,7 +151,7 @@ def time_first_setup(items: list[pytest.Item], here: Path, fixture: str, timeout
     for item in items:
         if in_dir(item, here) and fixture in getattr(item, "fixturenames", ()) and \
                 item.config.pluginmanager.hasplugin("timeout"):
-            item.add_marker(pytest.mark.timeout(timeout_s))
+            item.add_marker(pytest.mark.timeout(timeout_s), append=False)  # before its own timeout mark
             return
 
 
