@@ -32,11 +32,22 @@ if [[ "${1:-}" == --prebuild ]]; then
     # builds start, in the background, needing no environment (log build/infra-prebuild.log).
     rm -f build/infra-prebuild-km build/infra-prebuild.rc
     # Not niced here: the servers' builds, then the tests that need them, are the run's longest path (the
-    # cold run of 2026-11-28, builds at nice 10 beside the tests: the last server 60 min in); the tests that
-    # need no server fill the CPU they leave.
-    SCALERL_BUILD_NICE="${SCALERL_BUILD_NICE:-0}" nohup bash -c 'bash scripts/infra/up.sh --build-only kafka minio && touch build/infra-prebuild-km \
-        && bash scripts/infra/up.sh --build-only; echo $? >build/infra-prebuild.rc' \
-        >build/infra-prebuild.log 2>&1 </dev/null &
+    # cold run of 2026-11-28, builds at nice 10 beside the tests: the last server about an hour in); the
+    # tests that need no server fill the CPU they leave.
+    # Three at once: Prometheus and Jaeger (the longest of the observability lane, needed last); Kafka and
+    # MinIO (most tests need them: their tests start as soon as they are built), then the rest in up.sh's
+    # two lanes (the API servers and the node; kwok and Kueue).
+    SCALERL_BUILD_NICE="${SCALERL_BUILD_NICE:-0}" nohup bash -c '
+        up=scripts/infra/up.sh
+        bash "$up" --build-only prometheus jaeger >build/infra-prebuild-obs.log 2>&1 &
+        obs=$!
+        bash "$up" --build-only kafka minio && touch build/infra-prebuild-km \
+            && bash "$up" --build-only kafka minio k8s cluster kueue node
+        rc=$?
+        wait "$obs"
+        o=$?
+        ((rc != 0)) || rc=$o
+        echo "$rc" >build/infra-prebuild.rc' >build/infra-prebuild.log 2>&1 </dev/null &
     echo $! >build/infra-prebuild.pid
     echo "make test: building what the cache lacks of the servers in the background: build/infra-prebuild.log"
     exit 0
@@ -115,9 +126,10 @@ wait "$stream_pid"
 keep "$(cat build/infra-stream.rc 2>/dev/null || echo 1)"
 wait "$up_pid"
 if [[ "$(cat build/infra-up.rc 2>/dev/null)" == 0 ]]; then
-    grep -E "built in|fetched in|build done|up in|imported in" build/infra-up.log | sed 's/^/    /'
+    grep -hE "built in|fetched in|made in|build done|up in|imported in" build/infra-prebuild*.log build/infra-up.log \
+        | sed 's/^/    /'
 else
-    tail -n 40 build/infra-up.log
+    tail -n 25 build/infra-prebuild.log build/infra-prebuild-obs.log build/infra-up.log 2>/dev/null
     note "the servers could not be built or started (build/infra-up.log above)"
     keep 1
 fi
