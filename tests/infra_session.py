@@ -100,7 +100,7 @@ def running_servers(what: str, services: Sequence[str], problem: Callable[[dict[
 
 
 # How long a session fixture waits for the background up.sh of `make test` at most: a cold run builds every
-# server first (the cold CI run of 2026-11-28: the last one about 65 minutes in).
+# server first (the cold CI run of 2026-11-28: all of them up 57 minutes in).
 BACKGROUND_UP_WAIT_S = 7200.0
 
 
