@@ -82,12 +82,11 @@ note "building (where the cache lacks them) and starting the servers in the back
 
 # stream a: the tests that need the servers; its status in build/infra-stream.rc
 (
-    src=0
-    s() { local x=$1; ((src != 0)) || src=$x; ((x == 0)) || note "that pass exited $x"; }
+    # (a subshell: `keep` sets its own copy of rc)
     note "the tests that need the servers (each waits for its servers): build/infra-tests.log"
     SCALERL_INFRA_AUTOSTART=0 SCALERL_INFRA_UP_PID=$up_pid "$PY" -m pytest -m "infra and not gpu and not vllm" \
         --junitxml=build/junit-infra.xml "${extra[@]}" >build/infra-tests.log 2>&1
-    s $?
+    keep $?
     tail -n 15 build/infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
     note "the vLLM tests that need the servers, once all are up: build/vllm-infra-tests.log"
     while [[ ! -s build/infra-up.rc ]]; do sleep 5; done
@@ -98,13 +97,13 @@ note "building (where the cache lacks them) and starting the servers in the back
         set +a
         SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and infra" --junitxml=build/junit-vllm-infra.xml \
             >build/vllm-infra-tests.log 2>&1
-        s $?
+        keep $?
         tail -n 5 build/vllm-infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
     else
         note "the servers could not be built or started (build/infra-up.log): the vLLM tests that need them did not run"
-        s 1
+        keep 1
     fi
-    echo "$src" >build/infra-stream.rc
+    echo "$rc" >build/infra-stream.rc
 ) &
 stream_pid=$!
 
