@@ -37,6 +37,7 @@ class PromptTask:
     group_size: int
     task: str
     split: Literal["train", "eval"] = "train"
+    seq: int = 0  # the curriculum's issue number, 1, 2, ... (0: not issued by one; scalerl.bus.dedup)
 
 
 @dataclass(slots=True)
@@ -106,6 +107,16 @@ class MetricRecord:
     kind: str
     step: int
     values: dict[str, float] = field(default_factory=dict)
+
+
+def task_of(value: object) -> PromptTask | None:
+    """The prompt task of a prompt task, rollout group or scored group (None for anything else: a dead
+    letter's value may be any of them, or undecodable bytes)."""
+    if isinstance(value, ScoredGroup):
+        value = value.rollout
+    if isinstance(value, RolloutGroup):
+        value = value.task
+    return value if isinstance(value, PromptTask) else None
 
 
 MESSAGE_TYPES: dict[str, type] = {

@@ -67,7 +67,9 @@ class Limits:
 
 
 def check_prompt(task: PromptTask, limits: Limits) -> None:
-    """The rules for a prompt task: known prompt id, group size G."""
+    """The rules for a prompt task: known prompt id, group size G, an issue number ≥ 0."""
+    if task.seq < 0:
+        raise InvalidRecord("seq", f"task.seq = {task.seq}: an issue number is 1, 2, 3, ... (0: none)")
     if limits.prompt_ids is not None and task.prompt_id not in limits.prompt_ids:
         raise InvalidRecord("unknown_prompt", f"prompt_id {task.prompt_id[:80]!r} is not one of the job's prompts")
     if task.group_size != limits.group_size:

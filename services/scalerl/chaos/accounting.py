@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalerl.messages import PromptTask, RolloutGroup, ScoredGroup
+from scalerl.messages import task_of
 from scalerl.rpc.convert import decode_envelope
 
 
@@ -58,13 +58,8 @@ class AccountingReport:
 
 def group_id_of(value: Any) -> str | None:
     """prompt id @ epoch of a prompt task, rollout group or scored group (None for anything else)."""
-    if isinstance(value, ScoredGroup):
-        value = value.rollout
-    if isinstance(value, RolloutGroup):
-        value = value.task
-    if isinstance(value, PromptTask):
-        return f"{value.prompt_id}@{value.epoch}"
-    return None
+    task = task_of(value)
+    return None if task is None else f"{task.prompt_id}@{task.epoch}"
 
 
 def _decoded(records: list[Any]) -> list[tuple[Any, Any]]:

@@ -49,6 +49,7 @@ class Curriculum:
         self.pending: dict[str, PromptTask] = {}  # key: prompt_id@epoch
         self.reissue: list[PromptTask] = []
         self.retired_count = 0
+        self.seq = 0  # the last issue number given (PromptTask.seq: 1, 2, 3, ...; scalerl.bus.dedup)
         self._start_epoch()
 
     def _start_epoch(self) -> None:
@@ -68,15 +69,17 @@ class Curriculum:
 
     def _task(self, pid: str) -> PromptTask:
         p = self.problems[pid]
+        self.seq += 1
         return PromptTask(prompt_id=pid, epoch=self.epoch, prompt=p.prompt, answer=p.answer,
-                          group_size=self.group_size, task=self.task_name)
+                          group_size=self.group_size, task=self.task_name, seq=self.seq)
 
     @staticmethod
     def key(task: PromptTask) -> str:
         return f"{task.prompt_id}@{task.epoch}"
 
     def next_tasks(self, outstanding: int | None = None) -> list[PromptTask]:
-        """Tasks to issue now: re-issues first, then new ones, up to the in-flight cap.
+        """Tasks to issue now: re-issues first (under their issue numbers), then new ones, each numbered,
+        up to the in-flight cap.
 
         `outstanding`: prompts issued and not yet consumed by the learner, when the caller counts them
         (the distributed curriculum: issued − B × learner steps); default: the pending ones.
@@ -117,8 +120,8 @@ class Curriculum:
         return {
             "epoch": self.epoch, "cursor": self.cursor, "epoch_order": list(self.epoch_order),
             "history": self.history.state_dict(),
-            "pending": [_task_dict(t) for t in [*self.reissue, *self.pending.values()]],
-            "retired_count": self.retired_count,
+            "pending": [task_dict(t) for t in [*self.reissue, *self.pending.values()]],
+            "retired_count": self.retired_count, "seq": self.seq,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -127,10 +130,12 @@ class Curriculum:
         self.epoch_order = list(state["epoch_order"])
         self.history.load_state_dict(state["history"])
         self.retired_count = int(state.get("retired_count", 0))
+        self.seq = int(state.get("seq", 0))
         self.pending = {}
         self.reissue = [PromptTask(**t) for t in state["pending"]]
 
 
-def _task_dict(t: PromptTask) -> dict[str, Any]:
+def task_dict(t: PromptTask) -> dict[str, Any]:
+    """A task as JSON (the curriculum's saved state)."""
     return {"prompt_id": t.prompt_id, "epoch": t.epoch, "prompt": t.prompt, "answer": t.answer,
-            "group_size": t.group_size, "task": t.task, "split": t.split}
+            "group_size": t.group_size, "task": t.task, "split": t.split, "seq": t.seq}

@@ -57,7 +57,7 @@ def _prompt_task_pb(t: m.PromptTask, out: pb.PromptTask) -> None:
     if t.split not in _SPLIT_TO_PB:
         raise MessageError(f"PromptTask.split: {t.split!r} is not train|eval")
     out.prompt_id, out.epoch, out.prompt, out.answer = t.prompt_id, t.epoch, t.prompt, t.answer
-    out.group_size, out.task, out.split = t.group_size, t.task, _SPLIT_TO_PB[t.split]
+    out.group_size, out.task, out.split, out.seq = t.group_size, t.task, _SPLIT_TO_PB[t.split], t.seq
 
 
 def _completion_pb(c: m.Completion, out: pb.Completion) -> None:
@@ -131,7 +131,7 @@ def to_proto(msg: Any) -> Message:
 def _prompt_task(p: pb.PromptTask) -> m.PromptTask:
     split = _enum(_SPLIT_FROM_PB, p.split, "PromptTask.split", "Split")
     return m.PromptTask(prompt_id=p.prompt_id, epoch=p.epoch, prompt=p.prompt, answer=p.answer,
-                        group_size=p.group_size, task=p.task, split=split)  # type: ignore[arg-type]
+                        group_size=p.group_size, task=p.task, split=split, seq=p.seq)  # type: ignore[arg-type]
 
 
 def _completion(p: pb.Completion) -> m.Completion:

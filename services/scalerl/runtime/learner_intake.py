@@ -16,6 +16,11 @@ A dropped group that lies after the safe position of its partition (an older gro
 waits in the buffer) is kept in the checkpoint (`decided_ahead`): read again after a restart, it is
 skipped, neither dropped twice nor taken for a duplicate.
 
+Duplicates: a group already decided (`decided`: a watermark over the curriculum's issue numbers and the
+numbers decided past it, `scalerl.bus.dedup`), or already in the buffer, is a copy: counted, skipped. The
+dead-letter topic is read too, so that groups dead-lettered upstream count as decided (not in
+`learner_consumed`: the curriculum counts those itself) and the watermark passes them.
+
 The learner owns the dead letters of `scored`. A record that does not decode, is not a ScoredGroup or
 breaks a rule of `scalerl.bus.validate` (with the bound: token versions in [0, the learner's current
 version]) is dead-lettered, counted (`dead_lettered` in the status, the metrics and the summary) and never
@@ -40,13 +45,15 @@ import time
 from collections.abc import Callable
 
 from scalerl.bus import Bus, TopicNames
+from scalerl.bus.background import BackgroundConsumer
 from scalerl.bus.base import Consumer, Record
+from scalerl.bus.dedup import DecidedSet
 from scalerl.bus.dlq import DeadLetters
 from scalerl.bus.validate import Limits, reason_for
 from scalerl.config import JobSpec
 from scalerl.learner.batch import stale_reason
 from scalerl.learner.learner import Learner
-from scalerl.messages import PolicyVersion, ScoredGroup
+from scalerl.messages import PolicyVersion, PromptTask, ScoredGroup, task_of
 from scalerl.runtime.roles import retry_io
 from scalerl.telemetry.hops import hop
 
@@ -67,13 +74,15 @@ class ScoredIntake:
     _policy_headers: Callable[[], dict[str, str]]  # (the announcement's headers: learner_consumed among them)
 
     def _init_intake(self) -> None:
-        self.consumed_ids: set[str] = set()
+        self.decided = DecidedSet()  # the groups decided: trained, dropped, dead-lettered (scalerl.bus.dedup)
+        self.dead_letters: BackgroundConsumer | None = None  # the dead-letter topic, read once the bus is open
         self.buffer: list[Record] = []
         self.duplicate_positions: list[tuple[str, int]] = []  # (topic:partition, offset) of skipped duplicates
         self.duplicates_settled = 0  # duplicates below the last checkpoint's positions (never read again)
         self.waiting_batch = 0  # groups taken for the next step while the learner waits for fresher ones (0: not)
         self.newest_version_seen = 0
         self.pending_drops: list[tuple[str, str]] = []  # (group id, "stale"|"lost") dropped since the last step
+        # (each is in `decided` already; listed here for the next step's record)
         self.decided_positions: list[tuple[str, int]] = []  # (topic:partition, offset) of those and of dead letters
         self.decided_ahead: set[tuple[str, int]] = set()  # dropped before the checkpoint, after its positions
         self.announced_consumed = -1
@@ -88,10 +97,29 @@ class ScoredIntake:
         return pos
 
     def _dead_letter(self, rec: Record, reason: str) -> None:
-        """Dead-letter a record: decided (flow control), and skipped if read again after a restart."""
+        """Dead-letter a record: decided (flow control), and skipped if read again after a restart, or as a
+        copy (a group it names is decided: counted once, in `dead_lettered`)."""
         self.dead.send(rec, reason)
         self.counters["dead_lettered"] += 1
         self.decided_positions.append((rec.position_key, rec.offset))
+        task = task_of(rec.value)
+        if task is not None and task.seq > 0:
+            self.decided.add(task.seq, self._group_id(task), counted=False)
+
+    @staticmethod
+    def _group_id(task: PromptTask) -> str:
+        return f"{task.prompt_id}@{task.epoch}"
+
+    def _read_dead_letters(self) -> None:
+        """Issued groups dead-lettered anywhere (a generator, a verifier, this learner before a restart) are
+        decided: their numbers let the watermark pass them (scalerl.bus.dedup). Not counted: the curriculum
+        counts those from upstream itself, and this learner's own are in `dead_lettered`."""
+        if self.dead_letters is None:
+            return
+        for rec in self.dead_letters.poll(timeout_s=0.0):
+            task = task_of(rec.value)
+            if task is not None and task.seq > 0:
+                self.decided.add(task.seq, self._group_id(task), counted=False)
 
     def _admit(self, rec: Record) -> None:
         """Buffer a polled record: dead-letter what is invalid, count and skip duplicates, drop what can
@@ -105,7 +133,7 @@ class ScoredIntake:
         if reason is not None:
             self._dead_letter(rec, reason)
             return
-        if self._seen(g.group_id):
+        if self._seen(g):
             self.duplicate_positions.append(position)
             return
         newest = max((c.max_version for c in g.rollout.completions), default=0)
@@ -113,24 +141,26 @@ class ScoredIntake:
         why = stale_reason(g, self.learner.policy_version, self.spec.off_policy.k, self.learner.lineage)
         if why is not None:
             self.pending_drops.append((g.group_id, why))
+            self.decided.add(g.rollout.task.seq, g.group_id)
             self.decided_positions.append(position)
             return
         with hop("learner.consume", rec.headers):
             self.buffer.append(rec)
 
-    def _seen(self, group_id: str) -> bool:
-        return (group_id in self.consumed_ids or any(r.value.group_id == group_id for r in self.buffer)
-                or any(gid == group_id for gid, _ in self.pending_drops))
+    def _seen(self, g: ScoredGroup) -> bool:
+        group_id = g.group_id
+        return (g.rollout.task.seq, group_id) in self.decided or any(r.value.group_id == group_id for r in self.buffer)
 
     def _consumed(self) -> int:
         """Groups decided in this timeline (trained, dropped or dead-lettered), and every group held while
         waiting for fresher rollouts: the curriculum's flow control (see the module docstring)."""
         held = self.waiting_batch + len(self.buffer) if self.waiting_batch else 0
-        return len(self.consumed_ids) + len(self.pending_drops) + int(self.counters["dead_lettered"]) + held
+        return self.decided.count + int(self.counters["dead_lettered"]) + held
 
     def _poll_scored(self, stop: threading.Event) -> None:
         """Admit what `scored` holds; when groups were dropped and no step announces it, say so on `policy`
         (the current version again, at most twice a second) so that the curriculum issues more prompts."""
+        self._read_dead_letters()
         for rec in retry_io(lambda: self.scored.poll(timeout_s=0.1), stop, what="poll scored"):
             self._admit(rec)
         consumed = self._consumed()

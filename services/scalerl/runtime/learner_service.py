@@ -1,8 +1,9 @@
 """The learner as a service: `scored` → optimizer steps → weights in the store + `policy` announcements.
 
 Exactly-once accounting across crashes. The learner takes B unique prompt groups per step. A group
-whose id (prompt id @ epoch) was already consumed is a duplicate delivery: counted, never trained. Each
-checkpoint (uploaded to the store) holds the model, the optimizer, the consumed group ids and the
+already decided (trained, dropped or dead-lettered; known by the curriculum's issue number, in bounded state:
+`scalerl.bus.dedup`) is a duplicate delivery: counted, never trained. Each
+checkpoint (uploaded to the store) holds the model, the optimizer, the decided groups and the
 **safe positions** on `scored`: per partition, the offset of the oldest record not yet consumed by a
 step (records waiting in the batch buffer are not consumed). A restarted learner loads the checkpoint,
 seeks to those positions and re-reads from there: every group before them is in exactly one step of
@@ -43,7 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.bus import TopicNames, open_bus
+from scalerl.bus.background import BackgroundConsumer
 from scalerl.bus.base import Bus, Record
+from scalerl.bus.dedup import DecidedSet
 from scalerl.bus.dlq import DeadLetters
 from scalerl.bus.fencing import EPOCH_HEADER
 from scalerl.faults.bus import wrap_bus
@@ -96,6 +99,8 @@ class LearnerService(ScoredIntake, TrainerHost):
         self.dead = DeadLetters(self.bus, self.topics.dlq, self.topics.group("learner"))
         self.scored = retry_io(lambda: self.bus.consumer([self.topics.scored], self.topics.group("learner"),
                                                          sole_owner=True), what="join the learner group")
+        self.dead_letters = BackgroundConsumer(retry_io(lambda: self.bus.reader(
+            [self.topics.dlq], role=self.topics.group("learner")), what="read the dead letters"), name="dlq-reader")
         ckpt = retry_io(lambda: download_latest_checkpoint(self.store, self.out.checkpoints), what="fetch checkpoint")
         if ckpt is None:  # a fresh timeline: from the beginning of `scored`, never a dead learner's commits
             for name in RUN_FILES:
@@ -124,11 +129,14 @@ class LearnerService(ScoredIntake, TrainerHost):
         """Everything but the learner's own state (restored by `_setup_learner`)."""
         self.eval_engine.set_rng_state(state["eval_rng"])
         self._restore_compute(state)
-        self.consumed_ids = set(state["consumed_ids"])
+        self.decided = DecidedSet.from_state(state)
         self.decided_ahead = {(str(k), int(o)) for k, o in state.get("decided_ahead", [])}
         # (a checkpoint from before the count lists the duplicates below its positions)
         self.duplicates_settled = int(state.get("duplicates_settled", len(state.get("duplicate_positions", []))))
         self.pending_drops = [(str(g), str(r)) for g, r in state.get("pending_drops", [])]
+        if "consumed_ids" in state:  # (an older checkpoint counted its pending drops apart)
+            for gid, _ in self.pending_drops:
+                self.decided.add(0, gid)
         self.scored.seek(state["bus_positions"])
         set_rng_state(state["rng"])
         for name in RUN_FILES:  # the run files as of the checkpoint (none yet: none): later records are redone
@@ -183,7 +191,7 @@ class LearnerService(ScoredIntake, TrainerHost):
         weights = self.ranks.full_state_dict() if self.learner.sharded else None  # (collectives, every rank)
         state = {"learner": self.ranks.state_dict(), "eval_rng": self.eval_engine.rng_state(),
                  "train_s": self.clock.now_s(), "counters": dict(self.counters),
-                 "devices": self.ledger.state(self.clock.now_s()), "consumed_ids": sorted(self.consumed_ids),
+                 "devices": self.ledger.state(self.clock.now_s()), "decided": self.decided.state_dict(),
                  "bus_positions": safe,
                  "duplicates_settled": self.duplicates_settled,
                  "decided_ahead": sorted(self.decided_ahead | set(self.decided_positions)),  # (≥ safe: pruned above)
@@ -212,7 +220,7 @@ class LearnerService(ScoredIntake, TrainerHost):
         last = self.last_step
         return {"role": "learner", "id": self.ctx.role_id, "ready": self.ready(), "step": step,
                 "policy_version": self.learner.policy_version if self.ready() else 0,
-                "groups_consumed": len(self.consumed_ids),
+                "groups_consumed": self.decided.count, "decided_window": self.decided.window,
                 "groups_dropped_stale": self.counters["dropped_stale"],
                 "dead_lettered": self._dead_lettered_counts(),
                 "tokens_trained": self.counters["train_tokens"], "versions_published": self.versions_published,
@@ -273,7 +281,8 @@ class LearnerService(ScoredIntake, TrainerHost):
                 continue
             groups = [r.value for r in records]
             drops, self.pending_drops = self.pending_drops, []
-            self.consumed_ids.update([g.group_id for g in groups] + [gid for gid, _ in drops])
+            for g in groups:
+                self.decided.add(g.rollout.task.seq, g.group_id)
             stats["batch/dropped_stale"] = stats.get("batch/dropped_stale", 0.0) + len(drops)
             stats["batch/dropped_lost_lineage"] = (stats.get("batch/dropped_lost_lineage", 0.0)
                                                    + sum(why == "lost" for _, why in drops))
@@ -330,6 +339,8 @@ class LearnerService(ScoredIntake, TrainerHost):
     def close(self) -> None:
         self.ranks.stop(finished=self.finished)  # release the other ranks (after the last checkpoint's collectives)
         self.scored.close()
+        if self.dead_letters is not None:
+            self.dead_letters.close()
         self.bus.flush()
         self.bus.close()
 

@@ -28,12 +28,12 @@ from scalerl.bus.dlq import DeadLetters
 from scalerl.bus.fencing import FenceFilter
 from scalerl.bus.validate import reason_for
 from scalerl.config import JobSpec
-from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted
+from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted, task_dict
 from scalerl.faults.bus import wrap_bus
 from scalerl.faults.points import crash_point
 from scalerl.generator.factory import make_engine
 from scalerl.generator.role import GeneratorRole
-from scalerl.messages import PolicyVersion, PromptTask, RolloutGroup, ScoredGroup
+from scalerl.messages import PolicyVersion, PromptTask, ScoredGroup, task_of
 from scalerl.model.factory import embedding_rows, load_model_and_tokenizer, resolve_device
 from scalerl.parts import configure_threads, make_task, make_verifier, seed_everything
 from scalerl.runtime.setup import job_limits, make_curriculum
@@ -261,9 +261,14 @@ class CurriculumService:
     dead-lettered by the learner, or held while it waits for fresher rollouts: `scalerl.runtime.learner_intake`;
     B per step when a learner does not say) and the curriculum counts the
     issued prompts that were dead-lettered before they reached `scored` (by a generator or a verifier: read
-    from the dead-letter topic, each issued group once; `dead_upstream`). State is saved to the store after
-    every round that changed it, so a restarted curriculum neither repeats nor skips prompts (a crash between
-    publishing and saving re-issues that batch; the learner drops the duplicates by group id)."""
+    from the dead-letter topic, each issued group once; `dead_upstream`).
+
+    State is written ahead: every round that changed it saves it to the store *before* it publishes, with the
+    round's new tasks (numbered: `PromptTask.seq`) listed as `unconfirmed` until the bus confirms them. A
+    restart (or a retried round) publishes the unconfirmed tasks again under the same numbers, so an issue
+    number never names two prompts, and the learner skips the copies (`scalerl.bus.dedup`). Saving after
+    publishing let a restarted curriculum draw that batch again, and at an epoch boundary draw other prompts
+    (the next epoch's order depends on the pass rates read by then)."""
 
     def __init__(self, ctx: ServiceContext) -> None:
         spec = ctx.spec
@@ -280,6 +285,7 @@ class CurriculumService:
         self.dead_upstream = 0  # issued groups dead-lettered before `scored` (see the class docstring)
         self.fence = FenceFilter()
         self.exhausted = False
+        self.unconfirmed: list[PromptTask] = []  # saved as issued, not yet confirmed by the bus (class docstring)
         if self.store.exists(CURRICULUM_STATE):
             state = json.loads(self.store.get_bytes(CURRICULUM_STATE))
             self.curriculum.load_state_dict(state["curriculum"])
@@ -288,6 +294,7 @@ class CurriculumService:
             self.curriculum.reissue = []
             self.issued = int(state["issued"])
             self.dead_upstream = int(state.get("dead_upstream", 0))
+            self.unconfirmed = [PromptTask(**t) for t in state.get("unconfirmed", [])]
             log.info("curriculum resumed: %d prompts issued, epoch %d", self.issued, self.curriculum.epoch)
         # `scored` is the learner's to dead-letter (the curriculum skips and counts what it cannot use);
         # `policy` is the curriculum's (one replica; generators only skip)
@@ -323,8 +330,8 @@ class CurriculumService:
         """Issued groups dead-lettered before they reached `scored` since the last round: each decided once."""
         n = 0
         for rec in self.dead_letters.poll(timeout_s=0.0):
-            task = rec.value.task if isinstance(rec.value, RolloutGroup) else rec.value  # (not a scored group's)
-            if isinstance(task, PromptTask) and self.curriculum.pending.pop(Curriculum.key(task), None) is not None:
+            task = None if isinstance(rec.value, ScoredGroup) else task_of(rec.value)  # (not a scored group's)
+            if task is not None and self.curriculum.pending.pop(Curriculum.key(task), None) is not None:
                 n += 1
         self.dead_upstream += n
         return n
@@ -362,17 +369,22 @@ class CurriculumService:
             except CurriculumExhausted as exc:
                 log.error("%s; no more prompts will be issued", exc)
                 self.exhausted = True
-        for task in tasks:
+        republish = bool(self.unconfirmed)
+        if tasks or scored or dead:  # write ahead: saved before it is published (see the class docstring)
+            self.issued += len(tasks)
+            self.unconfirmed += tasks
+            self.store.put_bytes(CURRICULUM_STATE, json.dumps(
+                {"curriculum": self.curriculum.state_dict(), "issued": self.issued,
+                 "dead_upstream": self.dead_upstream, "unconfirmed": [task_dict(t) for t in self.unconfirmed]}
+            ).encode())
+        for task in self.unconfirmed:
             with hop("curriculum.issue", {"policy_version": str(self.learner_version)}, root=True) as headers:
                 self.bus.publish(self.topics.prompts, task, key=task.prompt_id, headers=headers)
-        if tasks or scored or dead:
+        if tasks or scored or dead or republish:
             self.bus.flush()
             if tasks:
                 crash_point("curriculum.issue")
-            self.issued += len(tasks)
-            self.store.put_bytes(CURRICULUM_STATE, json.dumps(
-                {"curriculum": self.curriculum.state_dict(), "issued": self.issued,
-                 "dead_upstream": self.dead_upstream}).encode())
+            self.unconfirmed = []
             self.scored.commit()
             self.steps.observe(time.perf_counter() - t0)
         return len(tasks)

@@ -1,10 +1,15 @@
 """The distributed curriculum's flow control counts issued groups that were dead-lettered before they
 reached `scored` (by a generator or a verifier) as decided, each once, across a restart too (#27 finding 5:
-before, each such group held one of the `max_inflight` slots for good, so the run slowly deadlocked)."""
+before, each such group held one of the `max_inflight` slots for good, so the run slowly deadlocked).
+Its state is written ahead of publishing: a round whose publish failed is published again, by a retry or
+after a restart, under the same issue numbers (the learner's record of decided groups relies on it)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+
+import pytest
 
 from scalerl.bus.dlq import dead_letter
 from scalerl.bus.memory import MemoryBus
@@ -59,3 +64,35 @@ def test_dead_lettered_prompts_and_rollouts_free_their_in_flight_slots(tiny_spec
     again = _service(spec, f"file://{tmp_path}", bus)
     assert again.dead_upstream == 2
     assert _wait_step(again, lambda n: False) == 0 and again.dead_upstream == 2
+
+
+def test_a_round_whose_publish_failed_is_published_again_under_the_same_numbers(tiny_spec, tmp_path):
+    spec = tiny_spec.model_copy(deep=True)
+    spec.train.prompts_per_step = 2
+    spec.off_policy.k = 2  # max_inflight = 4
+    svc = _service(spec, f"file://{tmp_path}")
+    bus, topics = svc.bus, svc.topics
+    failures = iter([OSError("broker down")])
+
+    def flush() -> None:
+        for exc in failures:
+            raise exc
+    bus.flush = flush  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        svc.step(timeout_s=0.0)
+    assert svc.step(timeout_s=0.0) == 0  # the retried round: no new prompt, the same four again
+    first = [(r.value.seq, r.value.prompt_id) for r in bus._logs[topics.prompts]]
+    assert [s for s, _ in first] == [1, 2, 3, 4, 1, 2, 3, 4] and first[:4] == first[4:]
+    failures = iter([OSError("broker down")])
+    assert svc.step(timeout_s=0.0) == 0  # nothing changed, nothing unconfirmed: not even a flush
+    assert len(bus._logs[topics.prompts]) == 8
+    failures = iter([])
+
+    # killed after saving a round, before the bus confirmed it: the restart publishes it again
+    state = json.loads(svc.store.get_bytes("curriculum/state.json"))
+    state["unconfirmed"] = state["curriculum"]["pending"][2:]
+    svc.store.put_bytes("curriculum/state.json", json.dumps(state).encode())
+    again = _service(spec, f"file://{tmp_path}", bus)
+    assert again.issued == 4 and again.step(timeout_s=0.0) == 0
+    after = [(r.value.seq, r.value.prompt_id) for r in bus._logs[topics.prompts]][8:]
+    assert after == first[2:4]

@@ -4,6 +4,9 @@ bus, which keeps committed offsets as Kafka does; the real broker is tests/integ
   committed offsets (whose groups were otherwise never counted: the curriculum's in-flight cap filled and the
   run deadlocked), starts its run files afresh and writes a step-0 checkpoint;
 - finding 5 (the learner's side): a group the learner dead-letters counts as decided, once across a restart;
+- finding 7: the decided groups are kept as a watermark over the curriculum's issue numbers (bounded by the
+  out-of-order span, not the run: a set of every id went into every checkpoint); a group dead-lettered
+  upstream lets the watermark pass, and a copy of a decided group is skipped;
 - finding 7: with k = 1 and generators slow to load the newest weights, the batch the learner waits with
   counts as consumed, so the curriculum issues the prompts whose rollouts end the wait; chaos seed 13: so
   does every other group it holds while it waits (those prompts, too, can come back from the old weights),
@@ -50,9 +53,11 @@ def job(tiny_spec, tmp_path, monkeypatch):
     return spec, bus, ctx
 
 
-def _group(spec, tokenizer, i: int, version: int, *, epoch: int = 0, reward_nan: bool = False) -> ScoredGroup:
+def _group(spec, tokenizer, i: int, version: int, *, epoch: int = 0, reward_nan: bool = False,
+           seq: int = 0) -> ScoredGroup:
     problem = make_task(spec).problems("train")[i]
-    task = PromptTask(problem.id, epoch, problem.prompt, problem.answer, spec.generation.group_size, spec.task.kind)
+    task = PromptTask(problem.id, epoch, problem.prompt, problem.answer, spec.generation.group_size, spec.task.kind,
+                      seq=seq)
     return _scored(spec, tokenizer, task, version, reward_nan=reward_nan)
 
 
@@ -298,3 +303,33 @@ def test_a_finished_run_uploads_its_files_and_logs_each_step(job, tokenizer, cap
     assert done[0].values["report_html"] == float("run/report.html" in uploaded)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1/1: loss ")]
     assert len(lines) == 1 and "rollouts/s" in lines[0] and "(bound k=" in lines[0], caplog.text
+
+
+def test_the_decided_groups_are_a_watermark_past_copies_and_dead_letters_upstream(job, tokenizer):
+    """Issue numbers 1..7: 3 dead-lettered by a generator, a copy of 1 (a verifier redelivered it) among the rest.
+    Every checkpoint holds the watermark and nothing else (today's code: every id decided, for the whole run)."""
+    spec, bus, ctx = job
+    topics = TopicNames.of(spec)
+    spec.train.steps, spec.train.checkpoint_every, spec.off_policy.k = 3, 1, 8
+    groups = {s: _group(spec, tokenizer, s, 0, seq=s) for s in range(1, 8)}
+    bus.publish(topics.dlq, groups[3].rollout.task, key="p", headers={"dlq_reason": "too_long: 999 tokens"})
+    _publish(bus, spec, [groups[1], groups[2], groups[4], groups[5], groups[1]])
+    svc = LearnerService(ctx())
+    stop = threading.Event()
+    result: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: result.update(summary=svc.run(stop)), daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: hasattr(svc, "learner") and svc.learner.version == 2 and svc.decided.below == 5,
+              "steps 1-2 and the dead letter read")
+        _publish(bus, spec, [groups[6], groups[7]])
+        thread.join(timeout=120)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert result.get("summary") is not None and svc.learner.version == 3
+    assert svc.decided.state_dict() == {"below": 7, "above": [], "ids": [], "count": 6}
+    assert svc.counters["duplicates"] == 1
+    ckpt = download_latest_checkpoint(open_store(ctx().store_url), ctx().out_dir / "fetched")
+    assert ckpt is not None and ckpt.name == "step_000003"
+    assert load_trainer_state(ckpt)["decided"] == {"below": 7, "above": [], "ids": [], "count": 6}
