@@ -57,6 +57,9 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
         "groups_double_trained": sum(len(rep["double_trained"]) for rep in reports),
         "groups_dead_lettered_twice": sum(len(rep["dead_lettered_twice"]) for rep in reports),
         "repeated_steps": sum(len(rep["repeated_steps"]) for rep in reports),
+        "issue_numbers_reused": sum(len(rep.get("numbers_reused", [])) for rep in reports),
+        # the learner's record of decided groups at the end: numbers kept past its watermark (scalerl.bus.dedup)
+        "decided_window_max": max((int(rep.get("decided_window", 0)) for rep in reports), default=0),
         "faults_fired": dict(sorted(fired.items())),
         "recovery_s": {k: {"n": len(v), "median": round(statistics.median(v), 1), "max": round(max(v), 1)}
                        for k, v in sorted(kinds.items())},

@@ -12,7 +12,10 @@ Every group the curriculum issued (prompt id @ epoch on `prompts`) ends in exact
 Violations: a **lost** group (undecided and not dead-lettered although its scored record lies below the final
 positions, or although a role committed past its prompt or rollout without producing its output), a group
 **double-trained** (in two steps, or both in a step and dead-lettered), a **repeated step** number in
-train.jsonl, a group **dead-lettered twice** (two source records). `AccountingReport.ok` is their absence.
+train.jsonl, a group **dead-lettered twice** (two source records), an **issue number reused** for another
+prompt (the learner's record of decided groups is kept by number: `scalerl.bus.dedup`).
+`AccountingReport.ok` is their absence. `decided_window` (not a violation): how many numbers past its watermark
+the learner's final checkpoint keeps.
 """
 
 from __future__ import annotations
@@ -39,12 +42,14 @@ class AccountingReport:
     dead_lettered_twice: list[str] = field(default_factory=list)
     repeated_steps: list[int] = field(default_factory=list)
     lost_upstream: list[str] = field(default_factory=list)
+    numbers_reused: list[int] = field(default_factory=list)
     duplicates_on_scored: int = 0
+    decided_window: int = 0
 
     @property
     def ok(self) -> bool:
         return not (self.lost or self.double_trained or self.dead_lettered_twice or self.repeated_steps
-                    or self.lost_upstream)
+                    or self.lost_upstream or self.numbers_reused)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
@@ -99,8 +104,15 @@ def check_accounting(bus: Any, store: Any, job: str) -> AccountingReport:
     in_steps = Counter(gid for r in steps for gid in [*r["group_ids"], *r.get("dropped_group_ids", [])])
     report.double_trained = sorted(g for g, c in in_steps.items() if c > 1)
 
-    issued = {gid for _, v in _decoded(bus.read_raw(f"{job}.prompts")) if (gid := group_id_of(v))}
+    tasks = [t for _, v in _decoded(bus.read_raw(f"{job}.prompts")) if (t := task_of(v)) is not None]
+    issued = {f"{t.prompt_id}@{t.epoch}" for t in tasks}
     report.issued = len(issued)
+    named: dict[int, set[str]] = {}
+    for t in tasks:
+        if t.seq > 0:
+            named.setdefault(t.seq, set()).add(f"{t.prompt_id}@{t.epoch}")
+    report.numbers_reused = sorted(n for n, ids in named.items() if len(ids) > 1)
+    report.decided_window = len(state.get("decided", {}).get("above", []))
     dead_sources: dict[str, set[tuple[str, str, str]]] = {}
     for rec, value in _decoded(bus.read_raw(f"{job}.dlq")):
         gid = group_id_of(value)
