@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 SPEC = "name: unreachable\ntask:\n  kind: addition\n  digits: 2\n"
-pytestmark = pytest.mark.slow  # each waits out at least one 30 s connect attempt
+# the SIGTERM tests wait out one 30 s connect attempt (the retry limit bounds an attempt: about 1 s below)
+pytestmark = pytest.mark.slow
 
 GENEROUS_S = 240  # far below the --max-outage 600 a SIGTERM must cut short; far above a prompt exit
 

@@ -80,7 +80,8 @@ def test_one_rank_restarting_restarts_the_group_once_and_counts_one(
         ranks(kube, namespace, name, 3, restarts={1: 1})
         wait_for("all 3 ranks deleted", lambda: learner_pods(kube, namespace, name) == [], timeout_s=30)
         wait_for("one group restart", lambda: status(kube, namespace, name).get("restarts") == 1, timeout_s=30)
-        assert "GroupRestart" in event_reasons(kube, namespace, name)
+        # (the Event is posted after the status: waited for, not sampled once)
+        wait_for("the GroupRestart event", lambda: "GroupRestart" in event_reasons(kube, namespace, name), timeout_s=30)
         # the controller recreates the group; two ranks fail together (one node lost, 2 ranks on it): 1 more
         ranks(kube, namespace, name, 3, restarts={0: 1, 2: 1})
         j = wait_for("phase Failed", lambda: (j := get_job(kube, namespace, name)) and
@@ -102,7 +103,8 @@ def test_a_rank_deleted_by_hand_restarts_the_group_once(
         kube.request("DELETE", path("v1", "Pod", namespace, f"{name}-learner-1"))
         wait_for("rank 0 deleted too", lambda: learner_pods(kube, namespace, name) == [], timeout_s=30)
         wait_for("one group restart", lambda: status(kube, namespace, name).get("restarts") == 1, timeout_s=30)
-        assert "GroupRestart" in event_reasons(kube, namespace, name)
+        # (the Event is posted after the status: waited for, not sampled once)
+        wait_for("the GroupRestart event", lambda: "GroupRestart" in event_reasons(kube, namespace, name), timeout_s=30)
         # the StatefulSet controller would make both ranks again: new pods, not another restart
         ranks(kube, namespace, name, 2)
         time.sleep(1.5)  # 3 passes

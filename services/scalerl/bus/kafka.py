@@ -87,14 +87,17 @@ class KafkaBus(Bus):
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  replication_factor: int | None = None, compression: str | None = None,
                  request_timeout_s: float = 30.0, session_timeout_s: float = 10.0,
-                 max_batch_s: float = DEFAULT_MAX_BATCH_S, security: KafkaSecurity | None = None) -> None:
+                 max_batch_s: float = DEFAULT_MAX_BATCH_S, security: KafkaSecurity | None = None,
+                 connect_timeout_s: float | None = None) -> None:
         self.bootstrap = [b.strip() for b in bootstrap.split(",") if b.strip()]
         if not self.bootstrap:
             raise ValueError("KafkaBus: empty bootstrap address")
         self.security = security if security is not None else KafkaSecurity.from_env()
         # every client of this bus: security settings, and a bounded wait for the first broker (a wrong
-        # password or certificate fails the bootstrap within request_timeout_s instead of hanging)
-        self._conn = {**self.security.client_kwargs(), "bootstrap_timeout_ms": int(request_timeout_s * 1000)}
+        # password or certificate fails the bootstrap within connect_timeout_s, default request_timeout_s,
+        # instead of hanging)
+        self.connect_timeout_s = request_timeout_s if connect_timeout_s is None else connect_timeout_s
+        self._conn = {**self.security.client_kwargs(), "bootstrap_timeout_ms": int(self.connect_timeout_s * 1000)}
         self.client_id = client_id
         self.max_message_bytes = max_message_bytes
         self.replication_factor = replication_factor
@@ -119,9 +122,9 @@ class KafkaBus(Bus):
         try:
             return factory(bootstrap_servers=self.bootstrap, **self._conn, **kwargs)
         except kafka_errors.KafkaTimeoutError as exc:
-            why = diagnose(self.bootstrap, self.security, timeout_s=min(5.0, self.request_timeout_ms / 1000))
+            why = diagnose(self.bootstrap, self.security, timeout_s=min(5.0, self.connect_timeout_s))
             raise KafkaConnectError(f"Kafka {','.join(self.bootstrap)} ({self.security.describe()}): no broker "
-                                    f"answered within {self.request_timeout_ms / 1000:g}s: {why}") from exc
+                                    f"answered within {self.connect_timeout_s:g}s: {why}") from exc
 
     def _get_producer(self) -> Any:
         with self._lock:

@@ -43,20 +43,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from scalerl.bus import TopicNames, open_bus
+from scalerl.bus import TopicNames
 from scalerl.bus.background import BackgroundConsumer
 from scalerl.bus.base import Bus, Record
 from scalerl.bus.dedup import DecidedSet
 from scalerl.bus.dlq import DeadLetters
 from scalerl.bus.fencing import EPOCH_HEADER
-from scalerl.faults.bus import wrap_bus
 from scalerl.faults.points import crash_point
 from scalerl.learner.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from scalerl.learner.lineage import lineage_of, resume_lineage
 from scalerl.messages import MetricRecord
 from scalerl.runtime.learner_intake import ScoredIntake
 from scalerl.runtime.outputs import step_line
-from scalerl.runtime.roles import ServiceContext, ensure_job_topics, input_lag, retry_io
+from scalerl.runtime.roles import ServiceContext, connect_bus, ensure_job_topics, input_lag, retry_io
 from scalerl.runtime.trainer import TrainerHost
 from scalerl.store import open_store
 from scalerl.store.checkpoints import download_latest_checkpoint, upload_checkpoint
@@ -94,7 +93,7 @@ class LearnerService(ScoredIntake, TrainerHost):
         spec = self.spec
         self._setup_common()
         self.store = open_store(self.ctx.store_url)
-        self.bus: Bus = wrap_bus(open_bus(self.ctx.bus_url))  # (under a fault plan only: scalerl.faults)
+        self.bus: Bus = connect_bus(self.ctx.bus_url)
         retry_io(lambda: ensure_job_topics(self.bus, spec), what="create the job's topics")
         self.dead = DeadLetters(self.bus, self.topics.dlq, self.topics.group("learner"))
         self.scored = retry_io(lambda: self.bus.consumer([self.topics.scored], self.topics.group("learner"),

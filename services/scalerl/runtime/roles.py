@@ -60,7 +60,7 @@ class ServiceContext:
     out_dir: Path = field(default_factory=lambda: Path("runs"))
 
     def open(self) -> tuple[Bus, Store, TopicNames]:
-        bus = wrap_bus(open_bus(self.bus_url))  # (under a fault plan only: scalerl.faults)
+        bus = connect_bus(self.bus_url)
         retry_io(lambda: ensure_job_topics(bus, self.spec), what="create the job's topics")
         return bus, open_store(self.store_url), TopicNames.of(self.spec)
 
@@ -74,6 +74,13 @@ def ensure_job_topics(bus: Bus, spec: JobSpec) -> None:
 
 
 MAX_OUTAGE_S = 120.0
+CONNECT_TIMEOUT_S = 30.0  # one attempt's wait for the first broker
+
+
+def connect_bus(url: str) -> Bus:
+    """A role's bus (wrapped by the fault plan, if any: scalerl.faults). One connect attempt never outlasts the
+    process's outage limit: `--max-outage 5` gives up after about 5 s, not after a 30 s attempt."""
+    return wrap_bus(open_bus(url, connect_timeout_s=min(CONNECT_TIMEOUT_S, PROCESS_RETRY.max_outage_s)))
 
 
 class OutageTooLong(RuntimeError):

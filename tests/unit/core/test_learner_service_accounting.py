@@ -27,7 +27,7 @@ from scalerl.learner.checkpoint import load_trainer_state
 from scalerl.messages import Completion, PolicyVersion, PromptTask, RolloutGroup, ScoredGroup
 from scalerl.model.text import encode_prompt, text_ids
 from scalerl.parts import make_task
-from scalerl.runtime import learner_service
+from scalerl.runtime import roles
 from scalerl.runtime.learner_service import LearnerService
 from scalerl.runtime.roles import ServiceContext
 from scalerl.store import open_store
@@ -45,7 +45,7 @@ def job(tiny_spec, tmp_path, monkeypatch):
     spec.train.checkpoint_every = 50
     spec.eval.every_steps = 50
     bus = MemoryBus()
-    monkeypatch.setattr(learner_service, "open_bus", lambda url: bus)
+    monkeypatch.setattr(roles, "open_bus", lambda url, **_: bus)
     bus.close = lambda: None  # a learner's close() must not end the shared log
 
     def ctx() -> ServiceContext:
@@ -187,12 +187,11 @@ def test_the_curriculum_keeps_issuing_while_the_learner_waits_on_rollouts_of_old
     """The same over the real curriculum (k = 1, B = 2: 2 prompts in flight): generators that take two rounds
     to load version 1 generated the waiting batch and then the 2 prompts issued for it with version 0; the
     curriculum must still issue the prompts whose rollouts end the wait (before: it never issued again)."""
-    from scalerl.runtime import roles
 
     spec, bus, ctx = job
     spec.off_policy.k = 1
     spec.train.steps = 2
-    monkeypatch.setattr(roles, "open_bus", lambda url: bus)
+    monkeypatch.setattr(roles, "open_bus", lambda url, **_: bus)
     curriculum = roles.CurriculumService(ctx())
     served = 0
 
