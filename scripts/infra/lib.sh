@@ -15,8 +15,9 @@ set -euo pipefail
 INFRA_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$INFRA_DIR/../.." && pwd)"
 CACHE="${SCALERL_CACHE:-$HOME/.cache/scalerl}"
-STATE="$REPO_ROOT/build/infra"
-ENV_FILE="$REPO_ROOT/build/infra.env"
+# (both overridable: a test's private broker, tests/integration/conftest.py `private_kafka`, lives apart)
+STATE="${SCALERL_INFRA_STATE:-$REPO_ROOT/build/infra}"
+ENV_FILE="${SCALERL_INFRA_ENV:-$REPO_ROOT/build/infra.env}"
 
 # ---- pinned versions ------------------------------------------------------------------------------
 # Kafka and its logging backend are pinned in kafka/pom.xml; this must match <kafka.version> there.

@@ -10,6 +10,7 @@ silent skip in CI) and are skipped otherwise (tests/infra_session.py, shared wit
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 import urllib.request
@@ -79,22 +80,47 @@ def s3_env(infra: Infra, monkeypatch: pytest.MonkeyPatch) -> Infra:
     return infra
 
 
-@pytest.fixture
-def restart_kafka(infra: Infra) -> Callable[..., float]:
-    """Restart the broker on the same port and data dir; returns the seconds it took.
-    `restart_kafka(kill=True)` crashes it with SIGKILL instead of a clean shutdown."""
+@dataclass(frozen=True)
+class PrivateKafka:
+    """A broker of its own (scripts/infra/up.sh under its own state dir), for the tests that restart it: the
+    session's broker serves the tests that run meanwhile (make test runs the cluster's tests beside these)."""
 
-    def restart(kill: bool = False, down_for_s: float = 0.0) -> float:
+    bootstrap: str
+    env: dict[str, str]  # SCALERL_INFRA_STATE / SCALERL_INFRA_ENV for the scripts
+
+    def restart(self, kill: bool = False, down_for_s: float = 0.0) -> float:
+        """Restart it on the same port and data dir; returns the seconds it took. `kill=True`: SIGKILL, not a
+        clean shutdown."""
         args = ["bash", str(RESTART_KAFKA), "--down-for", str(down_for_s)] + (["--kill"] if kill else [])
         t0 = time.monotonic()
-        proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300, env=self.env)
         if proc.returncode != 0:
             pytest.fail(f"restart_kafka.sh failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-        new = read_env_file()
-        assert new["KAFKA_BOOTSTRAP"] == infra.kafka_bootstrap, "broker came back on another port"
+        new = read_env_file(Path(self.env["SCALERL_INFRA_ENV"]))
+        assert new["KAFKA_BOOTSTRAP"] == self.bootstrap, "broker came back on another port"
         return time.monotonic() - t0
 
-    return restart
+
+@pytest.fixture(scope="module")
+def private_kafka(infra: Infra, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateKafka]:
+    """A broker for this module alone, started from the cached build (about 15 s) and stopped after it."""
+    state = tmp_path_factory.mktemp("kafka-private")
+    env = {**os.environ, "SCALERL_INFRA_STATE": str(state), "SCALERL_INFRA_ENV": str(state / "infra.env")}
+    up = subprocess.run(["bash", str(REPO / "scripts" / "infra" / "up.sh"), "kafka"], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=UP_TIMEOUT_S)
+    if up.returncode != 0:
+        pytest.fail(f"a private broker did not start (rc {up.returncode}):\n{up.stderr[-3000:]}")
+    try:
+        yield PrivateKafka(read_env_file(state / "infra.env")["KAFKA_BOOTSTRAP"], env)
+    finally:
+        subprocess.run(["bash", str(REPO / "scripts" / "infra" / "down.sh"), "kafka"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def restart_kafka(private_kafka: PrivateKafka) -> Callable[..., float]:
+    """`private_kafka.restart`: the test talks to `private_kafka.bootstrap`."""
+    return private_kafka.restart
 
 
 def poll_until(consumer: Any, n: int, timeout_s: float = 30.0, max_records: int = 1000) -> list[Any]:

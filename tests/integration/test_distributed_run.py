@@ -52,12 +52,13 @@ def sft_start(mixed_start) -> str:
 
 @pytest.mark.timeout(900)
 def test_distributed_run_survives_kills_and_broker_restart(infra, s3_env, unique, sft_start, tmp_path,
-                                                           restart_kafka, addition_run_spec):
+                                                           private_kafka, restart_kafka, addition_run_spec):
+    """(On a broker of its own, `private_kafka`, since it restarts it.)"""
     spec = addition_run_spec(unique, sft_start, **RUN)
     out = tmp_path / "run"
-    cluster = LocalCluster(spec, out, f"kafka://{infra.kafka_bootstrap}", f"s3://{unique}/job",
+    cluster = LocalCluster(spec, out, f"kafka://{private_kafka.bootstrap}", f"s3://{unique}/job",
                            generators=2, verifiers=2, env=infra.s3_env())
-    bus = KafkaBus(infra.kafka_bootstrap)
+    bus = KafkaBus(private_kafka.bootstrap)
     try:
         cluster.start_all()
         wait_step(cluster, out, 2)

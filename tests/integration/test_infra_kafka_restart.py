@@ -21,10 +21,10 @@ def _task(i: int) -> PromptTask:
 
 
 @pytest.mark.parametrize("kill", [True, False], ids=["sigkill", "sigterm"])
-def test_data_and_offsets_survive_a_broker_restart(infra, unique: str, restart_kafka, poll_until,
+def test_data_and_offsets_survive_a_broker_restart(private_kafka, unique: str, restart_kafka, poll_until,
                                                    kill: bool) -> None:
     topic, group = f"{unique}.prompts", f"{unique}-g"
-    bus = KafkaBus(infra.kafka_bootstrap, client_id="scalerl-it-restart")
+    bus = KafkaBus(private_kafka.bootstrap, client_id="scalerl-it-restart")
     try:
         bus.ensure_topics([topic], partitions=2)
         for i in range(10):
@@ -42,7 +42,7 @@ def test_data_and_offsets_survive_a_broker_restart(infra, unique: str, restart_k
 
     restart_kafka(kill=kill)
 
-    bus = KafkaBus(infra.kafka_bootstrap, client_id="scalerl-it-restart")
+    bus = KafkaBus(private_kafka.bootstrap, client_id="scalerl-it-restart")
     try:
         assert bus.lag(group, topic) == 6
         c = bus.consumer([topic], group)
