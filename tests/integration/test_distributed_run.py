@@ -193,10 +193,11 @@ BAD_RUN = {"steps": 6, "off_policy": {"mode": "pipeline", "k": 2}, "checkpoint_e
 
 def _bad_records(template: ScoredGroup, vocab: int) -> dict[str, tuple[str, object, str]]:
     """key -> (topic kind, well-typed record with a bad value, what its reason must contain). Each uses a
-    known prompt id under its own epoch (900+), so its group id is unlike any the curriculum issues."""
+    known prompt id under its own epoch (900+), so its group id is unlike any the curriculum issues, and no
+    issue number (a record that carries an issued group's number names that group: scalerl.bus.dedup)."""
     def scored(i: int) -> ScoredGroup:
         g = copy.deepcopy(template)
-        g.rollout.task.epoch = 900 + i
+        g.rollout.task.epoch, g.rollout.task.seq = 900 + i, 0
         return g
 
     out: dict[str, tuple[str, object, str]] = {}

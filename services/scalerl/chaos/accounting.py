@@ -13,7 +13,7 @@ Violations: a **lost** group (undecided and not dead-lettered although its score
 positions, or although a role committed past its prompt or rollout without producing its output), a group
 **double-trained** (in two steps, or both in a step and dead-lettered), a **repeated step** number in
 train.jsonl, a group **dead-lettered twice** (two source records), an **issue number reused** for another
-prompt (the learner's record of decided groups is kept by number: `scalerl.bus.dedup`).
+group on any of the job's topics (the learner's record of decided groups is kept by number: `scalerl.bus.dedup`).
 `AccountingReport.ok` is their absence. `decided_window` (not a violation): how many numbers past its watermark
 the learner's final checkpoint keeps.
 """
@@ -107,10 +107,12 @@ def check_accounting(bus: Any, store: Any, job: str) -> AccountingReport:
     tasks = [t for _, v in _decoded(bus.read_raw(f"{job}.prompts")) if (t := task_of(v)) is not None]
     issued = {f"{t.prompt_id}@{t.epoch}" for t in tasks}
     report.issued = len(issued)
-    named: dict[int, set[str]] = {}
-    for t in tasks:
-        if t.seq > 0:
-            named.setdefault(t.seq, set()).add(f"{t.prompt_id}@{t.epoch}")
+    named: dict[int, set[str]] = {}  # issue number -> the group ids that carry it, on any topic of the job
+    for kind in ("prompts", "rollouts", "scored", "dlq"):
+        records = tasks if kind == "prompts" else [task_of(v) for _, v in _decoded(bus.read_raw(f"{job}.{kind}"))]
+        for t in records:
+            if t is not None and t.seq > 0:
+                named.setdefault(t.seq, set()).add(f"{t.prompt_id}@{t.epoch}")
     report.numbers_reused = sorted(n for n, ids in named.items() if len(ids) > 1)
     report.decided_window = len(state.get("decided", {}).get("above", []))
     dead_sources: dict[str, set[tuple[str, str, str]]] = {}

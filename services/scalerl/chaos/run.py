@@ -65,7 +65,8 @@ def _poison(bus: Any, spec: Any, job: str) -> None:
     template = next((g for g in scored if isinstance(g, ScoredGroup)), None)
     if template is not None:
         bad = copy.deepcopy(template)
-        bad.rollout.task.epoch = 902
+        # another group (epoch 902), issued by no one: no issue number (scalerl.bus.dedup: a number names one group)
+        bad.rollout.task.epoch, bad.rollout.task.seq = 902, 0
         bad.rewards[0] = math.nan
         bus.publish(f"{job}.scored", bad, key="poison-nan")
     bus.flush()
