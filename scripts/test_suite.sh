@@ -96,17 +96,28 @@ ignore_slow=()
 for f in "${SLOW_TESTS[@]}"; do ignore_slow+=("--ignore=$f"); done
 ignore_cluster=()
 for f in "${CLUSTER_TESTS[@]}"; do ignore_cluster+=("--ignore=$f"); done
-infra_pytest() { # JUNIT LOG ARGS...: servers' tests, each waiting for its servers
-    local junit=$1 log=$2
-    shift 2
+infra_pytest() { # JUNIT ARGS...: servers' tests, each waiting for its servers
+    local junit=$1
+    shift
     SCALERL_INFRA_AUTOSTART=0 SCALERL_INFRA_UP_PID=$up_pid "$PY" -m pytest -m "infra and not gpu and not vllm" \
-        --junitxml="$junit" "${extra[@]}" "$@" >"$log" 2>&1
+        --junitxml="$junit" "${extra[@]}" "$@"
 }
 summary() { tail -n 15 "$1" | grep -E "passed|failed|error" | sed 's/^/    /'; }
+one_pass_stream() { # NAME LOG WHAT CMD...: a background stream of one pass, its output in LOG
+    local name=$1 log=$2 what=$3
+    shift 3
+    (
+        note "$name: $what: $log"
+        "$@" >"$log" 2>&1
+        keep $?
+        summary "$log"
+        echo "$rc" >"build/stream-$name.rc"
+    ) &
+}
 rm -f build/stream-*.rc
 (
     note "a1: the tests that need Kafka and MinIO: build/infra-tests.log"
-    infra_pytest build/junit-infra.xml build/infra-tests.log "${ignore_cluster[@]}"
+    infra_pytest build/junit-infra.xml "${ignore_cluster[@]}" >build/infra-tests.log 2>&1
     keep $?
     summary build/infra-tests.log
     note "a1: the vLLM tests that need the servers, once all are up: build/vllm-infra-tests.log"
@@ -127,22 +138,12 @@ rm -f build/stream-*.rc
     echo "$rc" >build/stream-a1.rc
 ) &
 a1_pid=$!
-(
-    note "a2: the tests of the Kubernetes clusters: build/cluster-tests.log"
-    infra_pytest build/junit-cluster.xml build/cluster-tests.log "${CLUSTER_TESTS[@]}"
-    keep $?
-    summary build/cluster-tests.log
-    echo "$rc" >build/stream-a2.rc
-) &
+one_pass_stream a2 build/cluster-tests.log "the tests of the Kubernetes clusters" \
+    infra_pytest build/junit-cluster.xml "${CLUSTER_TESTS[@]}"
 a2_pid=$!
-(
-    note "b2: the longest tests that need no server: build/slow-tests.log"
-    SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -m "not gpu and not vllm and not infra" \
-        --junitxml=build/junit-slow.xml "${extra[@]}" "${SLOW_TESTS[@]}" >build/slow-tests.log 2>&1
-    keep $?
-    summary build/slow-tests.log
-    echo "$rc" >build/stream-b2.rc
-) &
+one_pass_stream b2 build/slow-tests.log "the longest tests that need no server" \
+    env SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -m "not gpu and not vllm and not infra" \
+    --junitxml=build/junit-slow.xml "${extra[@]}" "${SLOW_TESTS[@]}"
 b2_pid=$!
 
 note "b1: the tests that need no server"

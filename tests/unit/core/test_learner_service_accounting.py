@@ -15,9 +15,11 @@ bus, which keeps committed offsets as Kafka does; the real broker is tests/integ
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -71,6 +73,22 @@ def _scored(spec, tokenizer, task: PromptTask, version: int, *, reward_nan: bool
         rewards[0] = math.nan
     return ScoredGroup(RolloutGroup(task, encode_prompt(tokenizer, task.prompt), comps), rewards,
                        [r > 0 for r in rewards])
+
+
+@contextlib.contextmanager
+def _running(svc: LearnerService) -> Iterator[dict[str, object]]:
+    """`svc.run` in a thread, its summary in the yielded dict: waited for (120 s) when the block ends, then
+    stopped."""
+    stop = threading.Event()
+    result: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: result.update(summary=svc.run(stop)), daemon=True)
+    thread.start()
+    try:
+        yield result
+        thread.join(timeout=120)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
 
 
 def _publish(bus: MemoryBus, spec, groups: list[ScoredGroup]) -> None:
@@ -131,11 +149,7 @@ def test_the_batch_held_while_waiting_for_fresher_rollouts_counts_as_consumed(jo
     spec.off_policy.k = 1
     spec.train.steps = 2
     svc = LearnerService(ctx())
-    stop = threading.Event()
-    result: dict[str, object] = {}
-    thread = threading.Thread(target=lambda: result.update(summary=svc.run(stop)), daemon=True)
-    thread.start()
-    try:
+    with _running(svc) as result:
         _publish(bus, spec, [_group(spec, tokenizer, i, 0) for i in range(2)])
         _wait(lambda: 2 in _announced_consumed(bus, spec), "step 1")
         # generators slow to load version 1: two more groups of version 0; the learner takes them and waits
@@ -143,10 +157,6 @@ def test_the_batch_held_while_waiting_for_fresher_rollouts_counts_as_consumed(jo
         _wait(lambda: 4 in _announced_consumed(bus, spec), "the waiting batch counted as consumed")
         assert svc.learner.version == 1  # still waiting: (today's code announced 2 and the run deadlocked)
         _publish(bus, spec, [_group(spec, tokenizer, 4, 1)])  # what the curriculum could then issue
-        thread.join(timeout=120)
-    finally:
-        stop.set()
-        thread.join(timeout=60)
     assert result.get("summary") is not None and svc.learner.version == 2
 
 
@@ -159,11 +169,7 @@ def test_every_group_held_while_waiting_for_fresher_rollouts_counts_as_consumed(
     spec.off_policy.k = 1
     spec.train.steps = 2
     svc = LearnerService(ctx())
-    stop = threading.Event()
-    result: dict[str, object] = {}
-    thread = threading.Thread(target=lambda: result.update(summary=svc.run(stop)), daemon=True)
-    thread.start()
-    try:
+    with _running(svc) as result:
         _publish(bus, spec, [_group(spec, tokenizer, i, 0) for i in range(2)])
         _wait(lambda: 2 in _announced_consumed(bus, spec), "step 1")
         _publish(bus, spec, [_group(spec, tokenizer, i, 0) for i in range(2, 4)])  # the waiting batch
@@ -175,10 +181,6 @@ def test_every_group_held_while_waiting_for_fresher_rollouts_counts_as_consumed(
         _wait(lambda: _announced_consumed(bus, spec)[-1] == 6, "the held groups counted as consumed", 30)
         assert svc.learner.version == 1
         _publish(bus, spec, [_group(spec, tokenizer, 6, 1)])  # what the curriculum could then issue
-        thread.join(timeout=120)
-    finally:
-        stop.set()
-        thread.join(timeout=60)
     assert result.get("summary") is not None and svc.learner.version == 2
 
 
@@ -205,20 +207,12 @@ def test_the_curriculum_keeps_issuing_while_the_learner_waits_on_rollouts_of_old
         served = len(prompts)
 
     svc = LearnerService(ctx())
-    stop = threading.Event()
-    result: dict[str, object] = {}
-    thread = threading.Thread(target=lambda: result.update(summary=svc.run(stop)), daemon=True)
-    thread.start()
-    try:
+    with _running(svc) as result:
         issue_and_generate(0, "the first batch")
         _wait(lambda: 2 in _announced_consumed(bus, spec), "step 1")
         issue_and_generate(0, "the batch the learner then waits with")
         issue_and_generate(0, "prompts for the waiting batch")
         issue_and_generate(1, "the prompts whose rollouts end the wait")  # (today's code: stalls here)
-        thread.join(timeout=120)
-    finally:
-        stop.set()
-        thread.join(timeout=60)
         curriculum.policy.close()
         curriculum.dead_letters.close()
     assert result.get("summary") is not None and svc.learner.version == 2
@@ -314,18 +308,10 @@ def test_the_decided_groups_are_a_watermark_past_copies_and_dead_letters_upstrea
     bus.publish(topics.dlq, groups[3].rollout.task, key="p", headers={"dlq_reason": "too_long: 999 tokens"})
     _publish(bus, spec, [groups[1], groups[2], groups[4], groups[5], groups[1]])
     svc = LearnerService(ctx())
-    stop = threading.Event()
-    result: dict[str, object] = {}
-    thread = threading.Thread(target=lambda: result.update(summary=svc.run(stop)), daemon=True)
-    thread.start()
-    try:
+    with _running(svc) as result:
         _wait(lambda: hasattr(svc, "learner") and svc.learner.version == 2 and svc.decided.below == 5,
               "steps 1-2 and the dead letter read")
         _publish(bus, spec, [groups[6], groups[7]])
-        thread.join(timeout=120)
-    finally:
-        stop.set()
-        thread.join(timeout=60)
     assert result.get("summary") is not None and svc.learner.version == 3
     assert svc.decided.state_dict() == {"below": 7, "above": [], "ids": [], "count": 6}
     assert svc.counters["duplicates"] == 1
