@@ -139,7 +139,12 @@ want jaeger && up_observability jaeger
 want k8s && up_k8s # etcd + kube-apiserver start while the JVM warms up
 want cluster && up_cluster
 want kueue && up_kueue
-want node && up_node
+if want node; then
+    # the servers up so far, for their tests to start while the image goes into the node's containerd
+    # (minutes: 5 of a warm make test's first 7); the node's lines come with the last write, once it is Ready
+    write_env
+    up_node
+fi
 [[ -z "$kafka_t0" ]] || wait_kafka "$kafka_t0"
 
 # Every service started so far (this run or an earlier one) is written; tests check the keys they need.
