@@ -108,7 +108,7 @@ def test_two_rank_learner_matches_one_process_and_resumes(infra, unique, tmp_pat
             by_id = {}
             for rec in bus.read_raw(f"{unique}.scored"):
                 g = decode_envelope(rec.value, ScoredGroup)
-                by_id[g.group_id] = g
+                by_id.setdefault(g.group_id, g)  # a copy (a role produced it again) is skipped: the first is trained
             policies: dict[int, PolicyVersion] = {}
             for rec in bus.read_raw(f"{unique}.policy"):
                 pv = decode_envelope(rec.value, PolicyVersion)

@@ -272,8 +272,9 @@ class CurriculumService:
 
     State is written ahead: every round that changed it saves it to the store *before* it publishes, with the
     round's new tasks (numbered: `PromptTask.seq`) listed as `unconfirmed` until the bus confirms them. A
-    restart (or a retried round) publishes the unconfirmed tasks again under the same numbers, so an issue
-    number never names two prompts, and the learner skips the copies (`scalerl.bus.dedup`). Saving after
+    restart publishes the unconfirmed tasks again under the same numbers, so an issue number never names two
+    prompts, and the learner skips the copies (`scalerl.bus.dedup`). (Within one process a failed flush is
+    not published again: the bus keeps the failed sends and sends them with the next flush.) Saving after
     publishing let a restarted curriculum draw that batch again, and at an epoch boundary draw other prompts
     (the next epoch's order depends on the pass rates read by then)."""
 
@@ -293,6 +294,7 @@ class CurriculumService:
         self.fence = FenceFilter()
         self.exhausted = False
         self.unconfirmed: list[PromptTask] = []  # saved as issued, not yet confirmed by the bus (class docstring)
+        self.republish: list[PromptTask] = []
         if self.store.exists(CURRICULUM_STATE):
             state = json.loads(self.store.get_bytes(CURRICULUM_STATE))
             self.curriculum.load_state_dict(state["curriculum"])
@@ -301,7 +303,9 @@ class CurriculumService:
             self.curriculum.reissue = []
             self.issued = int(state["issued"])
             self.dead_upstream = int(state.get("dead_upstream", 0))
-            self.unconfirmed = [PromptTask(**t) for t in state.get("unconfirmed", [])]
+            # published by a process that died before the bus confirmed them: published again, once
+            self.republish = [PromptTask(**t) for t in state.get("unconfirmed", [])]
+            self.unconfirmed = list(self.republish)
             log.info("curriculum resumed: %d prompts issued, epoch %d", self.issued, self.curriculum.epoch)
         # `scored` is the learner's to dead-letter (the curriculum skips and counts what it cannot use);
         # `policy` is the curriculum's (one replica; generators only skip)
@@ -376,7 +380,7 @@ class CurriculumService:
             except CurriculumExhausted as exc:
                 log.error("%s; no more prompts will be issued", exc)
                 self.exhausted = True
-        republish = bool(self.unconfirmed)
+        republish, self.republish = self.republish, []  # (a dead process's unconfirmed round: once)
         if tasks or scored or dead:  # write ahead: saved before it is published (see the class docstring)
             self.issued += len(tasks)
             self.unconfirmed += tasks
@@ -384,10 +388,12 @@ class CurriculumService:
                 {"curriculum": self.curriculum.state_dict(), "issued": self.issued,
                  "dead_upstream": self.dead_upstream, "unconfirmed": [task_dict(t) for t in self.unconfirmed]}
             ).encode())
-        for task in self.unconfirmed:
+        for task in republish + tasks:
             with hop("curriculum.issue", {"policy_version": str(self.learner_version)}, root=True) as headers:
                 self.bus.publish(self.topics.prompts, task, key=task.prompt_id, headers=headers)
-        if tasks or scored or dead or republish:
+        if tasks or scored or dead or self.unconfirmed:
+            # (a failed flush raises and the round is retried: the bus keeps the failed sends and sends them
+            # again with the next flush, so a retried round publishes nothing twice)
             self.bus.flush()
             if tasks:
                 crash_point("curriculum.issue")
