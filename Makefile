@@ -83,11 +83,10 @@ run: install
 
 # scripts/test_suite.sh runs every test: the servers (Kafka, MinIO, the API servers, Kueue, Prometheus,
 # Jaeger, the real node) are built into $$SCALERL_CACHE (~/.cache/scalerl) where it lacks them and started in
-# the background, Kafka and MinIO first; at once, in four streams side by side, the tests that need Kafka and
-# MinIO, those of the Kubernetes clusters (each waits for its own servers; they fail, never skip, when CI is
-# set and the servers cannot start), the longest files that need none, and the rest (the main suite's, the
-# vLLM environment's, and the tests that train again on other kernels, ALT_KERNELS above). Each pass writes
-# JUnit XML into build/; pytest's exit 5 (no tests collected) fails the run.
+# the background, Kafka and MinIO first; at once, side by side, the tests that need servers (each waits for
+# its own; they fail, never skip, when CI is set and the servers cannot start) and the tests that need none
+# (the main suite's, the vLLM environment's, and the tests that train again on other kernels, ALT_KERNELS
+# above). Each pass writes JUnit XML into build/; pytest's exit 5 (no tests collected) fails the run.
 test:
 	bash scripts/test_suite.sh --prebuild
 	$(MAKE) --no-print-directory install-dev install-vllm

@@ -5,18 +5,18 @@
 #   1. scripts/infra/up.sh starts in the background (log build/infra-up.log): first Kafka and MinIO (the
 #      servers most tests need; a few minutes cold), then the rest. It builds what the cache lacks (niced;
 #      about 35 minutes on a new machine, nothing when cached) and writes build/infra.env as each group is up.
-#   2. At once, four streams side by side (the servers' tests mostly wait on servers, Pods and the bus, so
+#   2. At once, two streams side by side (the servers' tests mostly wait on servers, Pods and the bus, so
 #      they fill the CPU the others leave idle):
-#      a1. the tests that need Kafka and MinIO (SCALERL_INFRA_UP_PID: a session fixture whose servers are not
-#          up yet waits for the background up.sh instead of failing)   -m infra             build/junit-infra.xml
-#          then the vLLM environment's, once all servers are up        -m "vllm and infra"  build/junit-vllm-infra.xml
-#      a2. the tests of the Kubernetes clusters (tests/k8s, tests/real_node)                 build/junit-cluster.xml
-#      b1. the tests that need no server (SCALERL_INFRA_AUTOSTART=0, so a test that needs one and is not
-#          marked `infra` fails in CI instead of starting servers of its own), but the longest files:
-#            the main suite's                           -m "not infra"          build/junit.xml
-#            the vLLM environment's                     -m "vllm and not infra" build/junit-vllm.xml
-#            the tests that train, on other CPU kernels  ATEN_CPU_CAPABILITY     build/junit-<kernels>.xml
-#      b2. the longest files that need no server (SLOW_TESTS below)                          build/junit-slow.xml
+#      a. the tests that need servers (SCALERL_INFRA_UP_PID: a session fixture whose servers are not up
+#         yet waits for the background up.sh instead of failing), then the vLLM environment's, once all
+#         servers are up:
+#           the main suite's                         -m infra                build/junit-infra.xml
+#           the vLLM environment's                   -m "vllm and infra"     build/junit-vllm-infra.xml
+#      b. the tests that need no server (SCALERL_INFRA_AUTOSTART=0, so a test that needs one and is not
+#         marked `infra` fails in CI instead of starting servers of its own):
+#           the main suite's                           -m "not infra"          build/junit.xml
+#           the vLLM environment's                     -m "vllm and not infra" build/junit-vllm.xml
+#           the tests that train, on other CPU kernels  ATEN_CPU_CAPABILITY     build/junit-<kernels>.xml
 #   3. The servers stop.
 # Every pass runs whatever the others did; the exit status is the first non-zero one (pytest's 5, no
 # tests collected, included), or 1 when the servers could not be built or started.
@@ -64,7 +64,7 @@ vllm_pytest() { # the vLLM tests run from the checkout in the vLLM environment (
     PY="$PY" VLLM_PY="$VLLM_PY" bash scripts/vllm_python.sh -m pytest -p no:cacheprovider tests/vllm_cpu "$@"
 }
 
-rm -f build/infra.env build/infra-up.rc # infra.env: written by up.sh as the servers come up
+rm -f build/infra.env build/infra-up.rc build/infra-stream.rc # infra.env: written by up.sh as the servers come up
 # `--prebuild` (make test, before it installs the environments) already builds what the cache lacks, Kafka
 # and MinIO first; the servers start as their builds are done.
 prebuilt() { # wait for the prebuild's marker $1 (or its end); false when it failed
@@ -80,47 +80,15 @@ prebuilt() { # wait for the prebuild's marker $1 (or its end); false when it fai
 up_pid=$!
 note "building (where the cache lacks them) and starting the servers in the background: build/infra-up.log"
 
-# Four streams side by side (a warm run on 2 cores, 2026-11-28: two streams used 1.2 cores on average, most of
-# the servers' tests waiting on servers, Pods and the bus, and took 42 min; the longest files now have a
-# stream of their own). Each background stream writes its status to build/stream-<name>.rc.
-#   a1  the tests that need Kafka and MinIO only, then the vLLM environment's that need the servers
-#   a2  the tests of the Kubernetes clusters (tests/k8s, tests/real_node)
-#   b1  the tests that need no server but the longest files, then the vLLM environment's, then the tests that
-#       train again on the other CPU kernels (on the terminal)
-#   b2  the longest files that need no server
-# (The tests that restart Kafka do it on a broker of their own, `private_kafka`, not the one a2 uses.)
-SLOW_TESTS=(tests/e2e/test_real_model.py tests/distributed/test_fsdp_learner.py tests/e2e/test_quickstart_learns.py
-            tests/e2e/test_smoke_and_own_task.py tests/integration/test_serve_unreachable_bus.py)
-CLUSTER_TESTS=(tests/k8s tests/real_node)
-ignore_slow=()
-for f in "${SLOW_TESTS[@]}"; do ignore_slow+=("--ignore=$f"); done
-ignore_cluster=()
-for f in "${CLUSTER_TESTS[@]}"; do ignore_cluster+=("--ignore=$f"); done
-infra_pytest() { # JUNIT ARGS...: servers' tests, each waiting for its servers
-    local junit=$1
-    shift
-    SCALERL_INFRA_AUTOSTART=0 SCALERL_INFRA_UP_PID=$up_pid "$PY" -m pytest -m "infra and not gpu and not vllm" \
-        --junitxml="$junit" "${extra[@]}" "$@"
-}
-summary() { tail -n 15 "$1" | grep -E "passed|failed|error" | sed 's/^/    /'; }
-one_pass_stream() { # NAME LOG WHAT CMD...: a background stream of one pass, its output in LOG
-    local name=$1 log=$2 what=$3
-    shift 3
-    (
-        note "$name: $what: $log"
-        "$@" >"$log" 2>&1
-        keep $?
-        summary "$log"
-        echo "$rc" >"build/stream-$name.rc"
-    ) &
-}
-rm -f build/stream-*.rc
+# stream a: the tests that need the servers; its status in build/infra-stream.rc
 (
-    note "a1: the tests that need Kafka and MinIO: build/infra-tests.log"
-    infra_pytest build/junit-infra.xml "${ignore_cluster[@]}" >build/infra-tests.log 2>&1
+    # (a subshell: `keep` sets its own copy of rc)
+    note "the tests that need the servers (each waits for its servers): build/infra-tests.log"
+    SCALERL_INFRA_AUTOSTART=0 SCALERL_INFRA_UP_PID=$up_pid "$PY" -m pytest -m "infra and not gpu and not vllm" \
+        --junitxml=build/junit-infra.xml "${extra[@]}" >build/infra-tests.log 2>&1
     keep $?
-    summary build/infra-tests.log
-    note "a1: the vLLM tests that need the servers, once all are up: build/vllm-infra-tests.log"
+    tail -n 15 build/infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
+    note "the vLLM tests that need the servers, once all are up: build/vllm-infra-tests.log"
     while [[ ! -s build/infra-up.rc ]]; do sleep 5; done
     if [[ "$(cat build/infra-up.rc)" == 0 ]]; then
         set -a
@@ -130,40 +98,31 @@ rm -f build/stream-*.rc
         SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and infra" --junitxml=build/junit-vllm-infra.xml \
             >build/vllm-infra-tests.log 2>&1
         keep $?
-        summary build/vllm-infra-tests.log
+        tail -n 5 build/vllm-infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
     else
         note "the servers could not be built or started (build/infra-up.log): the vLLM tests that need them did not run"
         keep 1
     fi
-    echo "$rc" >build/stream-a1.rc
+    echo "$rc" >build/infra-stream.rc
 ) &
-a1_pid=$!
-one_pass_stream a2 build/cluster-tests.log "the tests of the Kubernetes clusters" \
-    infra_pytest build/junit-cluster.xml "${CLUSTER_TESTS[@]}"
-a2_pid=$!
-one_pass_stream b2 build/slow-tests.log "the longest tests that need no server" \
-    env SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -m "not gpu and not vllm and not infra" \
-    --junitxml=build/junit-slow.xml "${extra[@]}" "${SLOW_TESTS[@]}"
-b2_pid=$!
+stream_pid=$!
 
-note "b1: the tests that need no server"
+# stream b: the tests that need no server
+note "the tests that need no server"
 SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -m "not gpu and not vllm and not infra" \
-    --junitxml=build/junit.xml "${extra[@]}" "${ignore_slow[@]}"
+    --junitxml=build/junit.xml "${extra[@]}"
 keep $?
-note "b1: the vLLM tests that need no server, in $VLLM_PY"
+note "the vLLM tests that need no server, in $VLLM_PY"
 SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and not infra" --junitxml=build/junit-vllm.xml
 keep $?
-note "b1: the tests that train, again with ATEN_CPU_CAPABILITY=$ALT_KERNELS"
+note "the tests that train, again with ATEN_CPU_CAPABILITY=$ALT_KERNELS"
 ATEN_CPU_CAPABILITY="$ALT_KERNELS" SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -p no:cacheprovider \
     -m "not gpu and not infra and not slow and not vllm" --junitxml="build/junit-$ALT_KERNELS.xml" "${retrain[@]}"
 keep $?
 
-note "waiting for the other streams"
-for name in a1 a2 b2; do
-    pid_var="${name}_pid"
-    wait "${!pid_var}"
-    keep "$(cat "build/stream-$name.rc" 2>/dev/null || echo 1)"
-done
+note "waiting for the tests that need the servers"
+wait "$stream_pid"
+keep "$(cat build/infra-stream.rc 2>/dev/null || echo 1)"
 wait "$up_pid"
 if [[ "$(cat build/infra-up.rc 2>/dev/null)" == 0 ]]; then
     grep -hE "built in|fetched in|made in|build done|up in|imported in" build/infra-prebuild*.log build/infra-up.log \
@@ -173,13 +132,9 @@ else
     note "the servers could not be built or started (build/infra-up.log above)"
     keep 1
 fi
-if ((rc != 0)); then
-    for log in build/infra-tests.log build/cluster-tests.log build/slow-tests.log; do
-        if [[ -s "$log" ]] && grep -qE "= (FAILURES|ERRORS) =" "$log"; then
-            note "the failures in $log:"
-            sed -n '/= FAILURES =\|= ERRORS =/,$p' "$log" | tail -n 300
-        fi
-    done
+if ((rc != 0)) && [[ -s build/infra-tests.log ]]; then
+    note "the failures of the tests that need the servers (build/infra-tests.log):"
+    sed -n '/= FAILURES =\|= ERRORS =/,$p' build/infra-tests.log | tail -n 300
 fi
 bash scripts/infra/down.sh >/dev/null 2>&1 || true
 note "done, exit $rc"

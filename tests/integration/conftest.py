@@ -83,7 +83,7 @@ def s3_env(infra: Infra, monkeypatch: pytest.MonkeyPatch) -> Infra:
 @dataclass(frozen=True)
 class PrivateKafka:
     """A broker of its own (scripts/infra/up.sh under its own state dir), for the tests that restart it: the
-    session's broker serves the tests that run meanwhile (make test runs the cluster's tests beside these)."""
+    session's broker keeps serving whatever runs beside them (another pytest process, a developer's run)."""
 
     bootstrap: str
     env: dict[str, str]  # SCALERL_INFRA_STATE / SCALERL_INFRA_ENV for the scripts
