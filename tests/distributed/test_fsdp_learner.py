@@ -21,11 +21,16 @@ def run_worker(nproc: int, out: Path, device: str = "cpu", mode: str = "fsdp") -
     return torch.load(out)
 
 
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> dict:
+    """The reference: the same step in one plain process (run once for both world sizes)."""
+    return run_worker(1, tmp_path_factory.mktemp("plain") / "one.pt", mode="plain")
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_fsdp_matches_single_process(tmp_path, nproc):
-    single = run_worker(1, tmp_path / "one.pt", mode="plain")
+def test_fsdp_matches_single_process(tmp_path, nproc, single):
     sharded = run_worker(nproc, tmp_path / "fsdp.pt", mode="fsdp")
     assert_same_step(single, sharded, world=nproc)
 
