@@ -2,7 +2,7 @@
 
 Every prompt the curriculum issues carries `PromptTask.seq`, a number 1, 2, 3, … that never repeats for
 another prompt (the curriculum writes its state ahead of publishing, so a restart re-publishes the same
-task under the same number: `scalerl.runtime.roles.CurriculumService`). A group is *decided* once the learner
+task under the same number: `scalerl.runtime.curriculum_service`). A group is *decided* once the learner
 trained or dropped it, or once it was dead-lettered anywhere. A copy of a decided group (a generator or a
 verifier that crashed before its commit and produced it again; a batch the curriculum re-published) must be
 skipped, never trained twice.

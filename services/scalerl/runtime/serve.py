@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from scalerl.runtime import ROLES
+from scalerl.runtime.curriculum_service import CurriculumService
 from scalerl.runtime.roles import (
     PROCESS_RETRY,
-    CurriculumService,
     GeneratorService,
     RetryStopped,
     ServiceContext,

@@ -14,7 +14,8 @@ import pytest
 from scalerl.bus.dlq import dead_letter
 from scalerl.bus.memory import MemoryBus
 from scalerl.messages import RolloutGroup, ScoredGroup
-from scalerl.runtime.roles import CurriculumService, ServiceContext
+from scalerl.runtime.curriculum_service import CurriculumService
+from scalerl.runtime.roles import ServiceContext
 
 
 def _service(spec, store_url: str, bus: MemoryBus | None = None) -> CurriculumService:

@@ -30,6 +30,7 @@ from scalerl.messages import Completion, PolicyVersion, PromptTask, RolloutGroup
 from scalerl.model.text import encode_prompt, text_ids
 from scalerl.parts import make_task
 from scalerl.runtime import roles
+from scalerl.runtime.curriculum_service import CurriculumService
 from scalerl.runtime.learner_service import LearnerService
 from scalerl.runtime.roles import ServiceContext
 from scalerl.store import open_store
@@ -194,7 +195,7 @@ def test_the_curriculum_keeps_issuing_while_the_learner_waits_on_rollouts_of_old
     spec.off_policy.k = 1
     spec.train.steps = 2
     monkeypatch.setattr(roles, "open_bus", lambda url, **_: bus)
-    curriculum = roles.CurriculumService(ctx())
+    curriculum = CurriculumService(ctx())
     served = 0
 
     def issue_and_generate(version: int, what: str) -> None:  # a curriculum round, then generators + verifiers
