@@ -39,6 +39,11 @@ class PromptTask:
     split: Literal["train", "eval"] = "train"
     seq: int = 0  # the curriculum's issue number, 1, 2, ... (0: not issued by one; scalerl.bus.dedup)
 
+    @property
+    def group_id(self) -> str:
+        """Identity of its group: prompt id + epoch."""
+        return f"{self.prompt_id}@{self.epoch}"
+
 
 @dataclass(slots=True)
 class Completion:
@@ -88,7 +93,7 @@ class ScoredGroup:
     @property
     def group_id(self) -> str:
         """Identity of this group for duplicate detection: prompt id + epoch."""
-        return f"{self.rollout.task.prompt_id}@{self.rollout.task.epoch}"
+        return self.rollout.task.group_id
 
 
 @dataclass(slots=True)

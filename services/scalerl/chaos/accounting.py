@@ -64,7 +64,7 @@ class AccountingReport:
 def group_id_of(value: Any) -> str | None:
     """prompt id @ epoch of a prompt task, rollout group or scored group (None for anything else)."""
     task = task_of(value)
-    return None if task is None else f"{task.prompt_id}@{task.epoch}"
+    return None if task is None else task.group_id
 
 
 def _decoded(records: list[Any]) -> list[tuple[Any, Any]]:
@@ -105,14 +105,14 @@ def check_accounting(bus: Any, store: Any, job: str) -> AccountingReport:
     report.double_trained = sorted(g for g, c in in_steps.items() if c > 1)
 
     tasks = [t for _, v in _decoded(bus.read_raw(f"{job}.prompts")) if (t := task_of(v)) is not None]
-    issued = {f"{t.prompt_id}@{t.epoch}" for t in tasks}
+    issued = {t.group_id for t in tasks}
     report.issued = len(issued)
     named: dict[int, set[str]] = {}  # issue number -> the group ids that carry it, on any topic of the job
     for kind in ("prompts", "rollouts", "scored", "dlq"):
         records = tasks if kind == "prompts" else [task_of(v) for _, v in _decoded(bus.read_raw(f"{job}.{kind}"))]
         for t in records:
             if t is not None and t.seq > 0:
-                named.setdefault(t.seq, set()).add(f"{t.prompt_id}@{t.epoch}")
+                named.setdefault(t.seq, set()).add(t.group_id)
     report.numbers_reused = sorted(n for n, ids in named.items() if len(ids) > 1)
     report.decided_window = len(state.get("decided", {}).get("above", []))
     dead_sources: dict[str, set[tuple[str, str, str]]] = {}

@@ -75,7 +75,7 @@ class Curriculum:
 
     @staticmethod
     def key(task: PromptTask) -> str:
-        return f"{task.prompt_id}@{task.epoch}"
+        return task.group_id
 
     def next_tasks(self, outstanding: int | None = None) -> list[PromptTask]:
         """Tasks to issue now: re-issues first (under their issue numbers), then new ones, each numbered,

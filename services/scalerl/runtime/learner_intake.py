@@ -53,7 +53,7 @@ from scalerl.bus.validate import Limits, reason_for
 from scalerl.config import JobSpec
 from scalerl.learner.batch import stale_reason
 from scalerl.learner.learner import Learner
-from scalerl.messages import PolicyVersion, PromptTask, ScoredGroup, task_of
+from scalerl.messages import PolicyVersion, ScoredGroup, task_of
 from scalerl.runtime.roles import retry_io
 from scalerl.telemetry.hops import hop
 
@@ -104,11 +104,7 @@ class ScoredIntake:
         self.decided_positions.append((rec.position_key, rec.offset))
         task = task_of(rec.value)
         if task is not None and task.seq > 0:
-            self.decided.add(task.seq, self._group_id(task), counted=False)
-
-    @staticmethod
-    def _group_id(task: PromptTask) -> str:
-        return f"{task.prompt_id}@{task.epoch}"
+            self.decided.add(task.seq, task.group_id, counted=False)
 
     def _read_dead_letters(self) -> None:
         """Issued groups dead-lettered anywhere (a generator, a verifier, this learner before a restart) are
@@ -119,7 +115,7 @@ class ScoredIntake:
         for rec in self.dead_letters.poll(timeout_s=0.0):
             task = task_of(rec.value)
             if task is not None and task.seq > 0:
-                self.decided.add(task.seq, self._group_id(task), counted=False)
+                self.decided.add(task.seq, task.group_id, counted=False)
 
     def _admit(self, rec: Record) -> None:
         """Buffer a polled record: dead-letter what is invalid, count and skip duplicates, drop what can
