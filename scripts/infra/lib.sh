@@ -116,7 +116,7 @@ spawn() {
     # shellcheck disable=SC2016
     setsid bash -c '"$@" & echo $! >"$0"; wait $!; rc=$?
         if ((rc > 128)); then echo "===== exited on signal $((rc - 128)) (status $rc)"
-        else echo "===== exited with status $rc"; fi' "$pidfile" "$@" >>"$logfile" 2>&1 </dev/null &
+        else echo "===== exited with status $rc"; fi' "$pidfile" "$@" >>"$logfile" 2>&1 </dev/null 9>&- &
     local _
     for _ in $(seq 1 50); do [[ -s "$pidfile" ]] && return 0; sleep 0.1; done
     die "could not start $1 (no pid file $pidfile); see $logfile"
@@ -134,8 +134,9 @@ with_build_lock() {
         log "another build holds $lock; waiting"
         flock 9
     fi
-    "$@"
+    "$@" 9>&-  # what CMD starts must not inherit the lock (a daemon would hold it for its lifetime)
     flock -u 9
+    exec 9>&-
 }
 
 # go_install_to BIN PKG@VERSION [LDFLAGS]: `go install` into a scratch GOBIN (niced: 2 shared cores),

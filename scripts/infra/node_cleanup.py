@@ -2,7 +2,8 @@
 
     node_cleanup.py snapshot FILE           the iptables/ip6tables chains that exist now (before the node)
     node_cleanup.py containers SOCKET       kill and remove every container of containerd's k8s.io namespace
-    node_cleanup.py host STATE BRIDGE       unmount what is mounted under STATE, the containerd cache root
+    node_cleanup.py host STATE BRIDGE       kill containerd shims left by a killed containerd of STATE;
+                                            unmount what is mounted under STATE, the containerd cache root
                                             and /run/netns/cni-*; delete BRIDGE; delete the KUBE-*/CNI-*
                                             chains that were not in STATE/iptables.before (and the rules
                                             that jump to them); restore the sysctls of STATE/sysctl.saved
@@ -105,8 +106,56 @@ def containers(sock: str) -> None:
         run(*ctr, "containers", "rm", c, check=False)
 
 
+def orphan_shims(state: str) -> list[int]:
+    """Pids of containerd shims serving a containerd whose socket lies under `state`: they outlive a
+    containerd that was killed (a `make test` stopped by a signal) and keep the Pods' network
+    namespaces, so /run/netns could not be unmounted."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not argv or not Path(argv[0].decode(errors="replace")).name.startswith("containerd-shim"):
+            continue
+        address = argv[argv.index(b"-address") + 1].decode(errors="replace") if b"-address" in argv[:-1] else ""
+        if address.startswith(state.rstrip("/") + "/"):
+            pids.append(int(proc.name))
+    return pids
+
+
+def children(parents: list[int]) -> list[int]:
+    """Pids whose parent is in `parents` (from /proc/PID/stat)."""
+    out = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid in parents:
+            out.append(int(proc.name))
+    return out
+
+
+def kill_orphans(state: str) -> list[int]:
+    """SIGKILLs the containers' first processes under orphan shims of `state`, then the shims; their pids."""
+    shims = orphan_shims(state)
+    killed = []
+    for pid in [*children(shims), *shims]:
+        try:
+            os.kill(pid, 9)
+            killed.append(pid)
+            print(f"node: killed {pid}, left by a containerd that is gone", file=sys.stderr)
+        except ProcessLookupError:
+            pass
+    return killed
+
+
 def host(state: str, bridge: str) -> None:
     st = Path(state)
+    kill_orphans(state)
     cache_root = os.environ.get("SCALERL_CACHE", str(Path.home() / ".cache" / "scalerl")) + "/containerd"
     for target in mounts_under([state, cache_root]):
         run("umount", "-l", target)
