@@ -1,6 +1,8 @@
 """`scalerl eval --engine grpc` through a real generator service on loopback gives the same numbers as
 `--engine embedded` on the same checkpoint and seed (same requests, same engine seed), budget forcing
-(sent as the request's budget_forcing field) and greedy included."""
+(sent as the request's budget_forcing field) and greedy included. The call is mutual TLS as a user makes
+it: the service has the job's `generator` certificate and lets the extra identity `eval` in; `scalerl
+eval` presents `eval`'s certificate from SCALERL_RPC_TLS_DIR."""
 
 from __future__ import annotations
 
@@ -14,11 +16,13 @@ from scalerl.config import dump_spec
 from scalerl.generator.server import GeneratorServicer
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.model.factory import save_model_and_tokenizer
+from scalerl.rpc.certs import new_ca, write_tls_dir
+from scalerl.rpc.security import ENV_TLS_DIR, RpcSecurity
 from scalerl.rpc.server import serve_grpc
 
 
 @pytest.mark.timeout(300)
-def test_grpc_engine_matches_embedded(tiny_spec, tiny_model, tokenizer, tmp_path, capsys):
+def test_grpc_engine_matches_embedded(tiny_spec, tiny_model, tokenizer, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     ckpt = run / "checkpoints" / "step_000001"
     save_model_and_tokenizer(tiny_model, tokenizer, ckpt)
@@ -30,7 +34,12 @@ def test_grpc_engine_matches_embedded(tiny_spec, tiny_model, tokenizer, tmp_path
     embedded = json.loads(capsys.readouterr().out)
 
     engine = TorchEngine(copy.deepcopy(tiny_model), tokenizer, seed=7)
-    server, port = serve_grpc(0, GeneratorServicer(engine, tokenizer, tiny_spec), host="127.0.0.1")
+    ca = new_ca(tiny_spec.name)
+    served_as = RpcSecurity(str(write_tls_dir(tmp_path / "tls-gen", ca.issue("generator"), ca)),
+                            clients=frozenset({"eval"}))
+    monkeypatch.setenv(ENV_TLS_DIR, str(write_tls_dir(tmp_path / "tls-eval", ca.issue("eval"), ca)))
+    server, port = serve_grpc(0, GeneratorServicer(engine, tokenizer, tiny_spec), security=served_as,
+                              host="127.0.0.1")
     try:
         assert main([*args, "--engine", "grpc", "--target", f"127.0.0.1:{port}"]) == 0
         served = json.loads(capsys.readouterr().out)

@@ -75,6 +75,7 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, s3_env, unique
         assert cluster.wait_learner(timeout_s=480) == 0, cluster.tail("learner-0")
         # (checked at the end: waiting for it mid-run could let the learner finish before it is killed)
         _check_side_port(cluster, "generator-1", f"{unique}.prompts")
+        _check_grpc_is_mutual_tls(cluster, "generator-1")
         codes = cluster.stop_all()
     finally:
         cluster.stop_all(timeout_s=30)
@@ -120,6 +121,27 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, s3_env, unique
     _check_versions(bus, unique, before_kill, uploaded, steps, summary)
     bus.delete_topics([f"{unique}.{k}" for k in ("prompts", "rollouts", "scored", "policy", "metrics", "dlq")])
     bus.close()
+
+
+def _check_grpc_is_mutual_tls(cluster: LocalCluster, role_id: str) -> None:
+    """The launcher's roles serve gRPC under the run's CA: the user's `client` identity (<out>/tls/client)
+    reads Status, a plain-text call never reaches the role, and the private keys are the owner's only."""
+    import grpc
+
+    from scalerl.rpc.client import GeneratorClient
+    from scalerl.rpc.security import RpcSecurity
+
+    ports = json.loads(next(line for line in cluster.procs[role_id].log_path.read_text().splitlines()
+                            if line.startswith("{")))
+    target = f"127.0.0.1:{ports['grpc']}"
+    with GeneratorClient(target, security=RpcSecurity(str(cluster.out / "tls" / "client"))) as client:
+        assert client.status()["policy_version"] >= 0
+    with GeneratorClient(target, security=RpcSecurity.development(), timeout_s=5) as plain, \
+            pytest.raises(grpc.RpcError) as err:
+        plain.status()
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert {oct(p.stat().st_mode & 0o777) for p in (cluster.out / "tls").glob("*/tls.key")} == {"0o600"}
+    assert "PLAIN TEXT" not in cluster.procs[role_id].log_path.read_text()
 
 
 def _check_side_port(cluster: LocalCluster, role_id: str, input_topic: str, timeout_s: float = 120) -> None:

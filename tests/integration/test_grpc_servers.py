@@ -28,9 +28,10 @@ from scalerl.messages import Completion, PolicyVersion, PromptTask, RolloutGroup
 from scalerl.rpc.client import CurriculumClient, GeneratorClient, LearnerClient, VerifierClient
 from scalerl.rpc.convert import to_proto
 from scalerl.rpc.gen.scalerl.v1 import services_pb2 as spb
+from scalerl.rpc.security import RpcSecurity
 from scalerl.rpc.server import serve_grpc
 from scalerl.store.factory import open_store
-from scalerl.store.weights import publish_weights
+from scalerl.store.weights import publish_weights, weights_key
 from scalerl.tasks.registry import build_task
 from scalerl.telemetry.metrics import RoleMetrics
 from scalerl.verifier.server import VerifierServicer
@@ -38,6 +39,8 @@ from scalerl.verifier.verifier import Verifier
 from waiting import wait_for
 
 LOOPBACK = "127.0.0.1"
+PLAIN = RpcSecurity.development()  # what these tests check is the services; tests/integration/test_rpc_security.py
+                                   # checks the transport
 
 
 class SignallingLock:
@@ -63,7 +66,7 @@ def engines(tiny_model: torch.nn.Module, tokenizer: Any) -> tuple[TorchEngine, T
 
 
 def _served(*servicers: Any) -> Iterator[tuple[Any, str]]:
-    server, port = serve_grpc(0, *servicers, host=LOOPBACK)
+    server, port = serve_grpc(0, *servicers, security=PLAIN, host=LOOPBACK)
     try:
         yield server, f"{LOOPBACK}:{port}"
     finally:
@@ -74,7 +77,7 @@ def test_generate_equals_the_engine_called_directly(engines, tokenizer, tiny_spe
     served, direct = engines
     metrics = RoleMetrics("generator")
     for _, target in _served(GeneratorServicer(served, tokenizer, tiny_spec, metrics=metrics)):
-        with GeneratorClient(target) as client:
+        with GeneratorClient(target, security=PLAIN) as client:
             # 1) text prompts, the job's sampling and length rules, n = 3
             prompts = ["12+34=", "5+6="]
             got = client.generate_groups(prompts, n=3)
@@ -115,7 +118,7 @@ def test_generate_with_budget_forcing_equals_the_engine_with_the_same_rules(engi
     base = length_control(tiny_spec, tokenizer)
     prompt = encode_prompt(tokenizer, "12+34=")
     for _, target in _served(GeneratorServicer(served, tokenizer, tiny_spec)):
-        with GeneratorClient(target) as client:
+        with GeneratorClient(target, security=PLAIN) as client:
             for rules in (budget_forcing(base, max_thinking=5, answer_prefix_ids=prefix),
                           budget_forcing(base, min_thinking=12, wait_ids=wait, max_waits=2)):
                 sent = budget_forcing_of(rules)
@@ -153,7 +156,7 @@ def test_generate_rejects_bad_requests_with_the_field(engines, tokenizer, tiny_s
          f"budget_forcing.answer_prefix_ids: [{vocab}] outside the vocabulary"),
     ]
     for _, target in _served(GeneratorServicer(engines[0], tokenizer, tiny_spec)):
-        with GeneratorClient(target) as client:
+        with GeneratorClient(target, security=PLAIN) as client:
             for kwargs, reason in cases:
                 with pytest.raises(grpc.RpcError) as err:
                     client.generate(kwargs.pop("prompts"), **kwargs)
@@ -179,7 +182,7 @@ def test_update_weights_from_minio_changes_the_policy_and_the_outputs(s3_env, un
     prompt = encode_prompt(tokenizer, "12+34=")
     metrics = RoleMetrics("generator")
     for _, target in _served(GeneratorServicer(served, tokenizer, tiny_spec, store=store, metrics=metrics)):
-        with GeneratorClient(target) as client:
+        with GeneratorClient(target, security=PLAIN) as client:
             before = client.generate([prompt], n=2)
             assert before == direct.generate([prompt] * 2, sampling, rules)
             assert before == old.generate([prompt] * 2, sampling, rules)
@@ -198,13 +201,14 @@ def test_update_weights_from_minio_changes_the_policy_and_the_outputs(s3_env, un
             stale = old.generate([prompt] * 2, sampling, rules)  # same RNG stream, old weights
             assert [c.logprobs for c in stale] != [c.logprobs for c in want]
 
-            # a wrong checksum or a missing object: refused, the served version stays 1
-            bad = PolicyVersion(2, pv.uri, "0" * 64)
+            # an object that does not match its checksum, or a missing one: refused, the served version stays 1
+            pv2 = publish_weights(store, 2, new_weights, keep_last=0)
+            store.put_bytes(store.key_of(pv2.uri), store.get_bytes(store.key_of(pv.uri))[:-1] + b" ")
             with pytest.raises(grpc.RpcError) as err:
-                client.update_weights(bad)
+                client.update_weights(pv2)
             assert err.value.code() == grpc.StatusCode.DATA_LOSS and "checksum mismatch" in err.value.details()
             with pytest.raises(grpc.RpcError) as err:
-                client.update_weights(PolicyVersion(3, store.uri("policy/missing.safetensors"), "0" * 64))
+                client.update_weights(PolicyVersion(3, store.uri(weights_key(3, "0" * 64)), "0" * 64))
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
             assert client.status()["policy_version"] == 1 and client.status()["weight_updates"] == 1
     assert metrics.policy_version._value.get() == 1.0
@@ -228,7 +232,7 @@ def test_score_equals_verifier_score() -> None:
     verifier = Verifier(task, penalty=penalty)
     rollout = _rollout()
     for _, target in _served(VerifierServicer(verifier, metrics=RoleMetrics("verifier"))):
-        with VerifierClient(target) as client:
+        with VerifierClient(target, security=PLAIN) as client:
             scored = client.score(rollout)
             assert scored == verifier.score(rollout)
             # by hand: 1) correct, 8 tokens: 1 + clip((10 - 8)/4 - 1, -1, 0) = 1 - 0.5 = 0.5
@@ -255,7 +259,7 @@ def test_status_of_learner_and_curriculum_and_all_four_services_on_one_server(en
                  LearnerServicer(lambda: learner_state, learner_id="learner-a"),
                  CurriculumServicer(lambda: curriculum_state, ready=lambda: False)]
     for _, target in _served(*servicers):
-        with LearnerClient(target) as lc, CurriculumClient(target) as cc:
+        with LearnerClient(target, security=PLAIN) as lc, CurriculumClient(target, security=PLAIN) as cc:
             ls = lc.status()
             assert (ls["role"], ls["id"], ls["ready"], ls["step"], ls["groups_consumed"], ls["staleness_versions"],
                     ls["policy_version"], ls["groups_dropped_stale"]) == ("learner", "learner-a", True, 12, 96,
@@ -295,7 +299,7 @@ GRACE_S = 300.0
 
 def _refusal(target: str) -> grpc.StatusCode | None:
     """The status code of a new call to `target` that failed, or None if it was served."""
-    with GeneratorClient(target, timeout_s=5) as late:
+    with GeneratorClient(target, timeout_s=5, security=PLAIN) as late:
         try:
             late.status()
         except grpc.RpcError as err:
@@ -306,9 +310,9 @@ def _refusal(target: str) -> grpc.StatusCode | None:
 def test_graceful_stop_finishes_the_call_in_progress(engines, tokenizer, tiny_spec) -> None:
     lock = SignallingLock()
     server, port = serve_grpc(0, GeneratorServicer(engines[0], tokenizer, tiny_spec, engine_lock=lock),  # type: ignore[arg-type]
-                              host=LOOPBACK)
+                              security=PLAIN, host=LOOPBACK)
     target = f"{LOOPBACK}:{port}"
-    client = GeneratorClient(target)
+    client = GeneratorClient(target, security=PLAIN)
     try:
         with lock.lock:  # the handler will wait here: a call in progress
             result: dict[str, Any] = {}

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scalerl.bus.base import TopicNames
 from scalerl.messages import Completion, PromptTask, RolloutGroup, ScoredGroup
 from scalerl.rpc.client import VerifierClient
+from scalerl.rpc.security import RpcSecurity
 from scalerl.rpc.server import serve_grpc
 from scalerl.tasks.registry import build_task
 from scalerl.telemetry.metrics import RoleMetrics
@@ -155,10 +156,11 @@ def test_one_trace_through_grpc_and_kafka(infra, unique, poll_until) -> None:
     bus.ensure_topics([topics.scored])
     rollout = RolloutGroup(PromptTask("p-9", 0, "12+34=", "46", 1, "addition"), [1, 2],
                            [Completion([5, 6], [-0.5, -0.25], [0, 0], [True, True], "stop", "<think>t</think>46")])
-    server, port = serve_grpc(0, VerifierServicer(PublishingVerifier(bus, topics.scored)), host=LOOPBACK)
+    server, port = serve_grpc(0, VerifierServicer(PublishingVerifier(bus, topics.scored)), host=LOOPBACK,
+                              security=RpcSecurity.development())
     try:
         with tracer().start_as_current_span("curriculum.issue") as root, \
-                VerifierClient(f"{LOOPBACK}:{port}") as client:
+                VerifierClient(f"{LOOPBACK}:{port}", security=RpcSecurity.development()) as client:
             assert client.score(rollout).rewards == [1.0]
         consumer = bus.consumer([topics.scored], group=f"{unique}-learner")
         try:

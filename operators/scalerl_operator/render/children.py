@@ -145,6 +145,9 @@ def _env(job: str, role: str, spec: RLJobSpec) -> list[dict[str, Any]]:
         env += [{"name": "S3_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": sec.name, "key": sec.access_key_key}}},
                 {"name": "S3_SECRET_KEY", "valueFrom": {"secretKeyRef": {"name": sec.name, "key": sec.secret_key_key}}}]
     env += secure_env(spec)
+    # The roles' gRPC ports in plain text, said explicitly (a role refuses to guess): the operator does not
+    # issue the job's certificates yet (scalerl.rpc.certs; `scalerl run --distributed` does).
+    env.append({"name": "SCALERL_RPC_PLAINTEXT", "value": "true"})
     if spec.telemetry.otlp_endpoint:
         env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": spec.telemetry.otlp_endpoint})
     env += [{"name": "OTEL_SERVICE_NAME", "value": f"scalerl-{role}"},

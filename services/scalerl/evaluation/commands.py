@@ -144,6 +144,12 @@ def _check_engine(args: argparse.Namespace, strategies: tuple[str, ...]) -> None
         problem = target_problem("--target", args.grpc_target)
         if problem:
             raise BadArgument(f"{problem}; --engine grpc needs the generator service as HOST:PORT")
+        from scalerl.rpc.security import RpcSecurity, RpcSecurityError
+
+        try:
+            RpcSecurity.from_env()
+        except RpcSecurityError as exc:
+            raise BadArgument(f"--engine grpc: {'; '.join(str(exc).splitlines())}") from None
         local = [s for s in strategies if s in EMBEDDED_ONLY]
         if local or args.checkpoints == "all":
             what = f"--strategy {','.join(local)}" if local else "--checkpoints all"

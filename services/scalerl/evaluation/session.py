@@ -35,8 +35,9 @@ class GrpcBackend:
 
     def __init__(self, target: str, seed: int) -> None:
         from scalerl.rpc.client import GeneratorClient
+        from scalerl.rpc.security import RpcSecurity
 
-        self.client = GeneratorClient(target)
+        self.client = GeneratorClient(target, security=RpcSecurity.from_env())
         self.client.wait_ready()
         self.seed = seed
         self._restart: int | None = None  # the stream seed the next request starts from

@@ -9,9 +9,15 @@ Decisions:
 1. One lock (`engine_lock`, pass the bus role's own to share it) serialises every use of the engine:
    a Generate never sees a half-loaded swap and never interleaves with the role loop's batches. The
    weights are fetched outside the lock (seconds from S3), only the copy into the model is inside.
-2. UpdateWeights loads any announcement that differs from the last one it loaded, a lower version
-   included (as the bus role does: a learner restarted from a checkpoint announces its versions
-   again); the same announcement twice is acknowledged with `swapped = false` (idempotent retries).
+2. UpdateWeights only moves forward: a version below the one the engine serves is refused
+   (PERMISSION_DENIED), whoever asks. Versions never repeat across learner restarts (a resumed learner
+   numbers past every version ever uploaded, `scalerl.learner.lineage`), so no legitimate call goes
+   back, and a rollback to old weights is the attack this stops. The version the engine already serves
+   is acknowledged with `swapped = false` and not loaded again (idempotent retries, and a restarted
+   learner announcing its checkpoint's version again with the same weights).
+   Only the weights this job published are loaded: the URI must be exactly where `publish_weights`
+   puts that version and checksum in the generator's own store (`store.weights.foreign_weights`),
+   else PERMISSION_DENIED. Who may call UpdateWeights at all (the learner) is `scalerl.rpc.security`.
 3. A thinking budget below the job's interruption window narrows the window to fit the budget
    ([min(lo, budget), min(hi, budget)]).
 4. Errors: a bad request -> INVALID_ARGUMENT naming the field; no store -> FAILED_PRECONDITION; a
@@ -38,7 +44,7 @@ from scalerl.rpc.gen.scalerl.v1 import services_pb2 as spb
 from scalerl.rpc.gen.scalerl.v1 import services_pb2_grpc as sgrpc
 from scalerl.rpc.server import abort, status_reply
 from scalerl.store.base import Store, StoreError
-from scalerl.store.weights import load_weights
+from scalerl.store.weights import foreign_weights, load_weights
 from scalerl.telemetry.metrics import RoleMetrics
 
 MAX_SAMPLES_PER_PROMPT = 1024
@@ -202,8 +208,14 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
         if store is None:
             abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                   "this generator has no object store to fetch weights from (start it with a store)")
-        if pv == self.loaded:
-            return spb.UpdateWeightsResponse(previous_version=pv.version, policy_version=pv.version, swapped=False)
+        if (why := foreign_weights(store, pv)) is not None:
+            abort(context, grpc.StatusCode.PERMISSION_DENIED, f"not this job's weights: {why}")
+        serving = self.engine.version
+        if pv.version < serving:
+            abort(context, grpc.StatusCode.PERMISSION_DENIED, f"version {pv.version} is older than version "
+                  f"{serving} this generator serves: policy versions only move forward")
+        if pv == self.loaded or pv.version == serving:
+            return spb.UpdateWeightsResponse(previous_version=serving, policy_version=serving, swapped=False)
         t0 = time.perf_counter()
         try:
             state_dict = load_weights(store, pv)
@@ -211,7 +223,7 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
             abort(context, _store_error_code(exc), str(exc))
         with self.engine_lock:
             previous = self.engine.version
-            if pv == self.loaded:  # a concurrent call with the same announcement got there first
+            if pv.version <= previous:  # a concurrent call got there first (with this version or a newer one)
                 return spb.UpdateWeightsResponse(previous_version=previous, policy_version=previous, swapped=False)
             try:
                 self.engine.load_weights(state_dict, pv.version)

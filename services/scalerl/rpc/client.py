@@ -1,13 +1,14 @@
 """Small clients of the role services, speaking scalerl.messages dataclasses.
 
-    with GeneratorClient("127.0.0.1:50051") as gen:
+    with GeneratorClient("127.0.0.1:50051", security=RpcSecurity.from_env()) as gen:
         completions = gen.generate(["12+34="], n=4, temperature=1.0)   # prompt-major: 4 for prompt 0
-    with VerifierClient(target) as ver:
+    with VerifierClient(target, security=security) as ver:
         scored = ver.score(rollout)                                      # == Verifier.score(rollout)
 
 Every call goes through the tracing interceptor (a CLIENT span whose `traceparent` travels in the
-metadata) and has a deadline (`timeout_s`). A failed call raises `grpc.RpcError` (`.code()`,
-`.details()`), e.g. INVALID_ARGUMENT naming the bad field.
+metadata) and has a deadline (`timeout_s`). `security` presents this process's certificate and
+checks the server's (`scalerl.rpc.security`), or is plain text for local development. A failed call
+raises `grpc.RpcError` (`.code()`, `.details()`), e.g. INVALID_ARGUMENT naming the bad field.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from scalerl.messages import Completion, PolicyVersion, RolloutGroup, ScoredGrou
 from scalerl.rpc.convert import from_proto, status_dict, to_proto
 from scalerl.rpc.gen.scalerl.v1 import services_pb2 as spb
 from scalerl.rpc.gen.scalerl.v1 import services_pb2_grpc as sgrpc
+from scalerl.rpc.security import RpcSecurity
 from scalerl.rpc.server import DEFAULT_MAX_MESSAGE_BYTES, grpc_options
 from scalerl.telemetry.tracing import ClientTracingInterceptor
 
@@ -47,7 +49,7 @@ class WeightUpdate:
 class _Client:
     _stub: Any  # the service's generated stub class
 
-    def __init__(self, target: str, *, timeout_s: float = 120.0,
+    def __init__(self, target: str, *, security: RpcSecurity, timeout_s: float = 120.0,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         if not target:
             raise ValueError("target: expected host:port, got an empty string")
@@ -55,7 +57,7 @@ class _Client:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.target = target
         self.timeout_s = timeout_s
-        self._raw = grpc.insecure_channel(target, options=grpc_options(max_message_bytes))
+        self._raw = security.channel(target, options=grpc_options(max_message_bytes))
         self.channel = grpc.intercept_channel(self._raw, ClientTracingInterceptor())
         self.stub = self._stub(self.channel)
 

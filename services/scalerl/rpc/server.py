@@ -1,7 +1,7 @@
 """The gRPC server every role runs: its servicer(s), grpc.health.v1 health checking, server
 reflection, and the tracing interceptor; a graceful `stop(grace_s)`.
 
-    server, port = serve_grpc(0, GeneratorServicer(...), host="127.0.0.1")   # 0 = a free port
+    server, port = serve_grpc(0, GeneratorServicer(...), security=RpcSecurity.from_env(), host="127.0.0.1")
     ...
     server.stop(grace_s=5.0)   # health -> NOT_SERVING, refuse new calls, let running ones finish
 
@@ -14,7 +14,9 @@ Choices:
    and store code, and the role loops that share the engine are threads too.
 2. `grpc.so_reuseport` is off, so binding a port another server holds fails instead of silently
    sharing it.
-3. Messages up to `max_message_bytes` (default 64 MiB) both ways: a Generate answer for many long
+3. `security` has no default: every caller says how the port is protected (mutual TLS and authorization
+   by method, or plain text for local development; `scalerl.rpc.security`).
+4. Messages up to `max_message_bytes` (default 64 MiB) both ways: a Generate answer for many long
    samples is past gRPC's 4 MiB default.
 """
 
@@ -30,6 +32,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from scalerl.rpc.convert import fill_status
+from scalerl.rpc.security import RpcSecurity
 from scalerl.telemetry.tracing import ServerTracingInterceptor
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -79,11 +82,11 @@ class RoleServer:
         return bool(self.grpc.wait_for_termination(timeout_s))
 
 
-def serve_grpc(port: int, *servicers: RoleServicer, host: str = "0.0.0.0", max_workers: int = 8,
+def serve_grpc(port: int, *servicers: RoleServicer, security: RpcSecurity, host: str = "0.0.0.0", max_workers: int = 8,
                max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                interceptors: Sequence[grpc.ServerInterceptor] = ()) -> tuple[RoleServer, int]:
     """Start a server with `servicers`, health (all SERVING) and reflection on `host:port`
-    (0 = a free port); returns (server, bound port)."""
+    (0 = a free port), protected as `security` says; returns (server, bound port)."""
     if not 0 <= port <= 65535:
         raise ValueError(f"port must be in 0..65535 (0 = a free port), got {port}")
     if max_workers < 1:
@@ -94,7 +97,7 @@ def serve_grpc(port: int, *servicers: RoleServicer, host: str = "0.0.0.0", max_w
     if len(set(names)) != len(names):
         raise ValueError(f"serve_grpc: a service is registered twice: {names}")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-                         interceptors=[ServerTracingInterceptor(), *interceptors],
+                         interceptors=[ServerTracingInterceptor(), *security.interceptors(), *interceptors],
                          options=[*grpc_options(max_message_bytes), ("grpc.so_reuseport", 0)])
     for s in servicers:
         s.register(server)
@@ -103,7 +106,7 @@ def serve_grpc(port: int, *servicers: RoleServicer, host: str = "0.0.0.0", max_w
     reflection.enable_server_reflection([*names, HEALTH_SERVICE, reflection.SERVICE_NAME], server)
     address = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = security.add_port(server, address)
     except RuntimeError as exc:
         raise OSError(f"gRPC server: cannot bind {address}: {exc}") from exc
     if not bound:

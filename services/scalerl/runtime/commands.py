@@ -16,6 +16,7 @@ from scalerl.runtime import ROLES
 
 if TYPE_CHECKING:
     from scalerl.config import JobSpec
+    from scalerl.rpc.security import RpcSecurity
     from scalerl.store.base import Store
 
 EXIT_BAD_INPUT = 2
@@ -66,6 +67,20 @@ def fault_plan_problem(path: str) -> str | None:
     return None
 
 
+def _rpc_security(args: argparse.Namespace, problems: list[str]) -> RpcSecurity | None:
+    """How the gRPC port is protected (mutual TLS, or plain text only when asked for); None without a
+    port. A malformed or missing setting is added to `problems`."""
+    if args.grpc_port < 0:
+        return None
+    from scalerl.rpc.security import RpcSecurity, RpcSecurityError
+
+    try:
+        return RpcSecurity.from_env()
+    except RpcSecurityError as exc:
+        problems += str(exc).splitlines()
+        return None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from scalerl.config import SpecError, load_spec
     from scalerl.endpoints import output_dir_problem
@@ -87,6 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         problems += [why] if why else []
     if args.when_finished == "wait" and args.role != "learner":
         problems.append(f"--when-finished wait: only the learner finishes; a {args.role} runs until stopped")
+    rpc_security = _rpc_security(args, problems)
     if args.role == "learner" and spec.off_policy.mode != "pipeline":
         problems.append(f"off_policy.mode: the distributed learner runs 'pipeline' (PipelineRL-k), got "
                         f"{spec.off_policy.mode!r}")
@@ -102,7 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         activate(Path(args.faults), args.role, args.id or f"{args.role}-0")
 
     out = Path(args.out) if args.out else Path("runs") / spec.name
-    ctx = ServiceContext(spec, bus, store, args.id or f"{args.role}-0", out)
+    ctx = ServiceContext(spec, bus, store, args.id or f"{args.role}-0", out, rpc_security=rpc_security)
     import threading
 
     stop = threading.Event()

@@ -9,6 +9,12 @@ last checkpoint, a generator's uncommitted prompts go to the others).
 Compute: the launcher keeps `<out>/pool.json` (`runtime.devices`) current — every role process that is
 running, with the devices `runtime.role_devices` gives its role (a learner: per rank × its ranks) — and
 points the job's `runtime.pool_file` at it, so the learner integrates what the job holds over time.
+
+The roles' gRPC ports are mutual TLS under a CA made for this run (`scalerl.rpc.certs`; its key stays in
+the launcher's memory): each role gets `<out>/tls/<role>/` (its certificate and key, 0600, and the CA) as
+SCALERL_RPC_TLS_DIR, and `<out>/tls/client/` holds identity `client` for the user's own calls (`scalerl
+eval --engine grpc`, grpcurl), allowed as an extra identity. With SCALERL_RPC_PLAINTEXT=true in the
+environment no certificate is made and the ports are plain text (local development).
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ class LocalCluster:
     faults: Path | None = None
     """A fault plan (`scalerl.faults.plan`) every role process fires from (fault-injection tests)."""
     procs: dict[str, RoleProcess] = field(default_factory=dict)
+    rpc_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Per role: the environment that protects its gRPC port (empty in plain text)."""
 
     def __post_init__(self) -> None:
         if not self.bus_url.startswith("kafka://"):
@@ -70,6 +78,23 @@ class LocalCluster:
         self.job_file.write_text(dump_spec(self.spec))
         self._pool: DevicePool | None = None
         self.update_pool()
+        self.rpc_env = self.issue_certificates()
+
+    def issue_certificates(self) -> dict[str, dict[str, str]]:
+        """A CA for this run and a certificate per role and for `client` (see the module docstring)."""
+        from scalerl.rpc.security import ENV_CLIENTS, ENV_PLAINTEXT, ENV_TLS_DIR
+
+        if {**os.environ, **self.env}.get(ENV_PLAINTEXT, "").strip().lower() in ("true", "1", "yes"):
+            return {}
+        from scalerl.rpc.certs import new_ca, write_tls_dir
+        from scalerl.runtime import ROLES
+
+        ca = new_ca(self.spec.name)
+        env = {}
+        for identity in (*ROLES, "client"):
+            folder = write_tls_dir(self.out / "tls" / identity, ca.issue(identity), ca)
+            env[identity] = {ENV_TLS_DIR: str(folder.resolve()), ENV_CLIENTS: "client"}
+        return env
 
     def devices_per_process(self, role: str) -> int:
         """Devices one process of `role` holds: `runtime.role_devices` (the learner: per rank × ranks)."""
@@ -108,7 +133,7 @@ class LocalCluster:
 
     def start(self, role: str, role_id: str) -> RoleProcess:
         log_path = self.out / "logs" / f"{role_id}.log"
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, **self.rpc_env.get(role, {}), "PYTHONUNBUFFERED": "1"}
         with log_path.open("ab") as log_file:
             popen = subprocess.Popen(self.command(role, role_id), stdout=log_file, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True)

@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scalerl.bus import Bus, TopicNames, open_bus
 from scalerl.bus.background import BackgroundConsumer
@@ -36,6 +36,9 @@ from scalerl.store import Store, open_store
 from scalerl.store.fencing import Fenced
 from scalerl.telemetry.steps import StepTimes
 from scalerl.verifier.role import VerifierRole
+
+if TYPE_CHECKING:
+    from scalerl.rpc.security import RpcSecurity
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,6 +55,7 @@ class ServiceContext:
     store_url: str
     role_id: str
     out_dir: Path = field(default_factory=lambda: Path("runs"))
+    rpc_security: RpcSecurity | None = None  # how its gRPC port is protected; None: read from the environment
 
     def open(self) -> tuple[Bus, Store, TopicNames]:
         bus = connect_bus(self.bus_url)

@@ -114,5 +114,7 @@ def start_grpc(role: str, service: Any, ctx: ServiceContext, port: int,
         servicer = CurriculumServicer(_status_fields(service, (
             "ready", "policy_version", "epoch", "prompts_issued", "prompts_inflight", "prompts_retired",
             "groups_scored")), curriculum_id=ctx.role_id, ready=service.ready)
-    server, bound = serve_grpc(port, servicer)
+    from scalerl.rpc.security import RpcSecurity
+
+    server, bound = serve_grpc(port, servicer, security=ctx.rpc_security or RpcSecurity.from_env())
     return bound, lambda: server.stop(grace_s=5.0)

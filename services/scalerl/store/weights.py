@@ -25,6 +25,7 @@ from safetensors.torch import save as st_save
 from scalerl.messages import PolicyVersion
 from scalerl.store.base import Store, StoreError
 
+_CHECKSUM = re.compile(r"[0-9a-f]{64}")
 _KEY = re.compile(r"policy/v(\d{8})-[0-9a-f]+\.safetensors$")
 
 TIED_KEY = "scalerl.tied"
@@ -78,8 +79,22 @@ def highest_version(store: Store) -> int | None:
     return max(versions, default=None)
 
 
+def foreign_weights(store: Store, pv: PolicyVersion) -> str | None:
+    """Why `pv` does not name weights this job published (None: it does). `publish_weights` writes the
+    version under exactly `weights_key(version, checksum)` in the job's store, so any other URI (another
+    bucket or prefix, a path with `..`, another object of the store) is not an announcement of ours."""
+    if not _CHECKSUM.fullmatch(pv.checksum):
+        return f"checksum: expected 64 lowercase hex digits (sha256), got {pv.checksum[:80]!r}"
+    expected = store.uri(weights_key(pv.version, pv.checksum))
+    if pv.uri != expected:
+        return f"uri: {pv.uri[:200]!r} is not where version {pv.version} with this checksum is published ({expected})"
+    return None
+
+
 def load_weights(store: Store, pv: PolicyVersion) -> dict[str, torch.Tensor]:
-    """Fetch and verify the weights of an announced version."""
+    """Fetch and verify the weights of an announced version (only from where this job publishes them)."""
+    if (why := foreign_weights(store, pv)) is not None:
+        raise StoreError(f"not this job's weights: {why}")
     data = store.get_bytes(store.key_of(pv.uri))
     digest = hashlib.sha256(data).hexdigest()
     if digest != pv.checksum:

@@ -1,0 +1,125 @@
+"""Attacks on a generator's gRPC endpoint under mutual TLS, over real gRPC on loopback with its weights in
+the real MinIO (`scalerl.rpc.security`, `generator/server.py` decision 2):
+
+- a call without a client certificate, with a certificate of another job's CA, or in plain text never
+  reaches the service (the TLS handshake fails: UNAVAILABLE) and the service counts no request;
+- a role's certificate other than the learner's cannot call UpdateWeights (PERMISSION_DENIED); an identity
+  the job did not list as an extra client can call nothing;
+- the learner itself cannot roll the generator back to an older version, nor make it load an object that
+  is not where this job publishes that version (another prefix, a path with `..`): PERMISSION_DENIED,
+  and the served version and outputs stay as they were.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+
+from scalerl.generator.server import GeneratorServicer
+from scalerl.generator.torch_engine import TorchEngine
+from scalerl.messages import PolicyVersion
+from scalerl.rpc.certs import CertificateAuthority, new_ca, write_tls_dir
+from scalerl.rpc.client import GeneratorClient
+from scalerl.rpc.security import RpcSecurity
+from scalerl.rpc.server import serve_grpc
+from scalerl.store.factory import open_store
+from scalerl.store.weights import load_weights, publish_weights
+
+pytestmark = pytest.mark.infra
+LOOPBACK = "127.0.0.1"
+
+
+def _as(ca: CertificateAuthority, identity: str, tmp: Path, **kw: Any) -> RpcSecurity:
+    return RpcSecurity(str(write_tls_dir(tmp / f"{identity}-{id(ca)}", ca.issue(identity), ca)), **kw)
+
+
+def _code(call: Any) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    return err.value.code()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def served(s3_env: Any, unique: str, tiny_model: torch.nn.Module, tokenizer: Any, tiny_spec: Any,
+           tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A generator serving version 0 under the job CA (extra client `eval`), its store holding versions 1
+    and 2 of this job, and the CA."""
+    ca = new_ca(tiny_spec.name)
+    store = open_store(f"s3://scalerl-it/{unique}")
+    gen = torch.Generator().manual_seed(1)
+    weights = {v: {k: t + 0.05 * v * torch.randn(t.shape, generator=gen) for k, t in tiny_model.state_dict().items()}
+               for v in (1, 2)}
+    published = {v: publish_weights(store, v, w, keep_last=0) for v, w in weights.items()}
+    servicer = GeneratorServicer(TorchEngine(copy.deepcopy(tiny_model), tokenizer, seed=0), tokenizer, tiny_spec,
+                                 store=store)
+    server, port = serve_grpc(0, servicer, host=LOOPBACK,
+                              security=_as(ca, "generator", tmp_path, clients=frozenset({"eval"})))
+    try:
+        yield {"target": f"{LOOPBACK}:{port}", "ca": ca, "store": store, "published": published,
+               "servicer": servicer, "tmp": tmp_path}
+    finally:
+        server.stop(grace_s=1.0)
+
+
+def test_no_certificate_another_jobs_certificate_or_plain_text_never_reach_the_service(served) -> None:
+    target, tmp = served["target"], served["tmp"]
+    stranger = new_ca("unit")  # the same job name, another CA: not this job's
+    for security in (_as(stranger, "learner", tmp), RpcSecurity.development()):
+        with GeneratorClient(target, security=security, timeout_s=5) as client:
+            assert _code(lambda c=client: c.generate(["1+2="], n=1)) == grpc.StatusCode.UNAVAILABLE
+    # a client presenting no certificate at all (the job's CA to check the server, nothing of its own)
+    channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(served["ca"].cert_pem),
+                                  options=[("grpc.ssl_target_name_override", "unit.rpc.scalerl")])
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    assert _code(lambda: health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)) \
+        == grpc.StatusCode.UNAVAILABLE
+    channel.close()
+    with GeneratorClient(target, security=_as(served["ca"], "verifier", tmp)) as client:
+        assert client.status()["requests_served"] == 0  # nothing above reached the service
+
+
+def test_only_the_learner_updates_weights_and_unlisted_identities_call_nothing(served) -> None:
+    ca, tmp, v1 = served["ca"], served["tmp"], served["published"][1]
+    for role in ("verifier", "curriculum", "generator", "operator", "eval"):
+        with GeneratorClient(served["target"], security=_as(ca, role, tmp)) as client:
+            assert _code(lambda c=client: c.update_weights(v1)) == grpc.StatusCode.PERMISSION_DENIED, role
+    with GeneratorClient(served["target"], security=_as(ca, "eval", tmp)) as client:
+        assert len(client.generate(["1+2="], n=2)) == 2  # a listed extra identity may generate
+    with GeneratorClient(served["target"], security=_as(ca, "grader", tmp)) as client:  # issued, not listed
+        assert _code(lambda: client.generate(["1+2="], n=1)) == grpc.StatusCode.PERMISSION_DENIED
+        assert _code(client.status) == grpc.StatusCode.PERMISSION_DENIED
+    with GeneratorClient(served["target"], security=_as(ca, "operator", tmp)) as client:
+        assert client.status()["policy_version"] == 0 and client.status()["weight_updates"] == 0
+
+
+def test_the_learner_cannot_roll_back_or_load_what_the_job_did_not_publish(served) -> None:
+    ca, tmp, store = served["ca"], served["tmp"], served["store"]
+    v1, v2 = served["published"][1], served["published"][2]
+    with GeneratorClient(served["target"], security=_as(ca, "learner", tmp)) as learner:
+        assert learner.update_weights(v2).swapped
+        before = learner.generate(["12+34="], n=2)
+        denied = learner.update_weights
+        assert _code(lambda: denied(v1)) == grpc.StatusCode.PERMISSION_DENIED  # older: a rollback
+        assert learner.update_weights(v2).swapped is False  # the version it serves: acknowledged, not reloaded
+        # version 3 made of v1's bytes, planted outside the job's prefix and behind a `..`
+        data = store.get_bytes(store.key_of(v1.uri))
+        key = f"policy/v{3:08d}-{v1.checksum[:16]}.safetensors"
+        outside = open_store(store.uri("").replace("/it-", "/other-it-", 1).rstrip("/"))
+        planted = [PolicyVersion(3, outside.put_bytes(key, data), v1.checksum),
+                   PolicyVersion(3, store.uri(f"../{Path(store.uri('')).name}/{key}"), v1.checksum),
+                   PolicyVersion(3, store.uri("run/summary.json"), v1.checksum)]
+        for pv in planted:
+            assert _code(lambda p=pv: denied(p)) == grpc.StatusCode.PERMISSION_DENIED, pv.uri
+        status = learner.status()
+        assert (status["policy_version"], status["weight_updates"]) == (2, 1)
+        assert len(before) == 2
+    served_weights = served["servicer"].engine.model.state_dict()
+    for name, tensor in load_weights(store, v2).items():  # still exactly version 2's weights
+        assert torch.equal(served_weights[name], tensor), name
