@@ -123,3 +123,27 @@ def test_the_learner_cannot_roll_back_or_load_what_the_job_did_not_publish(serve
     served_weights = served["servicer"].engine.model.state_dict()
     for name, tensor in load_weights(store, v2).items():  # still exactly version 2's weights
         assert torch.equal(served_weights[name], tensor), name
+
+
+def test_a_renewed_certificate_is_taken_without_a_restart(tiny_model: torch.nn.Module, tokenizer: Any,
+                                                          tiny_spec: Any, tmp_path: Path) -> None:
+    """The operator renews a Secret (here: a new CA, as when the CA Secret is replaced to revoke everything);
+    the server's next connection uses the new files: the new CA's clients get in, the old CA's do not."""
+    old, new = new_ca(tiny_spec.name), new_ca(tiny_spec.name)
+    folder = tmp_path / "served"
+    write_tls_dir(folder, old.issue("generator"), old)
+    servicer = GeneratorServicer(TorchEngine(copy.deepcopy(tiny_model), tokenizer, seed=0), tokenizer, tiny_spec)
+    server, port = serve_grpc(0, servicer, host=LOOPBACK, security=RpcSecurity(str(folder)))
+    target = f"{LOOPBACK}:{port}"
+    try:
+        with GeneratorClient(target, security=_as(old, "curriculum", tmp_path)) as client:
+            assert client.status()["policy_version"] == 0
+        staged = write_tls_dir(tmp_path / "staged", new.issue("generator"), new)
+        for name in ("tls.crt", "tls.key", "ca.crt"):  # replaced file by file, as a renewal lands
+            (staged / name).replace(folder / name)
+        with GeneratorClient(target, security=_as(new, "curriculum", tmp_path)) as client:
+            assert client.status()["policy_version"] == 0
+        with GeneratorClient(target, security=_as(old, "curriculum", tmp_path), timeout_s=5) as client:
+            assert _code(client.status) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop(grace_s=1.0)

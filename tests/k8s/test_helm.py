@@ -408,11 +408,13 @@ def test_namespaced_rbac_grants_exactly_what_the_operator_needs(k8s_call: Call, 
                ("update", "apps", "deployments", "scale"), ("patch", "apps", "statefulsets", "scale"),
                ("delete", "apps", "statefulsets", ""),
                ("create", "", "services", ""), ("patch", "", "configmaps", ""), ("get", "", "secrets", ""),
+               ("create", "", "secrets", ""), ("patch", "", "secrets", ""),
                ("list", "", "pods", ""), ("watch", "", "pods", ""), ("delete", "", "pods", ""),
                ("create", "policy", "poddisruptionbudgets", ""), ("create", "", "events", ""),
                ("create", "coordination.k8s.io", "leases", ""), ("create", "kueue.x-k8s.io", "workloads", ""),
                ("watch", "kueue.x-k8s.io", "workloads", ""), ("patch", "kueue.x-k8s.io", "workloads", "status")]
-    denied = [("list", "", "secrets", ""), ("update", "", "secrets", ""), ("create", "", "pods", ""),
+    denied = [("list", "", "secrets", ""), ("watch", "", "secrets", ""), ("delete", "", "secrets", ""),
+              ("create", "", "pods", ""),
               ("delete", "scalerl.dev", "rljobs", ""), ("create", "rbac.authorization.k8s.io", "roles", ""),
               ("create", "apps", "daemonsets", ""), ("delete", "coordination.k8s.io", "leases", "")]
     assert [a for a in allowed if not _allowed(k8s_call, sa, namespace, *a)] == []

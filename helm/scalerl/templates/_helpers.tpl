@@ -159,10 +159,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [workloads/status]
   verbs: [get, patch, update]
 # The S3 key pair named in spec.store.credentialsSecret (the roles get it as env from the Secret; the
-# operator only ever reads one by name, e.g. for store retention at deletion).
+# operator only ever reads one by name, e.g. for store retention at deletion), and the certificate
+# Secrets of each job's role endpoints, which the operator makes and renews (server-side apply: patch,
+# create for the first apply). Never list or watch: it reads no Secret it was not pointed at.
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]

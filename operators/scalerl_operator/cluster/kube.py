@@ -32,7 +32,7 @@ _COLLECTIONS = {
     ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
     ("v1", "Event"): "/api/v1/namespaces/{ns}/events",
     ("v1", "Pod"): "/api/v1/namespaces/{ns}/pods",
-    ("v1", "Secret"): "/api/v1/namespaces/{ns}/secrets",  # read only, by name (store.credentialsSecret)
+    ("v1", "Secret"): "/api/v1/namespaces/{ns}/secrets",  # by name: store.credentialsSecret, the rpc certificates
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
     ("apps/v1", "StatefulSet"): "/apis/apps/v1/namespaces/{ns}/statefulsets",
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",

@@ -18,6 +18,8 @@ For an RLJob named J (labels `app.kubernetes.io/{name,instance,component,managed
   `--when-finished wait`: after its last step it stays up (Ready, status `finished`) until the operator
   scales it down, so finishing never reads as a container restart;
 - Services `J-generator`, `J-verifier` (grpc 50051, metrics);
+- in every role's Pods, its certificate Secret `J-rpc-<role>` (made by scalerl_operator.control.rpc_tls)
+  at RPC_TLS_MOUNT, read-only, group-readable by the Pod's fsGroup: the gRPC port is mutual TLS;
 - PodDisruptionBudget `J-learner` (minAvailable = nodes; the StatefulSet updates OnDelete: the
   operator restarts and updates the torchrun group as one, scalerl_operator.control.gang).
 Every container runs under `tini -g --` (`INIT`): PID 1 of a container ignores a signal it has no
@@ -57,7 +59,17 @@ from scalerl_operator.api.spec import PodPlacement, RLJobSpec
 from scalerl_operator.api.spec import RoleName as Role
 from scalerl_operator.render.devices import device_pool, pool_json
 from scalerl_operator.render.images import IMAGE_DEFAULTS_ANNOTATION, ImageDefaults
-from scalerl_operator.render.names import ROLES, bus_prefix, child_name, labels, partitions, selector
+from scalerl_operator.render.names import (
+    ROLES,
+    RPC_CLIENT,
+    RPC_TLS_MOUNT,
+    bus_prefix,
+    child_name,
+    labels,
+    partitions,
+    rpc_secret,
+    selector,
+)
 from scalerl_operator.render.secure import add_secure_volumes, secure_env
 
 GRPC_PORT = 50051
@@ -145,9 +157,9 @@ def _env(job: str, role: str, spec: RLJobSpec) -> list[dict[str, Any]]:
         env += [{"name": "S3_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": sec.name, "key": sec.access_key_key}}},
                 {"name": "S3_SECRET_KEY", "valueFrom": {"secretKeyRef": {"name": sec.name, "key": sec.secret_key_key}}}]
     env += secure_env(spec)
-    # The roles' gRPC ports in plain text, said explicitly (a role refuses to guess): the operator does not
-    # issue the job's certificates yet (scalerl.rpc.certs; `scalerl run --distributed` does).
-    env.append({"name": "SCALERL_RPC_PLAINTEXT", "value": "true"})
+    # the role's gRPC port: mutual TLS with its certificate Secret (scalerl_operator.control.rpc_tls)
+    env += [{"name": "SCALERL_RPC_TLS_DIR", "value": RPC_TLS_MOUNT},
+            {"name": "SCALERL_RPC_CLIENTS", "value": RPC_CLIENT}]
     if spec.telemetry.otlp_endpoint:
         env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": spec.telemetry.otlp_endpoint})
     env += [{"name": "OTEL_SERVICE_NAME", "value": f"scalerl-{role}"},
@@ -204,6 +216,8 @@ def _pod_template(job: str, role: Role, spec: RLJobSpec, images: ImageDefaults, 
             {"key": "job.yaml", "path": "job.yaml"}, {"key": POOL_FILE, "path": POOL_FILE}]}},
         {"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
     add_secure_volumes(spec, volumes, container)
+    volumes.append({"name": "rpc-tls", "secret": {"secretName": rpc_secret(job, role), "defaultMode": 0o440}})
+    container["volumeMounts"].append({"name": "rpc-tls", "mountPath": RPC_TLS_MOUNT, "readOnly": True})
     if role == "learner":  # NCCL / torch.distributed use shared memory between the ranks of a pod
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})

@@ -14,6 +14,16 @@ SINGLE_TOPIC_KINDS = ("policy", "metrics", "dlq")  # one partition: the policy a
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # on the job's Workload (scalerl_operator.control.kueue)
 
 
+RPC_TLS_MOUNT = "/var/run/scalerl/rpc"  # a role's certificate Secret in its Pods (SCALERL_RPC_TLS_DIR)
+RPC_CLIENT = "client"  # the identity of the user's own calls, allowed by every role (SCALERL_RPC_CLIENTS)
+
+
+def rpc_secret(job: str, identity: str) -> str:
+    """`<job>-rpc-<identity>`: the certificate Secret of a role or of `client`; `<job>-rpc-ca` the job's CA
+    (scalerl_operator.control.rpc_tls)."""
+    return f"{job}-rpc-{identity}"
+
+
 def child_name(job: str, role: str) -> str:
     return f"{job}-spec" if role == "spec" else f"{job}-{role}"
 

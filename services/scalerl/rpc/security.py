@@ -23,6 +23,9 @@ Authorization (`allowed`), deny by default:
 A refused call ends with PERMISSION_DENIED naming the identity and the method; a verified certificate
 without a common name with UNAUTHENTICATED.
 
+A server takes renewed certificate files (a Secret the operator renewed, refreshed by the kubelet) on
+its next connection, without a restart (`_Reloader`); connections already open keep their session.
+
 Servers are checked by name: every certificate of job J carries `J.rpc.scalerl` and a client verifies
 the server against it whatever address it dialled (`grpc.ssl_target_name_override`); the client reads
 the name from its own certificate.
@@ -125,6 +128,19 @@ class RpcSecurity:
         d = Path(self.tls_dir)
         return (d / "tls.crt").read_bytes(), (d / "tls.key").read_bytes(), (d / "ca.crt").read_bytes()
 
+    def _server_config(self) -> Any:
+        cert, key, ca = self._files()
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+    def files_stamp(self) -> tuple[tuple[int, int], ...]:
+        """(inode, mtime) of the three files, following links: changes when they are replaced (the kubelet
+        swaps a mounted Secret's files through a symlink)."""
+        out = []
+        for f in ("tls.crt", "tls.key", "ca.crt"):
+            st = (Path(self.tls_dir) / f).stat()
+            out.append((st.st_ino, st.st_mtime_ns))
+        return tuple(out)
+
     @property
     def identity(self) -> str:
         """This process's identity (its certificate's common name); "" in plain text."""
@@ -140,9 +156,8 @@ class RpcSecurity:
             log.warning("gRPC on %s in PLAIN TEXT with no authentication (%s=true): local development only",
                         address, ENV_PLAINTEXT)
             return int(server.add_insecure_port(address))
-        cert, key, ca = self._files()
-        creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
-        return int(server.add_secure_port(address, creds))
+        return int(server.add_secure_port(address, grpc.dynamic_ssl_server_credentials(
+            self._server_config(), _Reloader(self), require_client_authentication=True)))
 
     def interceptors(self) -> list[grpc.ServerInterceptor]:
         """The authorization interceptor (none in plain text: there is no identity to check)."""
@@ -161,6 +176,30 @@ class RpcSecurity:
             raise RpcSecurityError(f"{ENV_TLS_DIR}: tls.crt names no DNS name to verify servers against")
         return grpc.secure_channel(target, grpc.ssl_channel_credentials(ca, key, cert),
                                    options=[*options, ("grpc.ssl_target_name_override", names[0])])
+
+
+class _Reloader:
+    """gRPC asks before each new connection's handshake: the server's certificate, key and CA are read
+    again when their files changed (a renewed Secret), else the current ones stay. A half-written or
+    unreadable set keeps the current one (logged); the next connection tries again."""
+
+    def __init__(self, security: RpcSecurity) -> None:
+        self.security = security
+        self.stamp = security.files_stamp()
+
+    def __call__(self) -> Any:
+        try:
+            stamp = self.security.files_stamp()
+            if stamp == self.stamp:
+                return None
+            config = self.security._server_config()
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("gRPC certificate files in %s: cannot read them again (%s); keeping the current ones",
+                        self.security.tls_dir, exc)
+            return None
+        self.stamp = stamp
+        log.info("gRPC: certificate files in %s changed; new connections use them", self.security.tls_dir)
+        return config
 
 
 def peer_identity(context: grpc.ServicerContext) -> str:

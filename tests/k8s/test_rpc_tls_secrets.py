@@ -1,0 +1,79 @@
+"""The certificate Secrets of a job's role endpoints on the REAL API server (scalerl_operator.control.rpc_tls),
+made by the operator's reconcile pass: the CA and one certificate per role and for `client`, owned by the
+RLJob; a second pass writes nothing; a replaced CA makes every certificate issued again under it; no Pod
+template mounts the CA's key."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from cryptography import x509
+from operator_helpers import create, rljob, unique_job
+
+from scalerl.rpc.certs import identity_of, new_ca, server_name
+from scalerl_operator.api import conditions as c
+from scalerl_operator.cluster.kube import Kube
+from scalerl_operator.control.rpc_tls import IDENTITIES
+from scalerl_operator.control.runtime import OperatorConfig, Runtime
+from scalerl_operator.render.names import rpc_secret
+
+
+def _secrets(kube: Kube, ns: str, name: str) -> dict[str, dict[str, Any]]:
+    out = {}
+    for identity in ("ca", *IDENTITIES):
+        s = kube.get("v1", "Secret", ns, rpc_secret(name, identity))
+        assert s is not None, identity
+        out[identity] = s
+    return out
+
+
+def _pem(secret: dict[str, Any], key: str) -> bytes:
+    return base64.b64decode(secret["data"][key])
+
+
+def test_the_operator_issues_renews_and_owns_the_roles_certificates(kube: Kube, namespace: str,
+                                                                     bootstrap: str) -> None:
+    name = unique_job()
+    job = create(kube, namespace, rljob(name, bootstrap))
+    rt = Runtime(kube, OperatorConfig(kafka_timeout_s=10))
+    try:
+        assert rt.sync(namespace, name, scale=False) == c.PHASE_PENDING
+        first = _secrets(kube, namespace, name)
+        ca = x509.load_pem_x509_certificate(_pem(first["ca"], "ca.crt"))
+        for identity in IDENTITIES:
+            s = first[identity]
+            assert s["type"] == "kubernetes.io/tls" and set(s["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+            cert = x509.load_pem_x509_certificate(_pem(s, "tls.crt"))
+            cert.verify_directly_issued_by(ca)
+            assert identity_of(_pem(s, "tls.crt")) == identity
+            assert cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+                x509.DNSName) == [server_name(name)]
+        for s in first.values():  # garbage-collected with the RLJob
+            assert s["metadata"]["ownerReferences"] == [{
+                "apiVersion": "scalerl.dev/v1alpha1", "kind": "RLJob", "name": name, "uid": job["metadata"]["uid"],
+                "controller": True, "blockOwnerDeletion": True}]
+        assert rt.sync(namespace, name, scale=True) == c.PHASE_PENDING  # nothing due: nothing written
+        again = _secrets(kube, namespace, name)
+        assert {k: s["metadata"]["resourceVersion"] for k, s in again.items()} == \
+            {k: s["metadata"]["resourceVersion"] for k, s in first.items()}
+
+        replaced = new_ca(name)  # e.g. the CA Secret replaced by hand to revoke every certificate
+        kube.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": rpc_secret(name, "ca"),
+                    "namespace": namespace}, "data": {"ca.crt": base64.b64encode(replaced.cert_pem).decode(),
+                                                      "ca.key": base64.b64encode(replaced.key_pem).decode()}})
+        rt.sync(namespace, name, scale=True)
+        renewed = _secrets(kube, namespace, name)
+        for identity in IDENTITIES:
+            x509.load_pem_x509_certificate(_pem(renewed[identity], "tls.crt")).verify_directly_issued_by(
+                x509.load_pem_x509_certificate(replaced.cert_pem))
+            assert _pem(renewed[identity], "ca.crt") == replaced.cert_pem
+    finally:
+        rt.close()
+    mounted = set()
+    for kind, role in (("Deployment", "generator"), ("Deployment", "verifier"), ("Deployment", "curriculum"),
+                       ("StatefulSet", "learner")):
+        w = kube.get("apps/v1", kind, namespace, f"{name}-{role}")
+        assert w is not None
+        mounted |= {v["secret"]["secretName"] for v in w["spec"]["template"]["spec"]["volumes"] if "secret" in v}
+    assert rpc_secret(name, "ca") not in mounted and rpc_secret(name, "learner") in mounted
