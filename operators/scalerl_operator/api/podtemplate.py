@@ -45,9 +45,10 @@ RESERVED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.
 RESERVED_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port")
 RESERVED_ENV = ("POD_NAME", "POD_NAMESPACE", "HOME", "SCALERL_CACHE", "PYTHONUNBUFFERED", "S3_ENDPOINT",
                 "S3_ACCESS_KEY", "S3_SECRET_KEY", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME",
-                "OTEL_RESOURCE_ATTRIBUTES", "NODE_RANK")
-RESERVED_VOLUMES = ("job-spec", "work", "tmp", "dshm")
-RESERVED_MOUNT_PATHS = ("/etc/scalerl", "/home/scalerl", "/tmp", "/dev/shm")
+                "OTEL_RESOURCE_ATTRIBUTES", "NODE_RANK", "SCALERL_RPC_TLS_DIR", "SCALERL_RPC_CLIENTS",
+                "SCALERL_RPC_PLAINTEXT")  # (plain text cannot be switched on from a pod template)
+RESERVED_VOLUMES = ("job-spec", "work", "tmp", "dshm", "rpc-tls")
+RESERVED_MOUNT_PATHS = ("/etc/scalerl", "/home/scalerl", "/tmp", "/dev/shm", "/var/run/scalerl/rpc")
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

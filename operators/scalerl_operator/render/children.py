@@ -226,6 +226,7 @@ def _pod_template(job: str, role: Role, spec: RLJobSpec, images: ImageDefaults, 
     volumes += over.get("volumes", [])
     pod: dict[str, Any] = {
         "terminationGracePeriodSeconds": GRACE_S[role], "enableServiceLinks": False,
+        "automountServiceAccountToken": False,  # no role talks to the API server: no token in its Pods
         "securityContext": {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container], "volumes": volumes}

@@ -26,7 +26,7 @@ def test_a_certificate_is_issued_again_in_the_last_third_of_its_life_or_under_an
     assert due(b"", start) and due(b"-----BEGIN CERTIFICATE-----\ngarbage\n", start)
 
 
-def test_every_role_mounts_its_own_certificate_secret() -> None:
+def test_every_role_mounts_its_own_certificate_secret_and_no_api_token() -> None:
     spec = make_spec()
     objs = render(JOB, NS, spec, desired_replicas(spec, live={}, remembered={}), OPERATOR_IMAGES)
     workloads = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet")]
@@ -42,3 +42,4 @@ def test_every_role_mounts_its_own_certificate_secret() -> None:
         assert env["SCALERL_RPC_TLS_DIR"] == RPC_TLS_MOUNT and env["SCALERL_RPC_CLIENTS"] == "client"
         assert "SCALERL_RPC_PLAINTEXT" not in env
         assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]  # 0440 readable by it
+        assert pod["automountServiceAccountToken"] is False  # no role talks to the API server
