@@ -71,9 +71,11 @@ def _problem(args: argparse.Namespace) -> str | None:
     if not 0 <= args.metrics_port <= 65535:
         return f"--metrics-port: must be 0..65535, got {args.metrics_port}"
     from scalerl_operator.render.images import image_defaults
+    from scalerl_operator.render.netpol import network_defaults
 
     try:
         image_defaults(os.environ)  # the chart's image defaults for RLJobs (SCALERL_DEFAULT_IMAGE*)
+        network_defaults(os.environ)  # the chart's networkPolicy.* (SCALERL_NETWORK_POLICIES, SCALERL_SCRAPE_FROM)
     except ValueError as exc:
         return str(exc)
     return None

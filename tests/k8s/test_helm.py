@@ -310,8 +310,8 @@ def _dry_run_create(paths: Paths, obj: dict[str, Any], namespace: str) -> tuple[
 def test_every_rendered_object_passes_server_side_dry_run(paths: Paths, namespace: str, values: list[str]) -> None:
     release = f"t{uuid.uuid4().hex[:6]}"
     objs = objects_of(render(release, namespace, values))
-    kinds = {"ConfigMap", "CustomResourceDefinition", "Deployment", "Pod", "PodMonitor", "Role", "RoleBinding",
-             "Secret", "Service", "ServiceAccount", "ServiceMonitor", "StatefulSet"}
+    kinds = {"ConfigMap", "CustomResourceDefinition", "Deployment", "NetworkPolicy", "Pod", "PodMonitor", "Role",
+             "RoleBinding", "Secret", "Service", "ServiceAccount", "ServiceMonitor", "StatefulSet"}
     if "operator.scope=namespace" not in values:
         kinds |= {"ClusterRole", "ClusterRoleBinding"}
     assert {o["kind"] for o in objs} == kinds

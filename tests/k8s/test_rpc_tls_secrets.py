@@ -1,13 +1,15 @@
-"""The certificate Secrets of a job's role endpoints on the REAL API server (scalerl_operator.control.rpc_tls),
-made by the operator's reconcile pass: the CA and one certificate per role and for `client`, owned by the
-RLJob; a second pass writes nothing; a replaced CA makes every certificate issued again under it; no Pod
-template mounts the CA's key."""
+"""The protection of a job's role endpoints on the REAL API server, made by the operator's reconcile pass:
+the certificate Secrets (scalerl_operator.control.rpc_tls: the CA and one certificate per role and for
+`client`, owned by the RLJob; a second pass writes nothing; a replaced CA makes every certificate issued
+again under it; no Pod template mounts the CA's key) and the roles' NetworkPolicy (render.netpol: accepted
+by the API server, owned by the RLJob, deleted when the operator is set not to render them)."""
 
 from __future__ import annotations
 
 import base64
 from typing import Any
 
+import pytest
 from cryptography import x509
 from operator_helpers import create, rljob, unique_job
 
@@ -17,6 +19,7 @@ from scalerl_operator.cluster.kube import Kube
 from scalerl_operator.control.rpc_tls import IDENTITIES
 from scalerl_operator.control.runtime import OperatorConfig, Runtime
 from scalerl_operator.render.names import rpc_secret
+from scalerl_operator.render.netpol import policy_name
 
 
 def _secrets(kube: Kube, ns: str, name: str) -> dict[str, dict[str, Any]]:
@@ -32,8 +35,8 @@ def _pem(secret: dict[str, Any], key: str) -> bytes:
     return base64.b64decode(secret["data"][key])
 
 
-def test_the_operator_issues_renews_and_owns_the_roles_certificates(kube: Kube, namespace: str,
-                                                                     bootstrap: str) -> None:
+def test_the_operator_issues_renews_and_owns_the_roles_certificates(kube: Kube, namespace: str, bootstrap: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     name = unique_job()
     job = create(kube, namespace, rljob(name, bootstrap))
     rt = Runtime(kube, OperatorConfig(kafka_timeout_s=10))
@@ -49,7 +52,9 @@ def test_the_operator_issues_renews_and_owns_the_roles_certificates(kube: Kube, 
             assert identity_of(_pem(s, "tls.crt")) == identity
             assert cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
                 x509.DNSName) == [server_name(name)]
-        for s in first.values():  # garbage-collected with the RLJob
+        policy = kube.get("networking.k8s.io/v1", "NetworkPolicy", namespace, policy_name(name))
+        assert policy is not None and policy["spec"]["policyTypes"] == ["Ingress"]
+        for s in [*first.values(), policy]:  # garbage-collected with the RLJob
             assert s["metadata"]["ownerReferences"] == [{
                 "apiVersion": "scalerl.dev/v1alpha1", "kind": "RLJob", "name": name, "uid": job["metadata"]["uid"],
                 "controller": True, "blockOwnerDeletion": True}]
@@ -68,6 +73,9 @@ def test_the_operator_issues_renews_and_owns_the_roles_certificates(kube: Kube, 
             x509.load_pem_x509_certificate(_pem(renewed[identity], "tls.crt")).verify_directly_issued_by(
                 x509.load_pem_x509_certificate(replaced.cert_pem))
             assert _pem(renewed[identity], "ca.crt") == replaced.cert_pem
+        monkeypatch.setenv("SCALERL_NETWORK_POLICIES", "false")  # the chart's networkPolicy.enabled=false
+        rt.sync(namespace, name, scale=True)
+        assert kube.get("networking.k8s.io/v1", "NetworkPolicy", namespace, policy_name(name)) is None
     finally:
         rt.close()
     mounted = set()

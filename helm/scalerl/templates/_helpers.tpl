@@ -146,6 +146,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, delete]
+# Each job's NetworkPolicy (scalerl_operator.render.netpol); delete: when networkPolicy.enabled is turned off.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch, delete]
 # The learner group's PodDisruptionBudget.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]

@@ -36,6 +36,7 @@ _COLLECTIONS = {
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
     ("apps/v1", "StatefulSet"): "/apis/apps/v1/namespaces/{ns}/statefulsets",
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
     ("coordination.k8s.io/v1", "Lease"): "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases",
     (f"{GROUP}/{VERSION}", "RLJob"): f"/apis/{GROUP}/{VERSION}/namespaces/{{ns}}/{PLURAL}",
     # Kueue (scalerl_operator.control.kueue); the last three are cluster-scoped (read by name, namespace "")

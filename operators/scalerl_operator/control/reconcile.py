@@ -7,7 +7,8 @@ a second pass with nothing new a no-op: the API server keeps every child's resou
 
 Order: the certificate Secrets of the roles' endpoints (`rpc_tls`) → ConfigMap (the pods mount it) →
 Kafka topics (partitions sized for the pools) → workloads and
-Services. Children get owner references (`kopf.adopt`): garbage collection removes them with the
+Services → the roles' NetworkPolicy (`render.netpol`; deleted when the operator is set not to render
+them). Children get owner references (`kopf.adopt`): garbage collection removes them with the
 RLJob; the finalizer only cleans what Kubernetes cannot (Kafka topics and consumer groups).
 
 A spec the operator cannot realise (schema-valid, but not runnable: see `unrealisable`) or a child
@@ -48,6 +49,7 @@ from scalerl_operator.render.children import SPEC_HASH_ANNOTATION, desired_repli
 from scalerl_operator.render.devices import accelerator_problem, device_pool
 from scalerl_operator.render.images import image_defaults, image_problem, pinned_image_defaults
 from scalerl_operator.render.names import ROLES, bus_prefix, child_name, partitions, selector, topics
+from scalerl_operator.render.netpol import network_defaults, network_policy, policy_name
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +256,7 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
         rpc_tls.ensure(kube, obj, now)
     sizes = _Sizes(run, prev, live)
     replicas = dict(sizes.decided)
-    children = render(name, ns, run, replicas, images)
+    children = render(name, ns, run, replicas, images) + _network_policy(kube, name, ns, spec)
     if queue is not None and queue.admitted:
         kueue.place(children, queue.placement)
     kopf.adopt(children, owner=obj)  # type: ignore[arg-type]
@@ -299,6 +301,20 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
     write_status(kube, obj, patch)
     out.phase = patch["phase"]
     return out
+
+
+def _network_policy(kube: Kube, name: str, ns: str, spec: RLJobSpec) -> list[dict[str, Any]]:
+    """[the roles' NetworkPolicy] to apply, or [] when the operator is set not to render them; a policy
+    rendered before that is then deleted."""
+    network = network_defaults(os.environ)
+    if network.enabled:
+        return [network_policy(name, ns, spec, network)]
+    try:
+        kube.request("DELETE", path("networking.k8s.io/v1", "NetworkPolicy", ns, policy_name(name)))
+    except KubeError as exc:
+        if exc.status != 404:
+            raise
+    return []
 
 
 def _fail(kube: Kube, obj: dict[str, Any], reason: str, message: str, now: datetime) -> Outcome:
