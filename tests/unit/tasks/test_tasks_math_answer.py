@@ -109,3 +109,22 @@ def test_works_from_a_worker_thread() -> None:
     thread.start()
     thread.join(timeout=60)
     assert not errors and results == [True, True, False, True]
+
+
+def test_math_verify_says_nothing_about_the_timeouts_it_was_told_to_skip(capsys, caplog) -> None:
+    """math_verify warns once per process that its timeouts are off (on purpose here: `_is_tame` refuses
+    the inputs that would need them); that notice stays off the terminal, its other records do not."""
+    import logging
+
+    import math_verify.grader
+    import math_verify.parser
+
+    from scalerl.tasks.math_answer import math_equal
+
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = False  # as in a fresh process (another test may have run it)
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = False
+    with caplog.at_level(logging.WARNING):
+        assert math_equal("\\frac{1}{3}", "2/6")
+        logging.getLogger("math_verify.grader").warning("another problem")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("math_verify")] == ["another problem"]
+    assert "Timeout is disabled" not in capsys.readouterr().err
