@@ -196,3 +196,41 @@ def test_a_prompt_trace_in_jaeger_crosses_all_four_roles(run: Run, observability
     assert len({s["traceID"] for s in chain}) == 1
     starts = [s["startTime"] for s in chain]
     assert starts == sorted(starts), starts  # issued, then generated, then scored, then consumed
+
+
+def _secrets(run: Run, infra: Any) -> dict[str, bytes]:
+    """What must appear nowhere a user or a backend reads: the S3 secret key and every role's private key
+    (the base64 body of each PEM, which any copy of the key contains)."""
+    out = {"S3_SECRET_KEY": infra.s3_secret_key.encode()}
+    for key in sorted((run.cluster.out / "tls").glob("*/tls.key")):
+        body = b"".join(line for line in key.read_bytes().splitlines() if not line.startswith(b"-----"))
+        out[f"{key.parent.name}'s private key"] = body[:48]
+    assert len(out) == 1 + 5  # four roles and `client`
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_no_secret_in_any_output_log_metric_or_span(run: Run, observability: Any, infra: Any) -> None:
+    """(Last in the module: the run has written its logs and outputs by now.)"""
+    secrets = _secrets(run, infra)
+    found: list[str] = []
+    keys = set((run.cluster.out / "tls").glob("*/tls.key"))
+    files = [p for p in run.cluster.out.rglob("*") if p.is_file() and p not in keys]
+    assert any(p.name.endswith(".log") for p in files) and any(p.name == "job.yaml" for p in files)
+    for path in files:
+        data = path.read_bytes()
+        found += [f"{path.relative_to(run.cluster.out)}: {what}" for what, value in secrets.items() if value in data]
+    for rid, port in run.ports.items():  # what Prometheus scrapes
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read()
+        found += [f"{rid} /metrics: {what}" for what, value in secrets.items() if value in text]
+    spans = 0
+    for service in ("scalerl-curriculum", "scalerl-generator", "scalerl-verifier", "scalerl-learner"):
+        url = (f"{observability.jaeger_query_url}/api/traces?"
+               + urllib.parse.urlencode({"service": service, "lookback": "1h", "limit": 500}))
+        with urllib.request.urlopen(url, timeout=30) as r:
+            body = r.read()
+        spans += body.count(b'"spanID"')
+        found += [f"Jaeger spans of {service}: {what}" for what, value in secrets.items() if value in body]
+    assert spans > 0
+    assert found == [], found

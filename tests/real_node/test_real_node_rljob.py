@@ -79,6 +79,17 @@ def test_real_node_helm_install_then_rljob_trains_to_succeeded(node_env, node_ap
         assert status.get("fit") is None
     assert roles >= {"learner", "generator", "verifier", "curriculum"}
 
+    # the roles' endpoints were mutual TLS with the operator's certificates, behind the job's NetworkPolicy,
+    # and no secret reached the run's files
+    for identity in ("ca", "learner", "generator", "verifier", "curriculum", "client"):
+        assert node_core.read_namespaced_secret(f"{name}-rpc-{identity}", node_namespace).data, identity
+    policy = client.NetworkingV1Api(node_api).read_namespaced_network_policy(f"{name}-roles", node_namespace)
+    assert policy.spec.policy_types == ["Ingress"]
+    secrets = {k: node_env[k] for k in ("S3_SECRET_KEY", "KAFKA_SASL_PASSWORD")}
+    leaks = [f"{p.name}: {k}" for p in out.iterdir() if p.is_file() for k, v in secrets.items()
+             if v and v.encode() in p.read_bytes()]
+    assert sorted(p.name for p in out.iterdir()) and leaks == []
+
 
 def _final_pass_rate(summary: dict[str, Any]) -> float:
     for key in ("final_pass_rate", "pass_rate"):
