@@ -119,6 +119,7 @@ bench: install-dev install-vllm infra-up
 	set -a; source build/infra.env; set +a; $(PY) bench/run_bench.py --out bench/results.json && \
 	$(VLLM_RUN) bench/model_bench.py --out bench/results.json && \
 	$(VLLM_RUN) bench/bf16_head_bench.py --out bench/results.json && \
+	$(PY) bench/sandbox_bench.py --out bench/results.json && \
 	$(PY) bench/chaos_bench.py --out bench/results.json $(CHAOS_ARGS)
 
 # The chaos section alone (bench/chaos_bench.py: distributed runs under seeded fault plans, >= 50 seeds,
