@@ -154,8 +154,8 @@ def test_a_volume_the_api_server_refuses_fails_the_job_naming_it(
     runtime = Runtime(kube=kube, config=OperatorConfig(kafka_timeout_s=10.0))
     out = reconcile(kube, stored, learner=LearnerStatus(), ensure_topics=runtime.ensure_topics)
     assert out.phase == cond.PHASE_FAILED and out.error is not None
-    # the first workload applied is the curriculum's: volumes job-spec, work, tmp, then the override's
-    assert "spec.template.spec.volumes[3]" in out.error, out.error
+    # the first workload applied is the curriculum's: volumes job-spec, work, tmp, rpc-tls, then the override's
+    assert "spec.template.spec.volumes[4]" in out.error, out.error
     assert "may not specify more than 1 volume type" in out.error, out.error
     job = kube.get(f"{GROUP}/{VERSION}", "RLJob", namespace, name)
     assert job is not None
