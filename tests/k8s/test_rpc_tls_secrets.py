@@ -24,7 +24,7 @@ from scalerl_operator.render.netpol import policy_name
 
 def _secrets(kube: Kube, ns: str, name: str) -> dict[str, dict[str, Any]]:
     out = {}
-    for identity in ("ca", *IDENTITIES):
+    for identity in ("ca", *IDENTITIES, "eval"):
         s = kube.get("v1", "Secret", ns, rpc_secret(name, identity))
         assert s is not None, identity
         out[identity] = s
@@ -38,13 +38,13 @@ def _pem(secret: dict[str, Any], key: str) -> bytes:
 def test_the_operator_issues_renews_and_owns_the_roles_certificates(kube: Kube, namespace: str, bootstrap: str,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     name = unique_job()
-    job = create(kube, namespace, rljob(name, bootstrap))
+    job = create(kube, namespace, rljob(name, bootstrap, rpc={"clients": ["eval"]}))
     rt = Runtime(kube, OperatorConfig(kafka_timeout_s=10))
     try:
         assert rt.sync(namespace, name, scale=False) == c.PHASE_PENDING
         first = _secrets(kube, namespace, name)
         ca = x509.load_pem_x509_certificate(_pem(first["ca"], "ca.crt"))
-        for identity in IDENTITIES:
+        for identity in (*IDENTITIES, "eval"):  # ... and spec.rpc.clients
             s = first[identity]
             assert s["type"] == "kubernetes.io/tls" and set(s["data"]) == {"tls.crt", "tls.key", "ca.crt"}
             cert = x509.load_pem_x509_certificate(_pem(s, "tls.crt"))
@@ -69,7 +69,7 @@ def test_the_operator_issues_renews_and_owns_the_roles_certificates(kube: Kube, 
                                                       "ca.key": base64.b64encode(replaced.key_pem).decode()}})
         rt.sync(namespace, name, scale=True)
         renewed = _secrets(kube, namespace, name)
-        for identity in IDENTITIES:
+        for identity in (*IDENTITIES, "eval"):
             x509.load_pem_x509_certificate(_pem(renewed[identity], "tls.crt")).verify_directly_issued_by(
                 x509.load_pem_x509_certificate(replaced.cert_pem))
             assert _pem(renewed[identity], "ca.crt") == replaced.cert_pem

@@ -107,6 +107,28 @@ class StoreSpec(K8sModel):
         return self
 
 
+RPC_RESERVED = ("learner", "generator", "verifier", "curriculum", "operator", "client", "ca")
+RpcIdentity = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")]
+
+
+class RpcSpec(K8sModel):
+    """Who may call the roles' gRPC endpoints besides the job's own roles and `client`."""
+
+    clients: list[RpcIdentity] = Field(default_factory=list, max_length=16, description=(
+        "Extra identities (e.g. an evaluation service): the operator issues each a certificate of the job's CA "
+        "(Secret <job>-rpc-<name>), and every role lets it call Generate, Score and Status."))
+
+    @field_validator("clients")
+    @classmethod
+    def _not_reserved(cls, clients: list[str]) -> list[str]:
+        if taken := [c for c in clients if c in RPC_RESERVED]:
+            raise ValueError(f"{', '.join(taken)}: already an identity of every job; allowed: other names "
+                             f"(reserved: {', '.join(RPC_RESERVED)})")
+        if len(set(clients)) != len(clients):
+            raise ValueError("an identity is listed twice")
+        return clients
+
+
 class TelemetrySpec(K8sModel):
     otlp_endpoint: Annotated[str, StringConstraints(max_length=MAX_URI_LENGTH)] = Field(
         "", description="OTLP collector endpoint; empty = no traces exported.")

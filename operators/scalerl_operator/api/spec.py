@@ -30,7 +30,7 @@ from pydantic import (
 
 from scalerl.config import JobSpec, RuntimeConfig, SpecError, spec_from_dict
 from scalerl_operator.api.autoscaling import GeneratorAutoscaling, VerifierAutoscaling
-from scalerl_operator.api.infra import BusSpec, StoreSpec, TelemetrySpec
+from scalerl_operator.api.infra import BusSpec, RpcSpec, StoreSpec, TelemetrySpec
 from scalerl_operator.api.k8s_model import (
     MAX_CONDITIONS,
     MAX_IMAGE_LENGTH,
@@ -176,6 +176,8 @@ class RLJobSpec(K8sModel):
     bus: BusSpec
     store: StoreSpec
     telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec)
+    rpc: RpcSpec = Field(default_factory=RpcSpec, description=(
+        "The roles' gRPC endpoints: mutual TLS under a CA the operator makes for the job; extra identities."))
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     roles: Roles = Field(default_factory=Roles)
     queue_name: Annotated[str, StringConstraints(max_length=63, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$")] = Field(

@@ -4,7 +4,8 @@ per identity, in Secrets the RLJob owns (garbage-collected with it).
     <job>-rpc-ca          Opaque: ca.crt, ca.key (the CA's key is read by the operator only; no Pod mounts it)
     <job>-rpc-<identity>  kubernetes.io/tls: tls.crt, tls.key, ca.crt; one per role, mounted at RPC_TLS_MOUNT in
                           that role's Pods, and `client`: the user's own calls (`scalerl eval --engine grpc`,
-                          grpcurl), an extra identity every role lets call Generate, Score and Status
+                          grpcurl), an extra identity every role lets call Generate, Score and Status;
+                          and one per name in spec.rpc.clients, allowed the same
 
 `ensure` runs every pass: a missing Secret is made; a certificate is issued again when less than a third
 of its validity is left (`RENEW_FRACTION`), or when another CA signed it (the CA Secret was replaced, e.g.
@@ -66,9 +67,10 @@ def _secret(obj: dict[str, Any], name: str, type_: str, data: dict[str, bytes]) 
             "data": {k: _b64(v) for k, v in data.items()}}
 
 
-def ensure(kube: Kube, obj: dict[str, Any], now: datetime | None = None) -> list[str]:
-    """Make or renew the job's CA and certificate Secrets (see the module docstring); the names of the
-    Secrets written this pass (empty when all were current)."""
+def ensure(kube: Kube, obj: dict[str, Any], now: datetime | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+    """Make or renew the job's CA and certificate Secrets (see the module docstring), and those of the
+    `extra` identities (spec.rpc.clients); the names of the Secrets written this pass (empty when all were
+    current)."""
     now = now or datetime.now(UTC)
     job, ns = obj["metadata"]["name"], obj["metadata"]["namespace"]
     written: list[str] = []
@@ -78,7 +80,7 @@ def ensure(kube: Kube, obj: dict[str, Any], now: datetime | None = None) -> list
         ca = new_ca(job, days=CA_DAYS)
         kube.apply(_secret(obj, rpc_secret(job, "ca"), "Opaque", {"ca.crt": ca.cert_pem, "ca.key": ca.key_pem}))
         written.append(rpc_secret(job, "ca"))
-    for identity in IDENTITIES:
+    for identity in (*IDENTITIES, *extra):
         name = rpc_secret(job, identity)
         current = kube.get("v1", "Secret", ns, name)
         if not due(_data(current, "tls.crt"), now, issuer=ca.cert_pem) and _data(current, "ca.crt") == ca.cert_pem:

@@ -159,7 +159,7 @@ def _env(job: str, role: str, spec: RLJobSpec) -> list[dict[str, Any]]:
     env += secure_env(spec)
     # the role's gRPC port: mutual TLS with its certificate Secret (scalerl_operator.control.rpc_tls)
     env += [{"name": "SCALERL_RPC_TLS_DIR", "value": RPC_TLS_MOUNT},
-            {"name": "SCALERL_RPC_CLIENTS", "value": RPC_CLIENT}]
+            {"name": "SCALERL_RPC_CLIENTS", "value": ",".join([RPC_CLIENT, *spec.rpc.clients])}]
     if spec.telemetry.otlp_endpoint:
         env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": spec.telemetry.otlp_endpoint})
     env += [{"name": "OTEL_SERVICE_NAME", "value": f"scalerl-{role}"},

@@ -43,3 +43,21 @@ def test_every_role_mounts_its_own_certificate_secret_and_no_api_token() -> None
         assert "SCALERL_RPC_PLAINTEXT" not in env
         assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]  # 0440 readable by it
         assert pod["automountServiceAccountToken"] is False  # no role talks to the API server
+
+
+def test_extra_identities_are_listed_to_every_role_and_reserved_names_refused() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    spec = make_spec(rpc={"clients": ["eval", "grader.team-a"]})
+    objs = render(JOB, NS, spec, desired_replicas(spec, live={}, remembered={}), OPERATOR_IMAGES)
+    for w in (o for o in objs if o["kind"] in ("Deployment", "StatefulSet")):
+        (c,) = w["spec"]["template"]["spec"]["containers"]
+        assert {e["name"]: e.get("value") for e in c["env"]}["SCALERL_RPC_CLIENTS"] == "client,eval,grader.team-a"
+    for clients, why in ((["learner"], "learner: already an identity of every job"),
+                         (["client"], "client: already an identity"), (["ca"], "ca: already an identity"),
+                         (["eval", "eval"], "an identity is listed twice"), (["Eval"], "pattern"),
+                         ([f"c{i}" for i in range(17)], "at most 16")):
+        with pytest.raises((ValidationError, ValueError)) as err:
+            make_spec(rpc={"clients": clients})
+        assert why in str(err.value), (clients, str(err.value))
