@@ -53,6 +53,16 @@ EOF
 fi
 
 t0="$(date +%s)"
+# podman's builds and runs make /run/netns a shared mount of itself and leave it: undone on exit when it was
+# not one before and nothing is left in it (the host as it was; the real node's clean-up does the same).
+netns_was_mounted=0
+mountpoint -q /run/netns 2>/dev/null && netns_was_mounted=1
+restore_netns() {
+    if ((netns_was_mounted == 0)) && mountpoint -q /run/netns 2>/dev/null && [[ -z "$(ls -A /run/netns)" ]]; then
+        umount /run/netns 2>/dev/null || true
+    fi
+}
+trap restore_netns EXIT
 base="${SCALERL_PYTHON_IMAGE:-}"
 if [[ -z "$base" ]]; then
     base="$BASE_TAG"
