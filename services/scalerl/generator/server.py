@@ -16,8 +16,9 @@ Decisions:
    is acknowledged with `swapped = false` and not loaded again (idempotent retries, and a restarted
    learner announcing its checkpoint's version again with the same weights).
    Only the weights this job published are loaded: the URI must be exactly where `publish_weights`
-   puts that version and checksum in the generator's own store (`store.weights.foreign_weights`),
-   else PERMISSION_DENIED. Who may call UpdateWeights at all (the learner) is `scalerl.rpc.security`.
+   puts that version and checksum in the generator's own store (`store.weights.load_weights` raises
+   ForeignWeights before fetching anything), else PERMISSION_DENIED. Who may call UpdateWeights at
+   all (the learner) is `scalerl.rpc.security`.
 3. A thinking budget below the job's interruption window narrows the window to fit the budget
    ([min(lo, budget), min(hi, budget)]).
 4. Errors: a bad request -> INVALID_ARGUMENT naming the field; no store -> FAILED_PRECONDITION; a
@@ -44,7 +45,7 @@ from scalerl.rpc.gen.scalerl.v1 import services_pb2 as spb
 from scalerl.rpc.gen.scalerl.v1 import services_pb2_grpc as sgrpc
 from scalerl.rpc.server import abort, status_reply
 from scalerl.store.base import Store, StoreError
-from scalerl.store.weights import foreign_weights, load_weights
+from scalerl.store.weights import ForeignWeights, load_weights
 from scalerl.telemetry.metrics import RoleMetrics
 
 MAX_SAMPLES_PER_PROMPT = 1024
@@ -54,6 +55,8 @@ _COUNTERS = ("tokens_generated", "groups_generated", "requests_served", "weight_
 
 
 def _store_error_code(exc: StoreError) -> grpc.StatusCode:
+    if isinstance(exc, ForeignWeights):
+        return grpc.StatusCode.PERMISSION_DENIED
     text = str(exc)
     if "checksum" in text:
         return grpc.StatusCode.DATA_LOSS
@@ -208,8 +211,6 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
         if store is None:
             abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                   "this generator has no object store to fetch weights from (start it with a store)")
-        if (why := foreign_weights(store, pv)) is not None:
-            abort(context, grpc.StatusCode.PERMISSION_DENIED, f"not this job's weights: {why}")
         serving = self.engine.version
         if pv.version < serving:
             abort(context, grpc.StatusCode.PERMISSION_DENIED, f"version {pv.version} is older than version "

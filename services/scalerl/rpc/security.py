@@ -60,6 +60,11 @@ READ_METHODS = frozenset({
 _TRUE = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False, "": False}
 
 
+def plaintext_requested(env: Mapping[str, str]) -> bool:
+    """Whether `env` sets SCALERL_RPC_PLAINTEXT to a true value (a malformed value is not a request)."""
+    return _TRUE.get(env.get(ENV_PLAINTEXT, "").strip().lower(), False)
+
+
 class RpcSecurityError(ValueError):
     """A malformed setting; one line per problem, naming the setting and what is allowed."""
 

@@ -82,9 +82,9 @@ class LocalCluster:
 
     def issue_certificates(self) -> dict[str, dict[str, str]]:
         """A CA for this run and a certificate per role and for `client` (see the module docstring)."""
-        from scalerl.rpc.security import ENV_CLIENTS, ENV_PLAINTEXT, ENV_TLS_DIR
+        from scalerl.rpc.security import ENV_CLIENTS, ENV_TLS_DIR, plaintext_requested
 
-        if {**os.environ, **self.env}.get(ENV_PLAINTEXT, "").strip().lower() in ("true", "1", "yes"):
+        if plaintext_requested({**os.environ, **self.env}):
             return {}
         from scalerl.rpc.certs import new_ca, write_tls_dir
         from scalerl.runtime import ROLES

@@ -91,10 +91,15 @@ def foreign_weights(store: Store, pv: PolicyVersion) -> str | None:
     return None
 
 
+class ForeignWeights(StoreError):
+    """An announcement that does not name weights this job published (`foreign_weights`)."""
+
+
 def load_weights(store: Store, pv: PolicyVersion) -> dict[str, torch.Tensor]:
-    """Fetch and verify the weights of an announced version (only from where this job publishes them)."""
+    """Fetch and verify the weights of an announced version (only from where this job publishes them:
+    ForeignWeights before anything is fetched)."""
     if (why := foreign_weights(store, pv)) is not None:
-        raise StoreError(f"not this job's weights: {why}")
+        raise ForeignWeights(f"not this job's weights: {why}")
     data = store.get_bytes(store.key_of(pv.uri))
     digest = hashlib.sha256(data).hexdigest()
     if digest != pv.checksum:
