@@ -70,9 +70,13 @@ def _problem(args: argparse.Namespace) -> str | None:
             return str(exc)
     if not 0 <= args.metrics_port <= 65535:
         return f"--metrics-port: must be 0..65535, got {args.metrics_port}"
+    from scalerl.rpc.sidetls import token_file_problems
     from scalerl_operator.render.images import image_defaults
+    from scalerl_operator.render.names import SCRAPE_TOKEN_FILE_ENV
     from scalerl_operator.render.netpol import network_defaults
 
+    if token_problem := token_file_problems(os.environ, SCRAPE_TOKEN_FILE_ENV):  # the chart's scrape token
+        return token_problem[0]
     try:
         image_defaults(os.environ)  # the chart's image defaults for RLJobs (SCALERL_DEFAULT_IMAGE*)
         network_defaults(os.environ)  # the chart's networkPolicy.* (SCALERL_NETWORK_POLICIES, SCALERL_SCRAPE_FROM)

@@ -42,6 +42,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 class Observability:
     prometheus_url: str
     file_sd: Path  # Prometheus reads scrape targets from <file_sd>/*.json (one file per test)
+    scrape_token_file: Path  # the bearer token Prometheus presents to /metrics (SCALERL_METRICS_TOKEN_FILE)
     jaeger_query_url: str
     jaeger_otlp_grpc: str
 
@@ -55,7 +56,8 @@ def _http_problem(url: str) -> str | None:
 
 
 def _observability_problem(values: dict[str, str]) -> str | None:
-    missing = [k for k in ("PROMETHEUS_URL", "PROMETHEUS_FILE_SD", "JAEGER_QUERY_URL", "JAEGER_OTLP_GRPC")
+    missing = [k for k in ("PROMETHEUS_URL", "PROMETHEUS_FILE_SD", "PROMETHEUS_SCRAPE_TOKEN_FILE", "JAEGER_QUERY_URL",
+                           "JAEGER_OTLP_GRPC")
                if not values.get(k)]
     if missing:
         return f"{ENV_FILE} lacks {', '.join(missing)}"
@@ -69,7 +71,8 @@ def observability() -> Iterator[Observability]:
     with running_servers("Prometheus and Jaeger", ("prometheus", "jaeger"), _observability_problem,
                          UP_TIMEOUT_S) as values:
         yield Observability(values["PROMETHEUS_URL"], Path(values["PROMETHEUS_FILE_SD"]),
-                            values["JAEGER_QUERY_URL"], values["JAEGER_OTLP_GRPC"])
+                            Path(values["PROMETHEUS_SCRAPE_TOKEN_FILE"]), values["JAEGER_QUERY_URL"],
+                            values["JAEGER_OTLP_GRPC"])
 
 
 @pytest.fixture

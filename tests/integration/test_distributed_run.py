@@ -21,7 +21,6 @@ import json
 import math
 import signal
 import time
-import urllib.request
 
 import pytest
 
@@ -33,6 +32,7 @@ from scalerl.rpc.convert import decode_envelope
 from scalerl.runtime.launcher import LocalCluster
 from scalerl.store.factory import open_store
 from scalerl.store.weights import highest_version
+from sideport_client import side_get
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 
@@ -149,13 +149,15 @@ def _check_side_port(cluster: LocalCluster, role_id: str, input_topic: str, time
     partition: it may have joined the group after the other generator took both) and its input lag."""
     ports = json.loads(next(line for line in cluster.procs[role_id].log_path.read_text().splitlines()
                             if line.startswith("{")))
-    base = f"http://127.0.0.1:{ports['http']}"
-    with urllib.request.urlopen(f"{base}/readyz", timeout=10) as r:
-        assert r.status == 200
+    # HTTPS with the role's certificate; /metrics needs the scrape token the launcher made
+    tls_dir, token = cluster.out / "tls" / "generator", (cluster.out / "tls" / "metrics-token").read_text().strip()
+    assert side_get(ports["http"], "/readyz", tls_dir)[0] == 200
+    assert side_get(ports["http"], "/metrics", tls_dir)[0] == 401
     deadline = time.monotonic() + timeout_s
     while True:
-        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
-            text = r.read().decode()
+        status, body = side_get(ports["http"], "/metrics", tls_dir, token)
+        assert status == 200
+        text = body.decode()
         tokens = [float(line.split()[-1]) for line in text.splitlines()
                   if line.startswith("scalerl_generator_tokens_total ")]
         assert tokens, "no scalerl_generator_tokens_total on /metrics"

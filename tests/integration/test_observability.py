@@ -30,6 +30,7 @@ import pytest
 
 from scalerl.bus.kafka import KafkaBus
 from scalerl.runtime.launcher import LocalCluster
+from sideport_client import side_get
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 
@@ -81,7 +82,9 @@ def run(infra: Any, observability: Any, tmp_path_factory: pytest.TempPathFactory
     spec = addition_run_spec(job, mixed_start, **RUN)
     spec = spec.model_copy(update={"fit": spec.fit.model_copy(update={"bootstrap": 20, "min_compute_fraction": 0.0})})
     env = {**infra.s3_env(), "OTEL_EXPORTER_OTLP_ENDPOINT": observability.jaeger_otlp_grpc,
-           "OTEL_RESOURCE_ATTRIBUTES": f"scalerl.job={job}"}
+           "OTEL_RESOURCE_ATTRIBUTES": f"scalerl.job={job}",
+           # the side ports' /metrics ask for Prometheus's scrape token (HTTPS: the __scheme__ label below)
+           "SCALERL_METRICS_TOKEN_FILE": str(observability.scrape_token_file)}
     cluster = LocalCluster(spec, tmp_path_factory.mktemp("obs") / "run", f"kafka://{infra.kafka_bootstrap}",
                            f"s3://{job}/job", generators=1, verifiers=1, env=env)
     targets = observability.file_sd / f"{job}.json"
@@ -89,7 +92,8 @@ def run(infra: Any, observability: Any, tmp_path_factory: pytest.TempPathFactory
         cluster.start_all()
         ports = _side_ports(cluster, time.monotonic() + 300)
         groups = [{"targets": [f"127.0.0.1:{port}"],
-                   "labels": {"rljob": job, "namespace": NAMESPACE, "role": cluster.procs[rid].role, "pod": rid}}
+                   "labels": {"__scheme__": "https", "rljob": job, "namespace": NAMESPACE,
+                              "role": cluster.procs[rid].role, "pod": rid}}
                   for rid, port in sorted(ports.items())]
         tmp = targets.with_suffix(".tmp")
         tmp.write_text(json.dumps(groups))
@@ -198,21 +202,22 @@ def test_a_prompt_trace_in_jaeger_crosses_all_four_roles(run: Run, observability
     assert starts == sorted(starts), starts  # issued, then generated, then scored, then consumed
 
 
-def _secrets(run: Run, infra: Any) -> dict[str, bytes]:
-    """What must appear nowhere a user or a backend reads: the S3 secret key and every role's private key
-    (the base64 body of each PEM, which any copy of the key contains)."""
-    out = {"S3_SECRET_KEY": infra.s3_secret_key.encode()}
+def _secrets(run: Run, infra: Any, observability: Any) -> dict[str, bytes]:
+    """What must appear nowhere a user or a backend reads: the S3 secret key, the scrape token and every
+    role's private key (the base64 body of each PEM, which any copy of the key contains)."""
+    out = {"S3_SECRET_KEY": infra.s3_secret_key.encode(),
+           "scrape token": observability.scrape_token_file.read_text().strip().encode()}
     for key in sorted((run.cluster.out / "tls").glob("*/tls.key")):
         body = b"".join(line for line in key.read_bytes().splitlines() if not line.startswith(b"-----"))
         out[f"{key.parent.name}'s private key"] = body[:48]
-    assert len(out) == 1 + 5  # four roles and `client`
+    assert len(out) == 2 + 5  # four roles and `client`
     return out
 
 
 @pytest.mark.timeout(300)
 def test_no_secret_in_any_output_log_metric_or_span(run: Run, observability: Any, infra: Any) -> None:
     """(Last in the module: the run has written its logs and outputs by now.)"""
-    secrets = _secrets(run, infra)
+    secrets = _secrets(run, infra, observability)
     found: list[str] = []
     keys = set((run.cluster.out / "tls").glob("*/tls.key"))
     files = [p for p in run.cluster.out.rglob("*") if p.is_file() and p not in keys]
@@ -220,9 +225,10 @@ def test_no_secret_in_any_output_log_metric_or_span(run: Run, observability: Any
     for path in files:
         data = path.read_bytes()
         found += [f"{path.relative_to(run.cluster.out)}: {what}" for what, value in secrets.items() if value in data]
+    token = observability.scrape_token_file.read_text().strip()
     for rid, port in run.ports.items():  # what Prometheus scrapes
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            text = r.read()
+        status, text = side_get(port, "/metrics", run.cluster.out / "tls" / run.cluster.procs[rid].role, token)
+        assert status == 200, rid
         found += [f"{rid} /metrics: {what}" for what, value in secrets.items() if value in text]
     spans = 0
     for service in ("scalerl-curriculum", "scalerl-generator", "scalerl-verifier", "scalerl-learner"):

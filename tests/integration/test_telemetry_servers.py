@@ -64,7 +64,8 @@ def test_side_port_health_readiness_and_metrics() -> None:
         assert (code, json.loads(body)) == (200, {"ready": True, "role": "generator"})
         state["boom"] = True
         code, _, body = _get(port.url + "/readyz")
-        assert code == 503 and json.loads(body)["reason"] == "RuntimeError: store unreachable"
+        # the probe answers anyone: the exception's type, not its text
+        assert code == 503 and json.loads(body)["reason"] == "RuntimeError" and "store" not in body
         state["boom"] = False
 
         metrics.tokens.inc(321)

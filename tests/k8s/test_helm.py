@@ -17,6 +17,7 @@ the Prometheus Operator's schema (only the fields the chart uses, strictly).
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import shutil
@@ -66,8 +67,16 @@ def _monitor_crd(kind: str, endpoints_key: str) -> dict[str, Any]:
         "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
         "targetLabel": string, "regex": string, "replacement": string, "separator": string,
         "action": {"type": "string", "enum": ["replace", "keep", "drop", "labelmap", "labeldrop", "labelkeep"]}}}
+    secret_key = {"type": "object", "required": ["key"], "properties": {"name": string, "key": string,
+                                                                       "optional": {"type": "boolean"}}}
     endpoint = {"type": "object", "properties": {"port": string, "path": string, "interval": duration,
                                                  "scrapeTimeout": duration,
+                                                 "scheme": {"type": "string", "enum": ["http", "https"]},
+                                                 "tlsConfig": {"type": "object", "properties": {
+                                                     "insecureSkipVerify": {"type": "boolean"},
+                                                     "serverName": string}},
+                                                 "authorization": {"type": "object", "properties": {
+                                                     "type": string, "credentials": secret_key}},
                                                  "relabelings": {"type": "array", "items": relabel}}}
     selector = {"type": "object", "properties": {
         "matchLabels": {"type": "object", "additionalProperties": string},
@@ -193,6 +202,36 @@ def test_the_chart_image_is_the_rljobs_default() -> None:
                                     "IfNotPresent", ())
     proc = run_helm(["lint", str(CHART), "--strict", "--set", "image.repository=Not A Repo"])
     assert proc.returncode != 0 and "/image/repository" in proc.stdout + proc.stderr
+
+
+def test_the_scrape_token_reaches_the_operator_and_the_monitors_never_the_roles() -> None:
+    """The chart's scrape token (a random Secret, or the user's): mounted into the operator, which hashes it
+    into the roles' Secrets (SCALERL_SCRAPE_TOKEN_FILE), and presented by both monitors over HTTPS."""
+    for values, secret in (([], "rel-scalerl-scrape-token"),
+                           (["metrics.scrapeToken.existingSecret=my-token"], "my-token")):
+        objs = objects_of(render("rel", "ops", [*values, "metrics.serviceMonitor.enabled=true"]))
+        made = [o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"].endswith("scrape-token")]
+        if values:
+            assert made == []  # the user's Secret: the chart makes none
+        else:
+            (token,) = made
+            assert len(base64.b64decode(token["data"]["token"])) == 48
+        dep = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "rel-scalerl-operator")
+        pod = dep["spec"]["template"]["spec"]
+        (vol,) = [v for v in pod["volumes"] if v["name"] == "scrape-token"]
+        assert vol["secret"]["secretName"] == secret
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "scrape-token"]
+        assert env["SCALERL_SCRAPE_TOKEN_FILE"] == f"{mount['mountPath']}/token" and mount["readOnly"] is True
+        for with_pods in (False, True):
+            objs = objects_of(render("rel", "ops", [*values, "metrics.serviceMonitor.enabled=true",
+                                                    f"metrics.podMonitor.enabled={str(with_pods).lower()}"]))
+            (monitor,) = [o for o in objs if o["kind"] in ("ServiceMonitor", "PodMonitor")
+                          and o["metadata"]["name"] == "rel-scalerl-rljobs"]
+            (endpoint,) = monitor["spec"]["podMetricsEndpoints" if with_pods else "endpoints"]
+            assert endpoint["scheme"] == "https" and endpoint["authorization"] == {
+                "type": "Bearer", "credentials": {"name": secret, "key": "token"}}
 
 
 def test_rbac_has_no_wildcards() -> None:

@@ -7,6 +7,8 @@ by the API server, owned by the RLJob, deleted when the operator is set not to r
 from __future__ import annotations
 
 import base64
+import hashlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,11 +16,12 @@ from cryptography import x509
 from operator_helpers import create, rljob, unique_job
 
 from scalerl.rpc.certs import identity_of, new_ca, server_name
+from scalerl.rpc.sidetls import TOKEN_HASH_FILE
 from scalerl_operator.api import conditions as c
 from scalerl_operator.cluster.kube import Kube
 from scalerl_operator.control.rpc_tls import IDENTITIES
 from scalerl_operator.control.runtime import OperatorConfig, Runtime
-from scalerl_operator.render.names import rpc_secret
+from scalerl_operator.render.names import ROLES, rpc_secret
 from scalerl_operator.render.netpol import policy_name
 
 
@@ -36,7 +39,8 @@ def _pem(secret: dict[str, Any], key: str) -> bytes:
 
 
 def test_the_operator_issues_renews_and_owns_the_roles_certificates(kube: Kube, namespace: str, bootstrap: str,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
     name = unique_job()
     job = create(kube, namespace, rljob(name, bootstrap, rpc={"clients": ["eval"]}))
     rt = Runtime(kube, OperatorConfig(kafka_timeout_s=10))
@@ -62,6 +66,26 @@ def test_the_operator_issues_renews_and_owns_the_roles_certificates(kube: Kube, 
         again = _secrets(kube, namespace, name)
         assert {k: s["metadata"]["resourceVersion"] for k, s in again.items()} == \
             {k: s["metadata"]["resourceVersion"] for k, s in first.items()}
+
+        # the chart's scrape token: its hash reaches every role's Secret (never `client` or `eval`, never the
+        # token), the certificates staying; a rotated token rewrites the hash; none at all removes it
+        token_file = tmp_path / "token"
+        for token, content in (("first", "first\n"), ("rotated", "rotated\n"),
+                               ("rotated", ""),  # an unreadable (empty) file: the hashes stay as they are
+                               (None, None)):
+            if content is None:
+                monkeypatch.delenv("SCALERL_SCRAPE_TOKEN_FILE")
+            else:
+                token_file.write_text(content)
+                monkeypatch.setenv("SCALERL_SCRAPE_TOKEN_FILE", str(token_file))
+            rt.sync(namespace, name, scale=True)
+            now = _secrets(kube, namespace, name)
+            for identity in (*IDENTITIES, "eval"):
+                assert _pem(now[identity], "tls.crt") == _pem(first[identity], "tls.crt"), identity
+                want = (hashlib.sha256(token.encode()).hexdigest() + "\n").encode() \
+                    if token is not None and identity in ROLES else None
+                assert (_pem(now[identity], TOKEN_HASH_FILE) if TOKEN_HASH_FILE in now[identity]["data"]
+                        else None) == want, (token, identity)
 
         replaced = new_ca(name)  # e.g. the CA Secret replaced by hand to revoke every certificate
         kube.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": rpc_secret(name, "ca"),

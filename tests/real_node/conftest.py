@@ -28,6 +28,7 @@ from infra_session import ENV_FILE, read_env_file, running_servers, time_first_s
 # a cold run builds the image (~20 min) and the kubelet beside the other servers
 UP_TIMEOUT_S = float(os.environ.get("SCALERL_INFRA_UP_TIMEOUT", "3000"))
 NAMESPACE_GONE_TIMEOUT_S = 120.0
+SCRAPE_TOKEN_SECRET = "test-prometheus-scrape-token"  # holds build/infra/prometheus/scrape-token
 
 
 @pytest.hookimpl(trylast=True)
@@ -128,10 +129,18 @@ def chart(node_env: dict[str, str], kubectl: Callable[..., Any]) -> Iterator[dic
         time.sleep(1.0)
     repo, _, tag = node_env["NODE_IMAGE"].rpartition(":")
     helm = [node_env["HELM_BIN"], "--kubeconfig", node_env["NODE_KUBECONFIG"], "-n", SYSTEM_NS]
+    token = []  # the roles' /metrics ask for the test Prometheus's scrape token, given as a Secret of ours
+    if node_env.get("PROMETHEUS_SCRAPE_TOKEN_FILE"):
+        kubectl("create", "namespace", SYSTEM_NS, check=False)
+        secret = kubectl("create", "secret", "generic", SCRAPE_TOKEN_SECRET, "-n", SYSTEM_NS,
+                         f"--from-file=token={node_env['PROMETHEUS_SCRAPE_TOKEN_FILE']}", "--dry-run=client",
+                         "-o", "yaml").stdout
+        kubectl("apply", "-f", "-", input=secret)
+        token = ["--set", f"metrics.scrapeToken.existingSecret={SCRAPE_TOKEN_SECRET}"]
     t0 = time.monotonic()
     proc = subprocess.run([*helm, "upgrade", "--install", RELEASE, str(REPO / "helm" / "scalerl"), "--create-namespace",
                            "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
-                           "--set", "image.pullPolicy=Never", "--set", "operator.intervalSeconds=3",
+                           "--set", "image.pullPolicy=Never", "--set", "operator.intervalSeconds=3", *token,
                            "--wait", "--timeout", "180s"], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"helm install failed: {proc.stderr}"
     yield {"helm": helm, "install_s": time.monotonic() - t0}

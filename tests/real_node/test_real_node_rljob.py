@@ -10,12 +10,15 @@ store, the Pods' node and restart counts from the API server, the checkpoints li
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,9 +86,15 @@ def test_real_node_helm_install_then_rljob_trains_to_succeeded(node_env, node_ap
     # and no secret reached the run's files
     for identity in ("ca", "learner", "generator", "verifier", "curriculum", "client"):
         assert node_core.read_namespaced_secret(f"{name}-rpc-{identity}", node_namespace).data, identity
+    # the side port: probes over HTTPS, and each role's Secret holds the scrape token's hash, never the token
+    token = Path(node_env["PROMETHEUS_SCRAPE_TOKEN_FILE"]).read_text().strip()
+    for role in ("learner", "generator", "verifier", "curriculum"):
+        data = node_core.read_namespaced_secret(f"{name}-rpc-{role}", node_namespace).data
+        digest = base64.b64decode(data["metrics-token.sha256"]).decode().strip()
+        assert digest == hashlib.sha256(token.encode()).hexdigest() and token not in str(data), role
     policy = client.NetworkingV1Api(node_api).read_namespaced_network_policy(f"{name}-roles", node_namespace)
     assert policy.spec.policy_types == ["Ingress"]
-    secrets = {k: node_env[k] for k in ("S3_SECRET_KEY", "KAFKA_SASL_PASSWORD")}
+    secrets = {**{k: node_env[k] for k in ("S3_SECRET_KEY", "KAFKA_SASL_PASSWORD")}, "scrape token": token}
     leaks = [f"{p.name}: {k}" for p in out.iterdir() if p.is_file() for k, v in secrets.items()
              if v and v.encode() in p.read_bytes()]
     assert sorted(p.name for p in out.iterdir()) and leaks == []

@@ -72,6 +72,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s-operator" (include "scalerl.fullname" .) -}}
 {{- end -}}
 
+{{- /* The Secret (key `token`) with the bearer token scrapers present to the RLJob roles' /metrics. */ -}}
+{{- define "scalerl.scrapeTokenSecret" -}}
+{{- default (printf "%s-scrape-token" (include "scalerl.fullname" .)) .Values.metrics.scrapeToken.existingSecret -}}
+{{- end -}}
+
 {{- define "scalerl.minioName" -}}
 {{- printf "%s-minio" (include "scalerl.fullname" .) -}}
 {{- end -}}

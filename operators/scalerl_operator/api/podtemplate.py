@@ -42,7 +42,7 @@ RESERVED_PREFIX = "scalerl.dev/"
 # what render/children.py sets (tests/unit/operator/test_pod_template.py keeps these equal to the rendering)
 RESERVED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
                    "app.kubernetes.io/managed-by", "apps.kubernetes.io/pod-index")
-RESERVED_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port")
+RESERVED_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/scheme")
 RESERVED_ENV = ("POD_NAME", "POD_NAMESPACE", "HOME", "SCALERL_CACHE", "PYTHONUNBUFFERED", "S3_ENDPOINT",
                 "S3_ACCESS_KEY", "S3_SECRET_KEY", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME",
                 "OTEL_RESOURCE_ATTRIBUTES", "NODE_RANK", "SCALERL_RPC_TLS_DIR", "SCALERL_RPC_CLIENTS",

@@ -253,7 +253,8 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
     queue, run = kueue.gate(kube, obj, spec, lambda: render(name, ns, spec, dict.fromkeys(ROLES, 0), images),
                             finished=prev["phase"] if is_terminal(prev) else None, now=now)
     if not is_terminal(prev):  # the roles' certificates, before the Pods that mount them
-        rpc_tls.ensure(kube, obj, now, extra=tuple(spec.rpc.clients))
+        rpc_tls.ensure(kube, obj, now, extra=tuple(spec.rpc.clients),
+                       metrics_hash=rpc_tls.scrape_token_hash(os.environ))
     sizes = _Sizes(run, prev, live)
     replicas = dict(sizes.decided)
     children = render(name, ns, run, replicas, images) + _network_policy(kube, name, ns, spec)

@@ -19,7 +19,8 @@ For an RLJob named J (labels `app.kubernetes.io/{name,instance,component,managed
   scales it down, so finishing never reads as a container restart;
 - Services `J-generator`, `J-verifier` (grpc 50051, metrics);
 - in every role's Pods, its certificate Secret `J-rpc-<role>` (made by scalerl_operator.control.rpc_tls)
-  at RPC_TLS_MOUNT, read-only, group-readable by the Pod's fsGroup: the gRPC port is mutual TLS;
+  at RPC_TLS_MOUNT, read-only, group-readable by the Pod's fsGroup: the gRPC port is mutual TLS, the side
+  port HTTPS (probes with scheme HTTPS; /metrics behind the scrape token whose hash the Secret holds);
 - PodDisruptionBudget `J-learner` (minAvailable = nodes; the StatefulSet updates OnDelete: the
   operator restarts and updates the torchrun group as one, scalerl_operator.control.gang).
 Every container runs under `tini -g --` (`INIT`): PID 1 of a container ignores a signal it has no
@@ -193,11 +194,12 @@ def _container(job: str, role: Role, spec: RLJobSpec, images: ImageDefaults) -> 
         "command": [*INIT, "scalerl"], "args": serve_args(role, spec), "env": _env(job, role, spec), "ports": ports,
         "resources": _resources(r),
         # /healthz: the process is alive; /readyz: it serves (a generator: the current policy is loaded)
-        "startupProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 5,
+        # HTTPS: the side port serves the role's certificate (scalerl.rpc.sidetls); the kubelet verifies none
+        "startupProbe": {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}, "periodSeconds": 5,
                          "failureThreshold": 120},
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 10,
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}, "periodSeconds": 10,
                           "timeoutSeconds": 5, "failureThreshold": 6},
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 5,
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics", "scheme": "HTTPS"}, "periodSeconds": 5,
                            "timeoutSeconds": 3, "failureThreshold": 3},
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_S}}},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -242,7 +244,8 @@ def _pod_template(job: str, role: Role, spec: RLJobSpec, images: ImageDefaults, 
     return {"metadata": {"labels": {**over.get("labels", {}), **labels(job, role)},
                          "annotations": {**over.get("annotations", {}), SPEC_HASH_ANNOTATION: hashed,
                                          "prometheus.io/scrape": "true",
-                                         "prometheus.io/port": str(spec.telemetry.metrics_port)}},
+                                         "prometheus.io/port": str(spec.telemetry.metrics_port),
+                                         "prometheus.io/scheme": "https"}},
             "spec": pod}
 
 

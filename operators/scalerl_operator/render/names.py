@@ -15,6 +15,7 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # on the job's Workload (scalerl_oper
 
 
 RPC_TLS_MOUNT = "/var/run/scalerl/rpc"  # a role's certificate Secret in its Pods (SCALERL_RPC_TLS_DIR)
+SCRAPE_TOKEN_FILE_ENV = "SCALERL_SCRAPE_TOKEN_FILE"  # the operator's: the chart's scrape token (control.rpc_tls)
 RPC_CLIENT = "client"  # the identity of the user's own calls, allowed by every role (SCALERL_RPC_CLIENTS)
 
 

@@ -202,6 +202,9 @@ def _distributed(spec: JobSpec, out: Path, args: argparse.Namespace) -> tuple[st
         problems.append(f"off_policy.mode: --distributed runs 'pipeline' (PipelineRL-k), got {spec.off_policy.mode!r}")
     if args.learner_ranks < 1:
         problems.append(f"--learner-ranks {args.learner_ranks}: expected 1 or more processes")
+    from scalerl.rpc.sidetls import token_file_problems
+
+    problems += token_file_problems(os.environ)
     return bus, store, problems
 
 

@@ -13,8 +13,11 @@ points the job's `runtime.pool_file` at it, so the learner integrates what the j
 The roles' gRPC ports are mutual TLS under a CA made for this run (`scalerl.rpc.certs`; its key stays in
 the launcher's memory): each role gets `<out>/tls/<role>/` (its certificate and key, 0600, and the CA) as
 SCALERL_RPC_TLS_DIR, and `<out>/tls/client/` holds identity `client` for the user's own calls (`scalerl
-eval --engine grpc`, grpcurl), allowed as an extra identity. With SCALERL_RPC_PLAINTEXT=true in the
-environment no certificate is made and the ports are plain text (local development).
+eval --engine grpc`, grpcurl), allowed as an extra identity. The side ports are HTTPS with the same
+certificates, /metrics behind a scrape token (`scalerl.rpc.sidetls`): the one in the file that
+SCALERL_METRICS_TOKEN_FILE names (e.g. your Prometheus's `credentials_file`), else a new one in
+`<out>/tls/metrics-token` (0600). With SCALERL_RPC_PLAINTEXT=true in the environment no certificate is made
+and both ports are plain text (local development).
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class LocalCluster:
         if plaintext_requested({**os.environ, **self.env}):
             return {}
         from scalerl.rpc.certs import new_ca, write_tls_dir
+        from scalerl.rpc.sidetls import ENV_TOKEN_FILE, new_token, read_token_file, write_token_hash
         from scalerl.runtime import ROLES
 
         ca = new_ca(self.spec.name)
@@ -94,6 +98,16 @@ class LocalCluster:
         for identity in (*ROLES, "client"):
             folder = write_tls_dir(self.out / "tls" / identity, ca.issue(identity), ca)
             env[identity] = {ENV_TLS_DIR: str(folder.resolve()), ENV_CLIENTS: "client"}
+        token_file = {**os.environ, **self.env}.get(ENV_TOKEN_FILE, "")
+        if token_file:  # `scalerl run --distributed` checked it before any work (token_file_problems)
+            token = read_token_file(token_file)
+        else:
+            token = new_token()
+            fd = os.open(self.out / "tls" / "metrics-token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token + "\n")
+        for identity in ROLES:
+            write_token_hash(self.out / "tls" / identity, token)
         return env
 
     def devices_per_process(self, role: str) -> int:

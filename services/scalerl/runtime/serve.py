@@ -163,7 +163,7 @@ def start_servers(role: str, service: RoleService, ctx: ServiceContext, *, grpc_
 
     metrics = service_metrics(role, service)  # one per process: the gRPC server times Score calls into it
     if http_port is not None:
-        port, stop_fn = start_sideport(role, service, http_port, metrics)
+        port, stop_fn = start_sideport(role, service, http_port, metrics, ctx.rpc_security)
         servers.add("http", port, stop_fn)
     if grpc_port is not None:
         port, stop_fn = start_grpc(role, service, ctx, grpc_port, metrics)

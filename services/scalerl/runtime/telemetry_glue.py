@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from scalerl.rpc.security import RpcSecurity
 from scalerl.runtime.roles import ServiceContext
 from scalerl.telemetry.metrics import RoleMetrics
 from scalerl.telemetry.sideport import SidePort
@@ -73,9 +74,16 @@ def service_metrics(role: str, service: Any) -> StatusMetrics:
     return StatusMetrics(role, service.status, getattr(service, "steps", None))
 
 
-def start_sideport(role: str, service: Any, port: int,
-                   metrics: StatusMetrics | None = None) -> tuple[int, Callable[[], None]]:
-    side = SidePort(service.ready, metrics or service_metrics(role, service), port=port)
+def start_sideport(role: str, service: Any, port: int, metrics: StatusMetrics | None = None,
+                   security: RpcSecurity | None = None) -> tuple[int, Callable[[], None]]:
+    """The side port, HTTPS with the role's certificate and /metrics behind the scrape token
+    (`scalerl.rpc.sidetls`) unless `security` (default: from the environment) is plain text."""
+    from scalerl.rpc.sidetls import MetricsGate, https_context
+
+    security = security or RpcSecurity.from_env()
+    gate = None if security.plaintext else MetricsGate(security.tls_dir).allows
+    side = SidePort(service.ready, metrics or service_metrics(role, service), port=port,
+                    tls=https_context(security), metrics_gate=gate)
     bound = side.start()
     return bound, side.stop
 
@@ -114,7 +122,5 @@ def start_grpc(role: str, service: Any, ctx: ServiceContext, port: int,
         servicer = CurriculumServicer(_status_fields(service, (
             "ready", "policy_version", "epoch", "prompts_issued", "prompts_inflight", "prompts_retired",
             "groups_scored")), curriculum_id=ctx.role_id, ready=service.ready)
-    from scalerl.rpc.security import RpcSecurity
-
     server, bound = serve_grpc(port, servicer, security=ctx.rpc_security or RpcSecurity.from_env())
     return bound, lambda: server.stop(grace_s=5.0)

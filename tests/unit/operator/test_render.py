@@ -122,8 +122,9 @@ def test_role_containers(children: dict[tuple[str, str], dict[str, Any]]) -> Non
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 1, "memory": "16Gi"}}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert pod["nodeSelector"] == {"gpu": "a100"}
-    # ready only when /readyz says so (a generator: once the current policy is loaded)
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    # ready only when /readyz says so (a generator: once the current policy is loaded); the side port is HTTPS
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics", "scheme": "HTTPS"}
+    assert {c[p]["httpGet"]["scheme"] for p in ("startupProbe", "livenessProbe")} == {"HTTPS"}
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": GRPC_PORT, "metrics": 9091}
     # drain: endpoints drop the pod during preStop, then SIGTERM; the grace covers both
     assert c["lifecycle"]["preStop"] == {"sleep": {"seconds": PRESTOP_S}}
