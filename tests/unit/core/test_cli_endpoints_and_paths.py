@@ -82,6 +82,14 @@ def test_unusable_output_path_exits_2_before_any_work(spec, tmp_path, capsys, ar
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"], "nothing written"
 
 
+def test_an_unreadable_scrape_token_file_exits_2_before_any_work(spec, tmp_path, capsys, monkeypatch):
+    # `scalerl run --distributed` reads SCALERL_METRICS_TOKEN_FILE for the side ports' /metrics: checked first
+    monkeypatch.setenv("SCALERL_METRICS_TOKEN_FILE", str(tmp_path / "no-token"))
+    argv = ["run", spec, "--distributed", "--bus", "kafka://127.0.0.1:9092", "--out", str(tmp_path / "out")]
+    _one_error_line(capsys, main(argv), "SCALERL_METRICS_TOKEN_FILE", "no-token", "cannot read")
+    assert not (tmp_path / "out").exists()
+
+
 def test_read_only_folder_is_refused(tmp_path):
     # root may write into a chmod 0500 folder, but not into procfs's /proc/self: the check runs either way
     ro = tmp_path / "ro"
