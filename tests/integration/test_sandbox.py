@@ -129,7 +129,10 @@ def test_cpu_loop_hits_the_cpu_limit(limits: Limits) -> None:
         "while True:\n    pass\n", limits=Limits(wall_s=20, cpu_s=1, use_namespaces=limits.use_namespaces)
     )
     assert result.verdict is Verdict.TIMEOUT, result
-    assert result.signal == signal.SIGXCPU and result.cpu_s >= 0.9
+    # SIGXCPU is the kernel's own word that 1 s of CPU was used; the accounting read back after the wait
+    # is sampled differently and read 0.895 s on a loaded machine (CI, 2026-11-28): a CPU-bound kill, not
+    # a wall-clock one, is all that is asserted of it
+    assert result.signal == signal.SIGXCPU and result.cpu_s >= 0.5
     _assert_clean(result, limits)
 
 

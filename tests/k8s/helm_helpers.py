@@ -75,12 +75,25 @@ def container_env(container: dict[str, Any], *, pod_name: str, namespace: str) -
     return env
 
 
-def operator_env(container: dict[str, Any], *, pod_name: str, namespace: str, kubeconfig: str) -> dict[str, str]:
+def operator_env(container: dict[str, Any], *, pod_name: str, namespace: str, kubeconfig: str,
+                 mounts: Path) -> dict[str, str]:
     """What the operator process gets: exactly the container's environment, plus KUBECONFIG (in place of
-    the ServiceAccount token a pod would have), PATH and this checkout's sources on PYTHONPATH."""
+    the ServiceAccount token a pod would have), PATH and this checkout's sources on PYTHONPATH. A variable
+    naming a file under one of the container's volume mounts (the scrape token's Secret) names the same
+    file under `mounts/<volume>/` instead, made with a test value when absent."""
     paths = [str(REPO / "services"), str(REPO / "operators")]
+    env = container_env(container, pod_name=pod_name, namespace=namespace)
+    for m in container.get("volumeMounts") or []:
+        root = m["mountPath"].rstrip("/") + "/"
+        for key, value in env.items():
+            if value.startswith(root):
+                local = mounts / m["name"] / value[len(root):]
+                local.parent.mkdir(parents=True, exist_ok=True)
+                if not local.exists():
+                    local.write_text(f"test-{m['name']}-{local.name}\n")
+                env[key] = str(local)
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": os.pathsep.join(paths),
-            **container_env(container, pod_name=pod_name, namespace=namespace), "KUBECONFIG": kubeconfig}
+            **env, "KUBECONFIG": kubeconfig}
 
 
 def health_port(container: dict[str, Any]) -> int:

@@ -401,7 +401,9 @@ def test_helm_test_hooks_pass_against_a_running_operator(paths: Paths, k8s_env: 
                                                   f"operator.metricsPort={free_port()}"]))
     (container,) = next(o for o in objs if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"]
     pod_name = f"{release}-operator-0"
-    env = operator_env(container, pod_name=pod_name, namespace=namespace, kubeconfig=k8s_env["KUBECONFIG"])
+    env = operator_env(container, pod_name=pod_name, namespace=namespace, kubeconfig=k8s_env["KUBECONFIG"],
+                       mounts=tmp_path / "mounts")
+    assert Path(env["SCALERL_SCRAPE_TOKEN_FILE"]).is_file()  # the chart's scrape token, as the Pod mounts it
     operator = OperatorProcess(container, env, tmp_path / "operator.log")
     try:
         operator.wait_leader()

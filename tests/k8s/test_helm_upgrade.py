@@ -118,7 +118,7 @@ def test_helm_upgrade_to_a_build_adding_jobspec_fields_does_not_restart_a_runnin
     def start(dep: dict[str, Any], build: str) -> OperatorProcess:
         """The Deployment's container as a process of `build`, once it is the leader."""
         env = operator_env(_container(dep), pod_name=f"{release}-scalerl-operator-{build}", namespace=namespace,
-                           kubeconfig=k8s_env["KUBECONFIG"])
+                           kubeconfig=k8s_env["KUBECONFIG"], mounts=tmp_path / f"mounts-{build}")
         proc = OperatorProcess(_container(dep), env, tmp_path / f"operator-{build}.log",
                                launcher=[LAUNCHER, group, build])
         try:
