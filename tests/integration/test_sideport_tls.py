@@ -42,7 +42,7 @@ def side(tmp_path: Path) -> Iterator[tuple[SidePort, Path, object]]:
     folder = write_tls_dir(tmp_path / "generator", ca.issue("generator"), ca)
     write_token_hash(folder, "s3cr3t-scrape-token")
     security = RpcSecurity(tls_dir=str(folder))
-    port = SidePort(lambda: True, RoleMetrics("generator"), host=LOOPBACK, port=0, tls=https_context(security),
+    port = SidePort(lambda: True, RoleMetrics("generator"), host=LOOPBACK, port=0, tls=https_context(security.tls_dir),
                     metrics_gate=MetricsGate(str(folder)).allows)
     port.start()
     try:

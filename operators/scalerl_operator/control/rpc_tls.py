@@ -40,7 +40,6 @@ IDENTITIES = (*ROLES, RPC_CLIENT)
 CERT_DAYS = 90
 CA_DAYS = 365
 RENEW_FRACTION = 1 / 3
-SCRAPE_TOKEN_ENV = SCRAPE_TOKEN_FILE_ENV  # the chart mounts its scrape-token Secret and names the file
 
 
 def scrape_token_hash(environ: Mapping[str, str]) -> bytes | None:
@@ -48,11 +47,11 @@ def scrape_token_hash(environ: Mapping[str, str]) -> bytes | None:
     hold it: b"" when no file is named (/metrics stays open); None, logged, when the file cannot be read now
     (the operator checked it at start: the Secrets keep the hash they have). Read on every pass, so a
     rotated Secret reaches the roles."""
-    path = environ.get(SCRAPE_TOKEN_ENV, "")
+    path = environ.get(SCRAPE_TOKEN_FILE_ENV, "")
     if not path:
         return b""
     try:
-        return (token_hash(read_token_file(path, SCRAPE_TOKEN_ENV)) + "\n").encode()
+        return (token_hash(read_token_file(path, SCRAPE_TOKEN_FILE_ENV)) + "\n").encode()
     except ValueError as exc:
         log.warning("%s; the roles keep the scrape token's hash they have", exc)
         return None
@@ -109,10 +108,10 @@ def ensure(kube: Kube, obj: dict[str, Any], now: datetime | None = None, extra: 
         name = rpc_secret(job, identity)
         current = kube.get("v1", "Secret", ns, name)
         hashed = _data(current, TOKEN_HASH_FILE) if metrics_hash is None else metrics_hash
-        token = {TOKEN_HASH_FILE: hashed} if hashed and identity in ROLES else {}
+        wanted = hashed if identity in ROLES else b""  # b"": the Secret has no such key
+        token = {TOKEN_HASH_FILE: wanted} if wanted else {}
         fresh = not due(_data(current, "tls.crt"), now, issuer=ca.cert_pem) and _data(current, "ca.crt") == ca.cert_pem
-        if fresh and all(_data(current, k) == v for k, v in token.items()) \
-                and (TOKEN_HASH_FILE in token or not _data(current, TOKEN_HASH_FILE)):
+        if fresh and _data(current, TOKEN_HASH_FILE) == wanted:
             continue
         if fresh:  # only the scrape token's hash changed: the certificate stays
             cert = {k: _data(current, k) for k in ("tls.crt", "tls.key", "ca.crt")}

@@ -138,13 +138,11 @@ class RpcSecurity:
         return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
 
     def files_stamp(self) -> tuple[tuple[int, int], ...]:
-        """(inode, mtime) of the three files, following links: changes when they are replaced (the kubelet
-        swaps a mounted Secret's files through a symlink)."""
-        out = []
-        for f in ("tls.crt", "tls.key", "ca.crt"):
-            st = (Path(self.tls_dir) / f).stat()
-            out.append((st.st_ino, st.st_mtime_ns))
-        return tuple(out)
+        """(inode, mtime) of the three files (`scalerl.rpc.sidetls.files_stamp`)."""
+        from scalerl.rpc.certs import TLS_FILES
+        from scalerl.rpc.sidetls import files_stamp
+
+        return files_stamp([Path(self.tls_dir) / f for f in TLS_FILES])
 
     @property
     def identity(self) -> str:

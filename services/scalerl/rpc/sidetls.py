@@ -1,7 +1,7 @@
 """How a role's side port (/healthz, /readyz, /metrics) is protected: HTTPS with the role's own certificate,
 and a scrape token for /metrics.
 
-    context = https_context(security)          # None in plain text (SCALERL_RPC_PLAINTEXT=true)
+    context = https_context(security.tls_dir)  # not in plain text (SCALERL_RPC_PLAINTEXT=true)
     gate = MetricsGate(security.tls_dir)       # gate.allows(request's Authorization header) -> bool
 
 Choices:
@@ -31,10 +31,7 @@ import secrets
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # this module is read before heavy imports (the launcher's checks): no grpc here
-    from scalerl.rpc.security import RpcSecurity
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +50,9 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def _stamp(paths: list[Path]) -> tuple[tuple[int, int], ...]:
+def files_stamp(paths: list[Path]) -> tuple[tuple[int, int], ...]:
+    """(inode, mtime) of each file, following links: changes when one is replaced (the kubelet swaps a mounted
+    Secret's files through a symlink). Also the gRPC port's (`RpcSecurity.files_stamp`)."""
     out = []
     for p in paths:
         st = p.stat()
@@ -73,14 +72,14 @@ class _ReloadingContext(ssl.SSLContext):
         return [self.tls_dir / "tls.crt", self.tls_dir / "tls.key"]
 
     def load(self) -> None:
-        stamp = _stamp(self._files())
+        stamp = files_stamp(self._files())
         cert, key = self._files()
         self.load_cert_chain(str(cert), str(key))
         self.files_stamp = stamp
 
     def wrap_bio(self, *args: Any, **kwargs: Any) -> ssl.SSLObject:
         try:
-            if _stamp(self._files()) != self.files_stamp:
+            if files_stamp(self._files()) != self.files_stamp:
                 self.load()
                 log.info("side port: certificate files in %s changed; new connections use them", self.tls_dir)
         except (OSError, ssl.SSLError) as exc:  # half-written: keep the current chain, try again next time
@@ -89,13 +88,11 @@ class _ReloadingContext(ssl.SSLContext):
         return super().wrap_bio(*args, **kwargs)
 
 
-def https_context(security: RpcSecurity) -> ssl.SSLContext | None:
-    """The side port's server TLS context (TLS 1.2 or later, the role's certificate), None in plain text."""
-    if security.plaintext:
-        return None
+def https_context(tls_dir: str) -> ssl.SSLContext:
+    """The side port's server TLS context (TLS 1.2 or later) with the certificate in `tls_dir`."""
     ctx = _ReloadingContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.tls_dir = Path(security.tls_dir)
+    ctx.tls_dir = Path(tls_dir)
     ctx.load()
     return ctx
 
@@ -117,7 +114,7 @@ class MetricsGate:
         if self.path is None:
             return None
         try:
-            stamp = _stamp([self.path])
+            stamp = files_stamp([self.path])
         except FileNotFoundError:
             return None
         if stamp != self._stamp:

@@ -83,7 +83,7 @@ def start_sideport(role: str, service: Any, port: int, metrics: StatusMetrics | 
     security = security or RpcSecurity.from_env()
     gate = None if security.plaintext else MetricsGate(security.tls_dir).allows
     side = SidePort(service.ready, metrics or service_metrics(role, service), port=port,
-                    tls=https_context(security), metrics_gate=gate)
+                    tls=None if security.plaintext else https_context(security.tls_dir), metrics_gate=gate)
     bound = side.start()
     return bound, side.stop
 
