@@ -5,16 +5,17 @@ run of `examples/forecast.yaml` is trained from one shared SFT start. Then, per 
 f of the run's compute (25% and 50%):
 
 1. keep the eval records up to f × the run's final compute (`truncate`);
-2. fit the project's sigmoid on them (`scalerl.scaling.analyse_curve`: the paper's grid + least
-   squares, bootstrap intervals over prompts) with the paper's window rule: the early regime is
-   left out, here the evals before `EARLY_FRACTION` of the planned RL steps (the paper drops about
-   one epoch, ~1.5k GPU-hours, spec §1.3); R0 stays the measured step-0 pass rate;
-3. forecast the pass rate at the run's final compute and compare it with the final measurement.
+2. fit them as `scalerl fit RUN --max-compute-fraction f` does (`scalerl.scaling.analyse_curve`: the
+   paper's grid + least squares, bootstrap intervals of A over prompts, prediction intervals) with the
+   one window rule of the CLI and the online fit: the early regime is left out, the evals below
+   `EARLY_FRACTION` (the JobSpec's `fit.min_compute_fraction` default) of the run's total compute (the
+   paper drops about one epoch, ~1.5k GPU-hours, spec §1.3); R0 is the measured step-0 pass rate;
+3. forecast the eval at the run's final compute and compare it with the final measurement.
 
 Reported, per seed and aggregated: error = predicted − measured final pass rate (fraction), the
-forecast's 95% interval, whether the measurement falls in it (coverage), and the fitted A against the
-final measured pass rate. The interval is for the expected pass rate (the curve); the measurement is
-one noisy eval, whose own standard error over prompts is reported next to it.
+forecast's 95% prediction interval (of one measured eval: checkpoint noise and the eval's own noise
+included), whether the measurement falls in it (coverage), whether the forecast was identified (else
+no point is given, only the range), and the fitted A against the final measured pass rate.
 
 The compute axis is `compute_flops` when every eval record has it, else `compute` (device-hours:
 wall-clock based, noisy on a shared machine); `--axis` overrides, and the output says which was used.
@@ -39,7 +40,8 @@ from scalerl.console import quiet_third_party_bars
 FRACTIONS = (0.25, 0.5)
 """Fractions of the run's final compute the forecast may see (the default; `--forecast-fractions`)."""
 EARLY_FRACTION = 0.1
-"""Evals before this fraction of the planned RL steps are the early regime, left out of every fit."""
+"""Evals below this fraction of the run's total compute are the early regime, left out of every fit (the
+JobSpec's `fit.min_compute_fraction` default, so the bench fits the window `scalerl fit` fits)."""
 AXES = ("compute_flops", "compute")
 AXIS_UNITS = {"compute": "device-hours", "compute_flops": "FLOPs"}
 LEVEL = 0.95
@@ -73,12 +75,6 @@ def truncate(records: Sequence[Record], axis: str, fraction: float) -> list[Reco
     return [r for r in evals if float(r[axis]) <= fraction * end + 1e-12 * end]
 
 
-def early_cutoff(records: Sequence[Record], axis: str, early_steps: int) -> float:
-    """The `axis` value of the first eval at step ≥ early_steps: the fit window's lower end (min_compute)."""
-    later = [float(r[axis]) for r in eval_records(records) if int(r["step"]) >= early_steps]
-    return min(later) if later else math.inf
-
-
 def is_covered(measured: float, lo: float | None, hi: float | None) -> bool | None:
     """Whether `measured` lies in [lo, hi]; None when there is no interval."""
     if lo is None or hi is None:
@@ -98,30 +94,36 @@ def final_measurement(records: Sequence[Record], axis: str) -> tuple[float, floa
 
 
 def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Aggregate per-seed forecast rows of one fraction: mean error, mean |error|, coverage k/n, widths, A."""
-    ok = [r for r in rows if r.get("predicted") is not None]
-    covered = [r["covered"] for r in ok if r["covered"] is not None]
-    widths = [r["hi"] - r["lo"] for r in ok if r["lo"] is not None and r["hi"] is not None]
+    """Aggregate per-seed forecast rows of one fraction: mean error and mean |error| of the points given,
+    coverage k/n of the identified forecasts' intervals, refusals (and how often their ranges covered),
+    widths, A."""
+    fitted = [r for r in rows if "fit_error" not in r]
+    ok = [r for r in fitted if r.get("predicted") is not None]
+    refused = [r for r in fitted if r.get("identified") is False]
+    covered = [r["covered"] for r in ok if r.get("covered") is not None]
+    widths = [r["hi"] - r["lo"] for r in ok if r.get("lo") is not None and r.get("hi") is not None]
 
     def mean(xs: Sequence[float]) -> float | None:
         return sum(xs) / len(xs) if xs else None
 
     return {
-        "runs": len(rows), "fitted": len(ok),
+        "runs": len(rows), "fitted": len(fitted), "identified": len(ok), "refused": len(refused),
+        "refused_range_covered": sum(bool(r.get("covered")) for r in refused),
         "mean_error": mean([r["error"] for r in ok]),
         "mean_abs_error": mean([abs(r["error"]) for r in ok]),
         "covered": sum(covered), "with_interval": len(covered),
         "coverage": (sum(covered) / len(covered)) if covered else None,
         "mean_interval_width": mean(widths),
-        "mean_A": mean([r["A"] for r in ok]),
+        "mean_A": mean([r["A"] for r in fitted]),
         "mean_measured_final": mean([r["measured"] for r in rows]),
     }
 
 
 # -- fitting one run (scaling package; no I/O) -------------------------------------------------------
-def forecast_row(records: Sequence[Record], *, axis: str, fraction: float, early_steps: int,
+def forecast_row(records: Sequence[Record], *, axis: str, fraction: float, early_fraction: float = EARLY_FRACTION,
                  n_bootstrap: int = 200, seed: int = 0) -> dict[str, Any]:
-    """Fit on the records up to `fraction` of the run's compute and forecast its final pass rate."""
+    """Fit on the records up to `fraction` of the run's compute (leaving out those below `early_fraction` of
+    it) and forecast its final pass rate: `predicted` is None when the forecast is not identified."""
     from scalerl.scaling import FitError, analyse_curve, curve_from_records
 
     end, measured, measured_se = final_measurement(records, axis)
@@ -130,26 +132,29 @@ def forecast_row(records: Sequence[Record], *, axis: str, fraction: float, early
                            "measured": measured, "measured_se": measured_se, "n_evals_seen": len(prefix)}
     try:
         curve = curve_from_records(prefix, x=axis)
-        a = analyse_curve(curve, min_compute=early_cutoff(records, axis, early_steps), predict=[end],
+        a = analyse_curve(curve, min_compute_fraction=early_fraction, total_compute=end, predict=[end],
                           n_bootstrap=n_bootstrap, seed=seed, level=LEVEL)
     except FitError as e:
         return {**row, "predicted": None, "fit_error": str(e)}
     f = a.forecasts[0]
     a_ci = a.bootstrap.interval("A") if a.bootstrap is not None else (None, None)
     return {**row, "n_points_fitted": a.fit.n_points, "predicted": f.pass_rate, "lo": f.lo, "hi": f.hi,
-            "error": f.pass_rate - measured, "covered": is_covered(measured, f.lo, f.hi),
+            "identified": f.identified, "early_compute": a.min_compute,
+            "error": None if f.pass_rate is None else f.pass_rate - measured,
+            "covered": is_covered(measured, f.lo, f.hi),
             "A": a.fit.A, "A_lo": a_ci[0], "A_hi": a_ci[1], "B": a.fit.B, "C_mid": a.fit.C_mid,
             "R0": a.fit.R0, "warnings": list(a.warnings)}
 
 
-def analyse_runs(runs: Mapping[int, Sequence[Record]], *, axis: str, early_steps: int,
+def analyse_runs(runs: Mapping[int, Sequence[Record]], *, axis: str, early_fraction: float = EARLY_FRACTION,
                  n_bootstrap: int = 200, fractions: Sequence[float] = FRACTIONS) -> dict[str, Any]:
     """Per seed and per fraction (plus the full run's A), and the aggregate per fraction."""
     per_seed: dict[str, Any] = {}
     for seed, records in runs.items():
-        rows = [forecast_row(records, axis=axis, fraction=f, early_steps=early_steps, n_bootstrap=n_bootstrap)
+        rows = [forecast_row(records, axis=axis, fraction=f, early_fraction=early_fraction, n_bootstrap=n_bootstrap)
                 for f in fractions]
-        full = forecast_row(records, axis=axis, fraction=1.0, early_steps=early_steps, n_bootstrap=n_bootstrap)
+        full = forecast_row(records, axis=axis, fraction=1.0, early_fraction=early_fraction,
+                            n_bootstrap=n_bootstrap)
         per_seed[str(seed)] = {"forecasts": rows, "full_fit_A": full.get("A"),
                                "full_fit_A_ci": [full.get("A_lo"), full.get("A_hi")],
                                "initial_pass_rate": eval_records(records)[0]["pass_rate"],
@@ -168,7 +173,8 @@ def format_table(result: Mapping[str, Any]) -> str:
     """Markdown table: one row per seed and fraction, then one aggregate row per fraction."""
     axis = result["axis"]
     head = [f"compute axis: {axis} ({AXIS_UNITS[axis]}); pass rates are held-out mean@k fractions; "
-            f"interval {LEVEL:.0%} bootstrap over prompts",
+            f"interval: {LEVEL:.0%} prediction interval of the final eval (\"not identified\": no point, the range "
+            "only); A's interval: bootstrap over prompts",
             "",
             "| seed | fit on | evals seen | predicted final | 95% interval | measured final (± s.e.) | error | "
             "covered | fitted A (95% interval) |",
@@ -178,11 +184,14 @@ def format_table(result: Mapping[str, Any]) -> str:
             interval = f"[{_fmt(r.get('lo'))}, {_fmt(r.get('hi'))}]"
             a = f"{_fmt(r.get('A'))} [{_fmt(r.get('A_lo'))}, {_fmt(r.get('A_hi'))}]"
             cov = {True: "yes", False: "no", None: "—"}[r.get("covered")]
-            head.append(f"| {seed} | first {r['fraction']:.0%} | {r['n_evals_seen']} | {_fmt(r.get('predicted'))} | "
+            point = "not identified" if r.get("identified") is False else _fmt(r.get("predicted"))
+            head.append(f"| {seed} | first {r['fraction']:.0%} | {r['n_evals_seen']} | {point} | "
                         f"{interval} | {r['measured']:.3f} ± {_fmt(r.get('measured_se'))} | "
                         f"{_fmt(r.get('error'), '+.3f')} | {cov} | {a} |")
     for f, agg in result["aggregate"].items():
-        head.append(f"| all | first {float(f):.0%} | | | mean width {_fmt(agg['mean_interval_width'])} | "
+        head.append(f"| all | first {float(f):.0%} | | {agg['refused']}/{agg['fitted']} not identified "
+                    f"({agg['refused_range_covered']} ranges covered) | "
+                    f"mean width {_fmt(agg['mean_interval_width'])} | "
                     f"mean {_fmt(agg['mean_measured_final'])} | mean {_fmt(agg['mean_error'], '+.3f')}, "
                     f"mean abs {_fmt(agg['mean_abs_error'])} | {agg['covered']}/{agg['with_interval']} | "
                     f"mean {_fmt(agg['mean_A'])} |")
@@ -192,7 +201,7 @@ def format_table(result: Mapping[str, Any]) -> str:
 def forecast_png(result: Mapping[str, Any]) -> bytes:
     """One panel per seed: the evals against compute (log x; the early regime hollow), each fraction's
     fitted curve drawn to the run's end from its cut-off (dotted line), its forecast with the 95% interval
-    at the final compute, and the final measurement."""
+    at the final compute (a dotted range without a point when not identified), and the final measurement."""
     import io
 
     import numpy as np
@@ -209,8 +218,8 @@ def forecast_png(result: Mapping[str, Any]) -> bytes:
     axes = fig.subplots(1, len(seeds), sharey=True, squeeze=False)[0]
     colors = {0.25: "C1", 0.5: "C2"}
     for ax, (seed, s) in zip(axes, seeds, strict=True):
-        steps, x, y = (np.array(col, dtype=float) for col in zip(*s["evals"], strict=True))
-        early = steps < result["early_steps_left_out"]
+        _, x, y = (np.array(col, dtype=float) for col in zip(*s["evals"], strict=True))
+        early = x < EARLY_FRACTION * float(x.max())
         pos = x > 0
         ax.scatter(x[pos & ~early], y[pos & ~early], s=14, color="C0", zorder=3, label="eval")
         ax.scatter(x[pos & early], y[pos & early], s=14, facecolors="none", edgecolors="C0", zorder=3,
@@ -219,15 +228,17 @@ def forecast_png(result: Mapping[str, Any]) -> bytes:
         for i, r in enumerate(s["forecasts"]):
             color = colors.get(r["fraction"], f"C{3 + i}")
             ax.axvline(r["fit_until"], color=color, ls=":", lw=1)
-            if r.get("predicted") is None:
+            if r.get("A") is None:
                 continue
             grid = np.geomspace(x[pos].min(), end, 200)
             ax.plot(grid, sigmoid(grid, A=r["A"], B=r["B"], C_mid=r["C_mid"], R0=r["R0"]), color=color, lw=1.3,
                     label=f"fit on first {r['fraction']:.0%}")
-            if r.get("lo") is not None:
-                xe = end * (1.04 + 0.05 * i)
+            xe = end * (1.04 + 0.05 * i)
+            if r.get("predicted") is not None:
                 ax.errorbar([xe], [r["predicted"]], yerr=[[r["predicted"] - r["lo"]], [r["hi"] - r["predicted"]]],
                             color=color, fmt="s", ms=4, capsize=3)
+            elif r.get("lo") is not None:  # not identified: the range only
+                ax.vlines([xe], [r["lo"]], [r["hi"]], color=color, lw=2, linestyles="dotted")
         ax.scatter([end], [s["final_pass_rate"]], s=40, marker="*", color="k", zorder=4, label="final measured")
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())
@@ -323,13 +334,11 @@ def bench_forecast(spec_path: str, overrides: Sequence[str], seeds: Sequence[int
     def result(runs: Runs, timing: dict[str, Any]) -> dict[str, Any]:
         used = choose_axis(next(iter(runs.values())), axis)
         heldout = {str(s): sorted({str(r.get("heldout_set")) for r in eval_records(recs)}) for s, recs in runs.items()}
-        early_steps = math.ceil(EARLY_FRACTION * timing["steps"])
         return {"spec": spec_path, "overrides": list(overrides), "seeds": list(seeds), "complete": False,
                 "axis": used, "axis_unit": AXIS_UNITS[used], "fractions": list(fractions),
-                "early_steps_left_out": early_steps, "n_bootstrap": n_bootstrap, "level": LEVEL,
+                "early_fraction_left_out": EARLY_FRACTION, "n_bootstrap": n_bootstrap, "level": LEVEL,
                 "heldout_sets": heldout, **timing,
-                **analyse_runs(runs, axis=used, early_steps=early_steps, n_bootstrap=n_bootstrap,
-                               fractions=fractions),
+                **analyse_runs(runs, axis=used, n_bootstrap=n_bootstrap, fractions=fractions),
                 "wall_s": time.perf_counter() - t0}
 
     def partial(runs: Runs, timing: dict[str, Any]) -> None:

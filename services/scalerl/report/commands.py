@@ -50,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=_compute_list,
         default=None,
         metavar="C1,C2,...",
-        help="compute values to forecast (default: last observed × 1, 2, 4)",
+        help="compute values to forecast, each as a prediction interval of a measured eval there, with a point "
+        "only when the data identify it (default: last observed × 1, 2, 4)",
     )
     fit.add_argument("--max-compute-fraction", type=open_fraction, default=None, metavar="F",
                      help="fit only points up to F × the run's largest compute; later points become a held-out "
@@ -118,8 +119,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-compute", type=float, default=0.0, metavar="C",
                    help="drop points below C, in the axis unit (paper: 1.5k GPU-hours)")
     p.add_argument("--min-compute-fraction", type=float, default=None, metavar="F",
-                   help="drop points below F × the largest fitted compute (default: the run's fit."
-                   "min_compute_fraction, JobSpec default 0.1)")
+                   help="drop points below F × the run's total compute, its largest, however much of it is "
+                   "fitted (default: the run's fit.min_compute_fraction, JobSpec default 0.1)")
     p.add_argument(
         "--max-compute",
         type=float,

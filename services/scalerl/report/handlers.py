@@ -131,18 +131,21 @@ def format_fit(
         f"  {len(a.curve)} eval points ({n_zero} at compute 0); {a.fit.n_points} fitted; R0 from {r0_src}",
         f"  x = {x} ({tables.compute_unit(x)}), y = {y} (fraction)"
         + f"; fit window [{a.min_compute:g}, {'∞' if a.max_compute is None else f'{a.max_compute:g}'}] "
-        f"(cutoff: max(--min-compute, {a.min_compute_fraction:g} × largest compute))",
+        f"(cutoff: max(--min-compute, {a.min_compute_fraction:g} × the run's total compute "
+        f"{a.window.total_compute:g}))",
         "",
         f"Sigmoid  {FORMULA}",
         tables.render_text(tables.fit_table(a, x=x)),
     ]
     if a.warnings:
         head += ["", "Warnings:", *[f"  - {w}" for w in a.warnings]]
-    head += [
-        "",
-        "Forecast (expected pass rate on the curve)",
-        tables.render_text(tables.forecast_table(a, x=x)),
-    ]
+    head += ["", "Forecast of a measured eval (interval: noise shared by the prompts and correlated over evals, and "
+             f"the eval's own noise; \"{tables.NOT_IDENTIFIED}\": the data do not pin it, only the range is given)",
+             tables.render_text(tables.forecast_table(a, x=x))]
+    if a.prediction is not None:
+        lo, hi = a.prediction.A_interval
+        head.append(f"  A: {a.prediction.level:.0%} profile-likelihood interval [{lo:.4f}, {hi:.4f}] (checkpoint noise "
+                    "included; the bootstrap interval above resamples prompts only)")
     if a.holdout is not None:
         h = a.holdout
         head += [

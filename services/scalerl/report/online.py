@@ -29,12 +29,31 @@ def analysis_options(settings: FitConfig) -> dict[str, Any]:
             "seed": settings.seed, "level": settings.level}
 
 
+def budget_compute(records: Sequence[Mapping[str, Any]], total_steps: int, *, x: str = DEVICE_HOURS) -> float | None:
+    """The run's total compute on column `x`, extrapolated from its last eval to `total_steps` (compute grows
+    about linearly in steps): last compute × total_steps / last step; None before an eval past step 0."""
+    evals = [r for r in records if r.get("kind", "eval") == "eval" and isinstance(r.get(x), int | float)
+             and isinstance(r.get("step"), int) and r["step"] > 0]
+    if not evals or total_steps <= 0:
+        return None
+    last = max(evals, key=lambda r: int(r["step"]))
+    if float(last[x]) <= 0:
+        return None
+    return float(last[x]) * max(total_steps / int(last["step"]), 1.0)
+
+
 def analyse_run(records: Sequence[Mapping[str, Any]], settings: FitConfig, *,
-                x: str = DEVICE_HOURS) -> CurveAnalysis | None:
+                x: str = DEVICE_HOURS, total_steps: int | None = None) -> CurveAnalysis | None:
     """The fit of `records` (metrics.jsonl records; non-eval ones are skipped) on column `x`, or None
-    while the data cannot support one (fewer than 4 usable points, no gain over R0 yet, invalid values)."""
+    while the data cannot support one (fewer than 4 usable points, no gain over R0 yet, invalid values).
+
+    total_steps: the run's planned steps; the early-regime cutoff is then `min_compute_fraction` of the
+    run's budget (`budget_compute`), as `scalerl fit` and the forecast bench take it of a finished run, so
+    the fit after every eval uses the window the finished run's analysis will use. Without it the cutoff
+    is that fraction of the compute so far."""
     try:
-        return analyse_curve(curve_from_records(records, x=x), **analysis_options(settings))
+        total = None if total_steps is None else budget_compute(records, total_steps, x=x)
+        return analyse_curve(curve_from_records(records, x=x), **analysis_options(settings), total_compute=total)
     except FitError:
         return None
 

@@ -129,19 +129,18 @@ def draw_fit(ax: Axes, curve: Curve, analysis: CurveAnalysis | None, *, color: s
         )
     ax.axhline(f.A, color=color, ls=":", lw=1)
     ax.axhline(f.R0, color="0.5", ls="--", lw=0.8, label=f"R0 = {f.R0:.3f} (step 0)")
-    fc = np.array(
-        [
-            [
-                p.compute,
-                p.pass_rate,
-                p.lo if p.lo is not None else np.nan,
-                p.hi if p.hi is not None else np.nan,
-            ]
-            for p in analysis.forecasts
-        ]
-    )
-    err = np.nan_to_num(np.abs(fc[:, 2:4].T - fc[:, 1]), nan=0.0)
-    ax.errorbar(fc[:, 0], fc[:, 1], yerr=err, fmt="D", ms=5, color="C1", capsize=3, zorder=4, label="forecast")
+    shown = [p for p in analysis.forecasts if p.pass_rate is not None]
+    if shown:
+        fc = np.array([[p.compute, p.pass_rate, np.nan if p.lo is None else p.lo, np.nan if p.hi is None else p.hi]
+                       for p in shown])
+        err = np.nan_to_num(np.abs(fc[:, 2:4].T - fc[:, 1]), nan=0.0)
+        ax.errorbar(fc[:, 0], fc[:, 1], yerr=err, fmt="D", ms=5, color="C1", capsize=3, zorder=4,
+                    label="forecast (prediction interval)")
+    ranges = [(p.compute, p.lo, p.hi) for p in analysis.forecasts
+              if p.pass_rate is None and p.lo is not None and p.hi is not None]
+    if ranges:  # not identified yet: the range only, no point
+        xs, los, his = (np.array(col, dtype=np.float64) for col in zip(*ranges, strict=True))
+        ax.vlines(xs, los, his, color="C1", lw=2, linestyles="dotted", zorder=4, label="not identified yet (range)")
     pl = analysis.power_law
     if pl is not None:
         ax.plot(

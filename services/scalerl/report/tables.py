@@ -82,20 +82,26 @@ def fit_table(a: CurveAnalysis, *, x: str = "compute") -> Table:
     return ["parameter", "value", lvl, "meaning"], rows
 
 
+NOT_IDENTIFIED = "not identified yet"
+"""What a forecast shows instead of a point when the data do not pin it (the range is in the interval)."""
+
+
 def forecast_table(a: CurveAnalysis, *, x: str = "compute") -> Table:
+    """Compute | × last fitted | pass rate (or "not identified yet") | prediction interval | left to A."""
     last = float(a.curve.compute[a.window.mask].max())
     rows = [
         [
             num(p.compute),
             f"×{p.compute / last:.3g}",
-            rate(p.pass_rate),
+            rate(p.pass_rate) if p.identified else NOT_IDENTIFIED,
             interval(p.lo, p.hi, rate),
-            rate(a.fit.A - p.pass_rate),
+            rate(a.fit.A - p.pass_rate) if p.pass_rate is not None else "—",
         ]
         for p in a.forecasts
     ]
-    head = f"{compute_unit(x)}"
-    return [head, "vs last fitted", "pass rate", "interval", "left to A"], rows
+    level = a.prediction.level if a.prediction is not None else None
+    shown = "prediction interval" if level is None else f"{level:.0%} prediction interval"
+    return [f"{compute_unit(x)}", "vs last fitted", "pass rate", shown, "left to A"], rows
 
 
 def points_table(a: CurveAnalysis, *, x: str = "compute") -> Table:

@@ -10,7 +10,9 @@ Compute is in device-hours throughout; pass rates are fractions in [0, 1].
 
 Paper map: formula §1.1 → `curves.sigmoid`; fitting §1.3 → `fit.fit_sigmoid`; margins and comparison
 §1.4–1.5 → `curves.A_MARGIN`, `compare.compare_curves`; power law §1.7 → `fit.fit_power_law`;
-linearised efficiency §1.1 → `curves.linearised_efficiency`; bootstrap (ours) → `bootstrap`.
+linearised efficiency §1.1 → `curves.linearised_efficiency`; bootstrap (ours) → `bootstrap`; prediction
+intervals of a measured eval and "not identified yet" (ours, issue #31) → `predict`; simulated runs for
+their calibration → `simulate`.
 """
 
 from typing import TYPE_CHECKING
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
         fit_window,
     )
     from scalerl.scaling.fit import fit_power_law, fit_power_law_window, fit_sigmoid, fit_sigmoid_window
+    from scalerl.scaling.predict import Prediction, PredictionSet, predict_window
 
 _EXPORTS = {
     "A_MARGIN": "constants",
@@ -52,6 +55,8 @@ _EXPORTS = {
     "Holdout": "analysis",
     "MIN_POINTS": "data",
     "PowerLawFit": "curves",
+    "Prediction": "predict",
+    "PredictionSet": "predict",
     "RunComparison": "compare",
     "SigmoidFit": "curves",
     "analyse_curve": "analysis",
@@ -67,6 +72,7 @@ _EXPORTS = {
     "fit_window": "data",
     "linearised_efficiency": "curves",
     "power_law": "curves",
+    "predict_window": "predict",
     "sigmoid": "curves",
 }
 __getattr__ = lazy_exports(__name__, _EXPORTS)
@@ -83,6 +89,8 @@ __all__ = [
     "Forecast",
     "Holdout",
     "PowerLawFit",
+    "Prediction",
+    "PredictionSet",
     "RunComparison",
     "SigmoidFit",
     "analyse_curve",
@@ -98,5 +106,6 @@ __all__ = [
     "fit_window",
     "linearised_efficiency",
     "power_law",
+    "predict_window",
     "sigmoid",
 ]

@@ -3,6 +3,12 @@
 `analyse_curve` fits the sigmoid, bootstraps it, fits the power law for contrast, forecasts, and — when
 points lie beyond `max_compute` — checks the forecast against them (the paper's "fit on half, extend"
 check, §1.6), and collects plain-language warnings about what the data cannot yet tell.
+
+Forecasts are predictions of a measured eval at the given compute (`scaling.predict`): a prediction
+interval that includes checkpoint-to-checkpoint noise and the eval's own noise, and no point when the data
+do not pin it ("not identified yet": `identified` false, `pass_rate` None, [lo, hi] the range). The
+bootstrap (`scaling.bootstrap`) still gives the intervals of A, B and C_mid (`ci`), labelled by what it
+resamples: held-out prompts (or points), not checkpoints.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from scalerl.scaling.constants import A_AT_BOUND
 from scalerl.scaling.curves import A_MARGIN, FitError, FloatArray, PowerLawFit, SigmoidFit
 from scalerl.scaling.data import Curve, FitWindow, fit_window
 from scalerl.scaling.fit import fit_power_law_window, fit_sigmoid_window
+from scalerl.scaling.predict import PredictionSet, predict_window
 
 DEFAULT_FORECAST_FACTORS = (1.0, 2.0, 4.0)
 """Default forecasts: at the last observed compute × 1, × 2 and × 4 (the paper extrapolates 2–2.8×)."""
@@ -25,12 +32,18 @@ DEFAULT_FORECAST_FACTORS = (1.0, 2.0, 4.0)
 
 @dataclass(frozen=True, slots=True)
 class Forecast:
-    """Expected pass rate at `compute` (device-hours) with its bootstrap interval (None without one)."""
+    """A measured eval at `compute` (the curve's unit): point forecast and prediction interval [lo, hi]."""
 
     compute: float
-    pass_rate: float
+    pass_rate: float | None
+    """The point forecast, or None when the data do not identify it (then [lo, hi] is the range)."""
     lo: float | None
     hi: float | None
+    identified: bool = True
+    """Whether the curve's interval at `compute` is narrow enough for a point (`predict.MAX_CURVE_WIDTH`)."""
+    curve_lo: float | None = None
+    curve_hi: float | None = None
+    """Interval of the expected pass rate (the curve) at `compute`, without the eval's own noise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +73,8 @@ class CurveAnalysis:
     max_compute: float | None
     warnings: tuple[str, ...]
     min_compute_fraction: float = 0.0
+    prediction: PredictionSet | None = None
+    """The noise model and A's profile interval behind the forecasts' intervals."""
 
     def a_margin_interval(self) -> tuple[float, float]:
         """The paper's ±0.02 rule on A (spec §1.4), clipped to [R0, 1]."""
@@ -91,8 +106,11 @@ class CurveAnalysis:
                 "seed": self.bootstrap.seed,
             },
             "predictions": [
-                {"compute": p.compute, "pass_rate": p.pass_rate, "lo": p.lo, "hi": p.hi} for p in self.forecasts
+                {"compute": p.compute, "pass_rate": p.pass_rate, "lo": p.lo, "hi": p.hi, "identified": p.identified,
+                 "curve_lo": p.curve_lo, "curve_hi": p.curve_hi}
+                for p in self.forecasts
             ],
+            "prediction": None if self.prediction is None else self.prediction.to_dict(),
             "power_law": None if pl is None else {"A": pl.A, "B": pl.B, "D": pl.D, "r2": pl.r2},
             "holdout": None
             if self.holdout is None
@@ -106,6 +124,7 @@ class CurveAnalysis:
                 "min_compute": self.min_compute,
                 "min_compute_fraction": self.min_compute_fraction,
                 "max_compute": self.max_compute,
+                "total_compute": self.window.total_compute,
             },
             "r0_source": "measured" if self.window.r0_is_measured else "given",
             "warnings": list(self.warnings),
@@ -130,13 +149,15 @@ def analyse_curve(
     seed: int = 0,
     level: float = LEVEL,
     min_compute_fraction: float = 0.0,
+    total_compute: float | None = None,
 ) -> CurveAnalysis:
     """Fit, bootstrap (skipped when n_bootstrap == 0), power law, forecasts at `predict` (the curve's
-    compute unit; default `default_forecast_compute`), holdout check. The window is `fit_window`'s (points
-    below max(min_compute, min_compute_fraction × largest compute) are left out). Raises FitError on
-    unusable data."""
+    compute unit; default `default_forecast_compute`) with prediction intervals at `level`, holdout check.
+    The window is `fit_window`'s: points below max(min_compute, min_compute_fraction × total_compute) are
+    left out, total_compute being the run's total (default: the curve's largest compute, whatever
+    max_compute is). Raises FitError on unusable data."""
     win = fit_window(curve, r0=r0, min_compute=min_compute, max_compute=max_compute,
-                     min_compute_fraction=min_compute_fraction)
+                     min_compute_fraction=min_compute_fraction, total_compute=total_compute)
     fit = fit_sigmoid_window(win)
     boot = None
     if n_bootstrap:
@@ -155,23 +176,36 @@ def analyse_curve(
     targets = list(predict) if predict is not None else default_forecast_compute(curve, max_compute)
     if any(not (np.isfinite(t) and t > 0) for t in targets):
         raise FitError(f"forecast compute values must be positive numbers, got {targets}.")
+    prediction = predict_window(win, targets, level=level)
     return CurveAnalysis(
         curve=curve,
         window=win,
         fit=fit,
         bootstrap=boot,
         power_law=power,
-        forecasts=forecast(fit, boot, targets),
+        forecasts=forecasts_of(prediction),
         holdout=_holdout(curve, fit, max_compute),
         min_compute=win.min_compute,
         max_compute=max_compute,
         warnings=_warnings(win, fit, boot),
         min_compute_fraction=min_compute_fraction,
+        prediction=prediction,
     )
 
 
-def forecast(fit: SigmoidFit, boot: Bootstrap | None, compute: Sequence[float]) -> tuple[Forecast, ...]:
-    """Point forecasts with bootstrap intervals at `compute` [M] device-hours."""
+def forecasts_of(prediction: PredictionSet) -> tuple[Forecast, ...]:
+    """The forecasts of a prediction set: a point only where identified, always the interval."""
+    return tuple(
+        Forecast(compute=p.compute, pass_rate=p.pass_rate, lo=p.lo, hi=p.hi, identified=p.identified,
+                 curve_lo=p.curve_lo, curve_hi=p.curve_hi)
+        for p in prediction.predictions
+    )
+
+
+def bootstrap_band_forecast(fit: SigmoidFit, boot: Bootstrap | None, compute: Sequence[float]) -> tuple[Forecast, ...]:
+    """The forecasts shipped before issue #31, for comparison: the fitted curve's value as the point and the
+    bootstrap's percentile band of the curve as the interval (a confidence band of the curve over the
+    resampled prompts, not a prediction of one eval), at `compute` [M]; never refused."""
     c = np.asarray(compute, dtype=np.float64)
     mid = fit.predict(c)
     lo: FloatArray | None = None

@@ -50,10 +50,17 @@ def test_axis_is_flops_only_when_every_eval_has_it() -> None:
         fb.choose_axis(_records(), "gpu_hours")
 
 
-def test_early_cutoff_is_the_first_eval_at_or_after_the_early_steps() -> None:
-    assert fb.early_cutoff(_records(), "compute", 20) == 2.0
-    assert fb.early_cutoff(_records(), "compute", 15) == 2.0
-    assert math.isinf(fb.early_cutoff(_records(), "compute", 1000))
+def test_the_early_regime_is_a_fraction_of_the_runs_total_compute_whatever_is_fitted() -> None:
+    """The bench leaves out what `scalerl fit --max-compute-fraction F` leaves out: the evals below
+    EARLY_FRACTION × the run's final compute, the same points from 50% as from all of the run."""
+    c = np.arange(0, 21) * 0.5  # final compute 10: the early regime is compute < 1.0
+    y = sigmoid(c, A=0.8, B=2.0, C_mid=3.0, R0=0.3)
+    recs = [{"kind": "eval", "step": 10 * i, "compute": float(ci), "pass_rate": float(yi)}
+            for i, (ci, yi) in enumerate(zip(c, y, strict=True))]
+    half = fb.forecast_row(recs, axis="compute", fraction=0.5, n_bootstrap=0)
+    full = fb.forecast_row(recs, axis="compute", fraction=1.0, n_bootstrap=0)
+    assert half["early_compute"] == full["early_compute"] == pytest.approx(fb.EARLY_FRACTION * 10.0)
+    assert half["n_points_fitted"] == 9 and full["n_points_fitted"] == 19  # compute 1.0..5.0 and 1.0..10.0
 
 
 def test_coverage_and_aggregate() -> None:
@@ -66,14 +73,17 @@ def test_coverage_and_aggregate() -> None:
         {"predicted": 0.5, "error": -0.1, "lo": 0.55, "hi": 0.65, "covered": False, "A": 0.6, "measured": 0.6},
         {"predicted": 0.6, "error": 0.0, "lo": 0.5, "hi": 0.7, "covered": True, "A": 0.7, "measured": 0.6},
         {"predicted": None, "fit_error": "too few points", "measured": 0.6},
+        {"predicted": None, "identified": False, "error": None, "lo": 0.3, "hi": 0.9, "covered": True, "A": 0.7,
+         "measured": 0.6},
     ]
     agg = fb.summarise(rows)
-    assert (agg["runs"], agg["fitted"], agg["covered"], agg["with_interval"]) == (4, 3, 2, 3)
+    assert (agg["runs"], agg["fitted"], agg["identified"], agg["refused"]) == (5, 4, 3, 1)
+    assert (agg["covered"], agg["with_interval"], agg["refused_range_covered"]) == (2, 3, 1)  # refused: apart
     assert agg["coverage"] == pytest.approx(2 / 3)
     assert agg["mean_error"] == pytest.approx(0.0)
     assert agg["mean_abs_error"] == pytest.approx(0.2 / 3)
     assert agg["mean_interval_width"] == pytest.approx((0.4 + 0.1 + 0.2) / 3)
-    assert agg["mean_A"] == pytest.approx(0.7)
+    assert agg["mean_A"] == pytest.approx((0.8 + 0.6 + 0.7 + 0.7) / 4)
 
 
 def test_final_measurement_standard_error_over_prompts() -> None:
@@ -91,13 +101,13 @@ def test_forecast_row_recovers_a_known_curve() -> None:
     y = sigmoid(c, A=0.8, B=2.0, C_mid=3.0, R0=0.3)
     recs = [{"kind": "eval", "step": 10 * i, "compute": float(ci), "pass_rate": float(yi)}
             for i, (ci, yi) in enumerate(zip(c, y, strict=True))]
-    row = fb.forecast_row(recs, axis="compute", fraction=0.5, early_steps=20, n_bootstrap=20)
+    row = fb.forecast_row(recs, axis="compute", fraction=0.5, n_bootstrap=20)
     assert row["n_evals_seen"] == 11 and row["n_points_fitted"] == 9  # steps 20..100 of 0..100 (compute 1..5)
     assert row["measured"] == pytest.approx(float(y[-1]))
     assert row["error"] == pytest.approx(row["predicted"] - float(y[-1]))
     assert abs(row["error"]) < 0.01 and abs(row["A"] - 0.8) < 0.02
-    assert isinstance(row["covered"], bool)
-    short = fb.forecast_row(recs[:4], axis="compute", fraction=0.25, early_steps=20, n_bootstrap=0)
+    assert isinstance(row["covered"], bool) and row["identified"] is True  # noise-free: the curve is pinned
+    short = fb.forecast_row(recs[:4], axis="compute", fraction=0.25, n_bootstrap=0)
     assert short["predicted"] is None and "point" in short["fit_error"]
 
 
@@ -108,10 +118,10 @@ def test_analyse_runs_and_table_over_seeds() -> None:
         y = sigmoid(c, A=a, B=2.0, C_mid=3.0, R0=0.3)
         runs[seed] = [{"kind": "eval", "step": 10 * i, "compute": float(ci), "pass_rate": float(yi)}
                       for i, (ci, yi) in enumerate(zip(c, y, strict=True))]
-    res = fb.analyse_runs(runs, axis="compute", early_steps=20, n_bootstrap=0)
+    res = fb.analyse_runs(runs, axis="compute", n_bootstrap=0)
     assert set(res["per_seed"]) == {"0", "1"} and set(res["aggregate"]) == {"0.25", "0.5"}
     half = res["aggregate"]["0.5"]
-    assert half["runs"] == 2 and half["with_interval"] == 0 and half["coverage"] is None  # no bootstrap
+    assert half["runs"] == 2 and half["with_interval"] == 2  # prediction intervals need no bootstrap
     assert half["mean_measured_final"] == pytest.approx(np.mean([runs[s][-1]["pass_rate"] for s in (0, 1)]))
     assert abs(res["per_seed"]["1"]["full_fit_A"] - 0.75) < 0.01
     table = fb.format_table({**res, "axis": "compute"})
@@ -128,9 +138,8 @@ def test_forecast_plot_draws_every_seed(tmp_path: Path) -> None:
              "prompt_pass_rates": [float(yi)] * 3 + [float(yi) - 0.1, float(yi) + 0.1]}
             for i, (ci, yi) in enumerate(zip(c, y, strict=True))]
     for n_bootstrap in (0, 20):
-        res = fb.analyse_runs({0: recs, 1: recs[:15], 2: recs}, axis="compute", early_steps=20,
-                              n_bootstrap=n_bootstrap)
-        png = fb.forecast_png({**res, "axis": "compute", "early_steps_left_out": 20})
+        res = fb.analyse_runs({0: recs, 1: recs[:15], 2: recs}, axis="compute", n_bootstrap=n_bootstrap)
+        png = fb.forecast_png({**res, "axis": "compute"})
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 

@@ -111,7 +111,12 @@ def test_r0_from_the_smallest_compute_when_there_is_no_step_zero() -> None:
     c = np.array([5.0, 10, 20, 40, 80, 160])
     y = np.array([0.2, 0.25, 0.33, 0.42, 0.48, 0.5])
     fit = fit_sigmoid(c[::-1], y[::-1])  # order does not matter
-    assert fit.R0 == 0.2 and fit.n_points == 6
+    # the first eval is R0 and only R0: one measurement is not used twice (issue #31), so 5 points are fitted
+    assert fit.R0 == 0.2 and fit.n_points == 5
+    win = fit_window(curve_from_arrays(c, y))
+    assert win.compute.tolist() == [10, 20, 40, 80, 160] and win.r0_compute == 5.0
+    # a given R0 is no measurement: then every point is fitted
+    assert fit_sigmoid(c, y, r0=0.15).n_points == 6
 
 
 @pytest.mark.parametrize(
