@@ -274,13 +274,35 @@ class FitConfig(_Strict):
     status, and the defaults of `scalerl fit` / `scalerl compare` on this run's folder all use these."""
 
     min_compute_fraction: float = Field(0.1, ge=0.0, lt=1.0, description=(
-        "Leave out the early regime: eval points below this fraction of the largest compute in the fit "
-        "window do not enter the fit (R0 still comes from step 0). Paper §1.3: fits start after ~1.5k "
+        "Leave out the early regime: eval points below this fraction of the run's total compute (its budget: "
+        "train.steps, extrapolated from the compute so far; a finished run's largest compute) do not enter "
+        "the fit, so the fit after every eval and the finished run's use one window (R0 still comes from "
+        "step 0). Paper §1.3: fits start after ~1.5k "
         "GPU-hours (about one epoch), 3% of its 50k-GPU-hour fit window and 19% of its 8k ones; 0.1 lies "
         "between. 0 fits every point."))
     bootstrap: int = Field(200, ge=0, le=100_000, description="Bootstrap resamples of the intervals (0: none).")
     seed: int = Field(0, ge=0, description="Seed of the bootstrap resampling.")
     level: float = Field(0.95, gt=0.0, lt=1.0, description="Coverage of the bootstrap intervals (fraction).")
+
+
+class StopPolicyConfig(_Strict):
+    """Stop a run early on its forecast (off by default). The run's fit after every eval forecasts the pass
+    rate at the end of the budget (`train.steps`); the run stops cleanly (checkpoint, final eval, report and
+    summary.json say why) when that forecast is identified and says the rest of the budget is not worth
+    spending. An unidentified forecast (the curve has not bent yet) never stops a run."""
+
+    min_gain: float | None = Field(None, gt=0.0, lt=1.0, description=(
+        "Stop (reason ForecastPlateau) when the compute left in the budget would add less than this to the "
+        "pass rate: the upper end of the `level` interval of R(budget) − R(now), the fitted curve's gain "
+        "(fraction), is below it. null = off."))
+    target: float | None = Field(None, gt=0.0, le=1.0, description=(
+        "Stop (reason ForecastBelowTarget) when the run cannot reach this pass rate: the upper end of the "
+        "`level` interval of the ceiling A is below it (fraction). null = off."))
+    level: float = Field(0.95, ge=0.5, lt=1.0, description="Two-sided level of both intervals (fraction).")
+
+    @property
+    def enabled(self) -> bool:
+        return self.min_gain is not None or self.target is not None
 
 
 class RoleDevices(_Strict):
@@ -347,6 +369,9 @@ class JobSpec(_Strict):
     sft: SFTConfig = Field(default_factory=SFTConfig, description=(
         "The supervised warm start on gold chains of thought, run first when model.init_checkpoint is null."))
     fit: FitConfig = Field(default_factory=FitConfig)
+    stop_policy: StopPolicyConfig = Field(default_factory=StopPolicyConfig, description=(
+        "Stop early when an identified forecast says the rest of the budget adds less than a set gain, or the "
+        "ceiling stays below a target (off by default)."))
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description=(
         "Where and how the roles run: bus and store URLs, the devices counted for compute, CPU threads, Kafka "
         "topic prefix and partitions."))

@@ -114,6 +114,11 @@ class MetricRecord:
     values: dict[str, float] = field(default_factory=dict)
 
 
+STOP_REASON_CODES = {"ForecastPlateau": 1.0, "ForecastBelowTarget": 2.0}
+"""Why a run stopped on its forecast (`JobSpec.stop_policy`), and the number a `done` MetricRecord carries
+for it as `stop_reason` (records hold numbers only); the operator's RLJob reason is the name."""
+
+
 def task_of(value: object) -> PromptTask | None:
     """The prompt task of a prompt task, rollout group or scored group (None for anything else: a dead
     letter's value may be any of them, or undecodable bytes)."""

@@ -8,7 +8,10 @@ in summary.json, published on the metrics topic (operator status) and exported b
 (dashboards); the same `CurveAnalysis` object is handed to `write_report` at the end of training.
 
 `analyse_run` never raises on data the fit cannot use yet (too few points, no gain over R0 so far, a
-bad value): it returns None, because a forecast must never stop a training run.
+bad value): it returns None, because a fit that cannot be made must never crash a training run. Given the
+run's planned steps it also forecasts the last eval of the budget (`budget_*` keys of `fit_record`), and
+`stop_decision` reads the job's `stop_policy` against it: the one place a forecast may end a run, and only
+an identified one.
 """
 
 from __future__ import annotations
@@ -16,8 +19,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from scalerl.config import FitConfig
-from scalerl.scaling import CurveAnalysis, FitError, analyse_curve, curve_from_records
+from scalerl.config import FitConfig, StopPolicyConfig
+from scalerl.scaling import (
+    CurveAnalysis,
+    FitError,
+    analyse_curve,
+    curve_from_records,
+    default_forecast_compute,
+    predict_gain,
+)
 
 DEVICE_HOURS = "compute"
 """The paper's compute axis (device-hours), the column the run's fit uses."""
@@ -52,10 +62,60 @@ def analyse_run(records: Sequence[Mapping[str, Any]], settings: FitConfig, *,
     the fit after every eval uses the window the finished run's analysis will use. Without it the cutoff
     is that fraction of the compute so far."""
     try:
+        curve = curve_from_records(records, x=x)
         total = None if total_steps is None else budget_compute(records, total_steps, x=x)
-        return analyse_curve(curve_from_records(records, x=x), **analysis_options(settings), total_compute=total)
+        targets = default_forecast_compute(curve)
+        if total is not None and total > max(targets[0], 0.0) and total not in targets:
+            targets.append(total)  # the end of the budget: where this run will land
+        return analyse_curve(curve, **analysis_options(settings), total_compute=total, predict=targets)
     except FitError:
         return None
+
+
+def budget_forecast(analysis: CurveAnalysis) -> dict[str, float] | None:
+    """The flat `budget_*` fields of the forecast at the end of the run's budget (numbers only, for the metrics
+    topic): compute, identified (1/0), the prediction interval [low, high] at the fit's level, and the point
+    pass rate only when identified. None when the fit had no budget (no total_steps, or the run is done)."""
+    total = analysis.window.total_compute
+    hits = [p for p in analysis.forecasts if p.compute == total and p.lo is not None and p.hi is not None]
+    if not hits:
+        return None
+    p = hits[0]
+    out = {"budget_compute": p.compute, "budget_identified": 1.0 if p.identified else 0.0,
+           "budget_low": float(p.lo or 0.0), "budget_high": float(p.hi or 0.0)}
+    if p.identified and p.pass_rate is not None:
+        out["budget_pass_rate"] = float(p.pass_rate)
+    return out
+
+
+def stop_decision(analysis: CurveAnalysis | None, policy: StopPolicyConfig) -> dict[str, Any] | None:
+    """Whether the run should stop on its forecast (`policy`, issue #31), as the record that says why:
+    {"reason", "message", "compute", "budget_compute", "gain", "gain_low", "gain_high", "A_high", "level",
+    "min_gain", "target"}; None to go on (policy off, no fit, no budget left, or not identified)."""
+    if analysis is None or not policy.enabled:
+        return None
+    budget, now = analysis.window.total_compute, float(analysis.window.compute.max())
+    if budget is None or budget <= now:
+        return None
+    try:
+        g = predict_gain(analysis.window, now, budget, level=policy.level)
+    except FitError:
+        return None
+    if not g.identified:
+        return None
+    rec: dict[str, Any] = {"compute": now, "budget_compute": budget, "gain": g.fitted, "gain_low": g.lo,
+                           "gain_high": g.hi, "A_high": g.A_hi, "level": policy.level,
+                           "min_gain": policy.min_gain, "target": policy.target}
+    pct = f"{policy.level:.0%}"
+    if policy.min_gain is not None and g.hi < policy.min_gain:
+        return {**rec, "reason": "ForecastPlateau", "message": (
+            f"the rest of the budget ({now:.4g} → {budget:.4g} device-hours) would add at most {g.hi:+.3f} to the "
+            f"pass rate ({pct} interval of the fitted gain: [{g.lo:+.3f}, {g.hi:+.3f}]), below "
+            f"stop_policy.min_gain {policy.min_gain:g}")}
+    if policy.target is not None and g.A_hi < policy.target:
+        return {**rec, "reason": "ForecastBelowTarget", "message": (
+            f"the ceiling A is at most {g.A_hi:.3f} ({pct} interval), below stop_policy.target {policy.target:g}")}
+    return None
 
 
 def fit_record(analysis: CurveAnalysis) -> dict[str, Any]:
@@ -66,6 +126,7 @@ def fit_record(analysis: CurveAnalysis) -> dict[str, Any]:
 
     d: dict[str, Any] = json_safe(analysis.to_dict())
     d["forecast"] = d["predictions"]
+    d.update(budget_forecast(analysis) or {})
     interval = (d.get("ci") or {}).get("A")
     if interval is not None:
         d["A_low"], d["A_high"] = interval

@@ -70,11 +70,26 @@ def _summary_html(run: RunFolder) -> str:
         if isinstance(interval, list) and len(interval) == 2:
             parts.append(f"interval of A [{_fmt(interval[0])}, {_fmt(interval[1])}]")
         items.append(("fit at the end of training", ", ".join(parts)))
+        if isinstance(fit.get("budget_compute"), int | float):
+            items.append(("forecast at the end of the budget (train.steps)", budget_text(fit)))
     elif "fit" in s:
         items.append(("fit at the end of training", "none (see the scaling curve below)"))
     warnings = s.get("warnings")
     notes = [f'<p class="warn">{html.escape(str(w))}</p>' for w in warnings] if isinstance(warnings, list) else []
+    stop = s.get("stopped_early")
+    if isinstance(stop, dict):
+        notes.insert(0, f'<p class="warn">Stopped early by stop_policy at step {html.escape(str(stop.get("step")))} '
+                        f'({html.escape(str(stop.get("reason")))}): {html.escape(str(stop.get("message")))}.</p>')
     return "\n".join([*notes, tables.key_value_html(items)])
+
+
+def budget_text(fit: dict[str, Any]) -> str:
+    """The forecast of the last eval of the budget from a fit record's flat `budget_*` fields."""
+    at = f"at {_fmt(fit['budget_compute'])} device-hours"
+    interval = f"[{_fmt(fit.get('budget_low'))}, {_fmt(fit.get('budget_high'))}]"
+    if fit.get("budget_identified"):
+        return f"{_fmt(fit.get('budget_pass_rate'))} {at}, prediction interval {interval}"
+    return f"not identified yet {at}: the curve has not bent enough to pin it; range {interval}"
 
 
 def token_age_text(ages: dict[str, Any]) -> str:
@@ -112,7 +127,7 @@ def _fit_html(a: CurveAnalysis | None, note: str, x: str) -> str:
     if a is None:
         return f'<p class="note">{html.escape(note)}</p>'
     window = (f"<p>Fit window: compute ≥ {tables.num(a.min_compute)} {column_unit(x)} "
-              f"(max(min compute, {a.min_compute_fraction:g} × the largest compute): the early regime is left "
+              f"(max(min compute, {a.min_compute_fraction:g} × the run's total compute): the early regime is left "
               "out as in the paper).</p>")
     parts = ["<h3>Fitted sigmoid</h3>", window, tables.render_html(tables.fit_table(a, x=x))]
     parts += [f'<p class="warn">{html.escape(w)}</p>' for w in a.warnings]

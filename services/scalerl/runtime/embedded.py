@@ -206,6 +206,8 @@ class EmbeddedRun(TrainerHost):
         if last["step"] != self.learner.version:
             last = self._evaluate()
             self._checkpoint()
+        elif self.stopped_early is not None:
+            self._checkpoint()  # stopped on the forecast right after an eval: keep this step's weights
         return self._finish(first, last)
 
     def _maybe_eval_and_checkpoint(self, phase_end: bool = True) -> dict[str, Any] | None:
@@ -225,7 +227,7 @@ class EmbeddedRun(TrainerHost):
             w.start()
         last = None
         k = spec.off_policy.k
-        while self.learner.version < spec.train.steps:
+        while not self.stop_due():
             groups = self._take_groups(spec.train.prompts_per_step, wait=lambda: time.sleep(0.002))
             # PipelineRL-k: do not get more than k versions ahead of the slowest generator.
             while self.learner.version + 1 - min(g.engine.version for g in self.generators) > k:
@@ -250,7 +252,7 @@ class EmbeddedRun(TrainerHost):
         k, B = spec.off_policy.k, spec.train.prompts_per_step
         last = None
         self.clock.start()
-        while self.learner.version < spec.train.steps:
+        while not self.stop_due():
             steps = min(k, spec.train.steps - self.learner.version)
             self.generator.sync_policy()
             self._top_up()
@@ -265,6 +267,8 @@ class EmbeddedRun(TrainerHost):
                 self._log_step(stats, bar)
                 rec = self._maybe_eval_and_checkpoint(phase_end=(i == steps - 1))
                 last = rec or last
+                if self.stopped_early is not None:
+                    break
             self._publish()
         self.clock.stop()
         return last

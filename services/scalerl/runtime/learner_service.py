@@ -52,7 +52,7 @@ from scalerl.bus.fencing import EPOCH_HEADER
 from scalerl.faults.points import crash_point
 from scalerl.learner.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from scalerl.learner.lineage import lineage_of, resume_lineage
-from scalerl.messages import MetricRecord
+from scalerl.messages import STOP_REASON_CODES, MetricRecord
 from scalerl.runtime.learner_intake import ScoredIntake
 from scalerl.runtime.outputs import step_line
 from scalerl.runtime.roles import ServiceContext, connect_bus, ensure_job_topics, input_lag, retry_io
@@ -252,6 +252,16 @@ class LearnerService(ScoredIntake, TrainerHost):
             out["fit_A_low"], out["fit_A_high"] = float(interval[0]), float(interval[1])
         return out
 
+    def _stop_fields(self) -> dict[str, float]:
+        """The forecast stop of a `done` record (numbers only): stop_reason (`STOP_REASON_CODES`) and the
+        numbers it rested on, prefixed stop_; empty when the run ran its steps."""
+        s = self.stopped_early
+        if s is None:
+            return {}
+        nums = {f"stop_{k}": float(v) for k, v in s.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)}
+        return {**nums, "stop_reason": STOP_REASON_CODES[s["reason"]]}
+
     def ready(self) -> bool:
         return hasattr(self, "learner")
 
@@ -268,7 +278,7 @@ class LearnerService(ScoredIntake, TrainerHost):
                      self.learner.version)
         bar = self.progress.bar("RL", spec.train.steps, unit="step", initial=self.learner.version)
         self.clock.start()
-        while self.learner.version < spec.train.steps and not stop.is_set():
+        while not self.stop_due() and not stop.is_set():
             t_wait = time.perf_counter()
             records = self._take_groups(spec.train.prompts_per_step, stop)
             if records is None:
@@ -313,7 +323,7 @@ class LearnerService(ScoredIntake, TrainerHost):
                 retry_io(self._checkpoint, what="checkpoint")
         self.clock.stop()
         bar.close()
-        if self.learner.version < spec.train.steps:  # stopped (SIGTERM): keep the work done so far
+        if self.learner.version < spec.train.steps and self.stopped_early is None:  # SIGTERM: keep the work
             self._checkpoint()
             log.info("learner stopped at step %d; checkpoint saved", self.learner.version)
             self.close()
@@ -321,6 +331,8 @@ class LearnerService(ScoredIntake, TrainerHost):
         if last["step"] != self.learner.version:
             last = self._evaluate()
             self._checkpoint()
+        elif self.stopped_early is not None:
+            self._checkpoint()  # stopped on the forecast right after an eval: keep this step's weights
         final = self.safe_positions()
         self.counters["duplicates"] = self._count_duplicates(final)
         self.summary = self._summary(first, last, final_positions=final, distributed=True)
@@ -329,7 +341,7 @@ class LearnerService(ScoredIntake, TrainerHost):
         log.info("run files uploaded to %s: %s", self.store.uri(f"{RUN_PREFIX}/"), ", ".join(uploaded))
         # after the upload: the operator reads `done` as "the run's files are in the store" (status.report)
         self._announce("done", {"final_pass_rate": last["pass_rate"], "run_files": len(uploaded),
-                                "report_html": float("report.html" in uploaded)})
+                                "report_html": float("report.html" in uploaded), **self._stop_fields()})
         self.bus.flush()
         self.finished = True
         self.close()

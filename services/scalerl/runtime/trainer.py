@@ -124,6 +124,8 @@ class TrainerHost:
         self.progress = Progress(enabled=show_progress)
         self.last_fit: dict[str, Any] | None = None
         self.last_analysis: CurveAnalysis | None = None
+        self.stopped_early: dict[str, Any] | None = None
+        """Set by `_refit` when `spec.stop_policy` stops the run on its forecast: the decision and its numbers."""
         self.init_info: dict[str, Any] = {}
         self.clock = TrainClock()
         self.ledger = DeviceLedger(spec.runtime.devices)
@@ -300,13 +302,24 @@ class TrainerHost:
         """Refit the scaling curve on the evals so far with the job's `fit` settings (the one procedure:
         `scalerl.report.online`); the fit goes to train.jsonl, and is what summary.json, the report, the
         status and the metrics topic show (None while the data cannot support one)."""
-        from scalerl.report.online import analyse_run, fit_record
+        from scalerl.report.online import analyse_run, fit_record, stop_decision
 
-        self.last_analysis = analyse_run(self.out.read(self.out.metrics_path), self.spec.fit)
+        self.last_analysis = analyse_run(self.out.read(self.out.metrics_path), self.spec.fit,
+                                         total_steps=self.spec.train.steps)
         self.last_fit = None if self.last_analysis is None else fit_record(self.last_analysis)
         if self.last_fit is not None:
             self.out.train_record({"kind": "fit", "step": self.learner.version,
                                    "compute": self.compute_device_hours(), **self.last_fit})
+        decision = stop_decision(self.last_analysis, self.spec.stop_policy)
+        if decision is not None and self.stopped_early is None:
+            self.stopped_early = {"step": self.learner.version, **decision}
+            self.out.train_record({"kind": "stop", **self.stopped_early})
+            log.warning("stopping early at step %d (%s): %s", self.learner.version, decision["reason"],
+                        decision["message"])
+
+    def stop_due(self) -> bool:
+        """Whether the training loop ends now: the planned steps are done, or the forecast stopped the run."""
+        return self.learner.version >= self.spec.train.steps or self.stopped_early is not None
 
     # -- end of run --------------------------------------------------------------------------------
     def _first_eval(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -317,6 +330,9 @@ class TrainerHost:
         evals = self.out.read(self.out.metrics_path)
         if not evals:
             raise RuntimeError(f"resumed at step {self.learner.version} but {self.out.metrics_path} has no eval")
+        stops = [r for r in self.out.read(self.out.train_path) if r.get("kind") == "stop"]
+        if stops and self.stopped_early is None:  # the forecast had stopped this run: it stays stopped
+            self.stopped_early = {k: v for k, v in stops[-1].items() if k != "kind"}
         return evals[0], evals[-1]
 
     def _gain(self, first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
@@ -347,7 +363,7 @@ class TrainerHost:
                    "k": self.spec.off_policy.k, "threads": self.threads, "heldout_set": self.heldout_set,
                    "data_seed": self.spec.task.data_seed,
                    "token_age": summarise_token_ages(self.out.read(self.out.train_path)), **extra,
-                   "fit": self.last_fit, **self.init_info,
+                   "fit": self.last_fit, "stopped_early": self.stopped_early, **self.init_info,
                    "steps_without_training": self.idle.total}
         if self.idle.warned:
             summary["warnings"] = [self.idle.warning()]

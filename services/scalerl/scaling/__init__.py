@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         fit_window,
     )
     from scalerl.scaling.fit import fit_power_law, fit_power_law_window, fit_sigmoid, fit_sigmoid_window
-    from scalerl.scaling.predict import Prediction, PredictionSet, predict_window
+    from scalerl.scaling.predict import Gain, Prediction, PredictionSet, predict_gain, predict_window
 
 _EXPORTS = {
     "A_MARGIN": "constants",
@@ -55,6 +55,7 @@ _EXPORTS = {
     "Holdout": "analysis",
     "MIN_POINTS": "data",
     "PowerLawFit": "curves",
+    "Gain": "predict",
     "Prediction": "predict",
     "PredictionSet": "predict",
     "RunComparison": "compare",
@@ -72,6 +73,7 @@ _EXPORTS = {
     "fit_window": "data",
     "linearised_efficiency": "curves",
     "power_law": "curves",
+    "predict_gain": "predict",
     "predict_window": "predict",
     "sigmoid": "curves",
 }
@@ -87,6 +89,7 @@ __all__ = [
     "FitError",
     "FitWindow",
     "Forecast",
+    "Gain",
     "Holdout",
     "PowerLawFit",
     "Prediction",
@@ -106,6 +109,7 @@ __all__ = [
     "fit_window",
     "linearised_efficiency",
     "power_law",
+    "predict_gain",
     "predict_window",
     "sigmoid",
 ]

@@ -170,58 +170,140 @@ def _dof(d: Points) -> int:
     return max(d.n - 3, 1)
 
 
+@dataclass(frozen=True, slots=True)
+class _Fitted:
+    """The curve of a fit window under its noise model: points d, whitener w, optimum q, its SSE, the coarse
+    grid's linear solutions, the degrees of freedom ν, the excess scale s and τ²."""
+
+    d: Points
+    w: FloatArray
+    q: FloatArray
+    sse_min: float
+    coarse: profile.Linear
+    nu: int
+    scale: float
+    tau2: float
+
+    def threshold(self, level: float) -> float:
+        """The forecast's region {SSE ≤ t} at `level`: the noise model's variances counted as known."""
+        return self.sse_min + self.scale * float(chi2.ppf(level, 1))
+
+    def id_threshold(self) -> float:
+        """The identification rule's region at `ID_LEVEL` (also charges for few points)."""
+        return self.sse_min + self.scale * float(f_dist.ppf(ID_LEVEL, 1, self.nu))
+
+
+def _fitted(win: FitWindow) -> _Fitted:
+    d, tau2, w = _noise_model(points(win))
+    q, sse_min, coarse = profile.fit(d, w)
+    nu = _dof(d)
+    scale = max(1.0, sse_min / nu)  # residuals larger than the noise model says: widen, never narrow
+    return _Fitted(d=d, w=w, q=q, sse_min=sse_min, coarse=coarse, nu=nu, scale=scale, tau2=tau2)
+
+
+def _check(level: float, compute: ArrayLike) -> FloatArray:
+    if not 0 < level < 1:
+        raise FitError(f"level must be in (0, 1), got {level}.")
+    targets = np.atleast_1d(np.asarray(compute, dtype=np.float64))
+    if not (np.isfinite(targets).all() and (targets > 0).all()):
+        raise FitError(f"forecast compute values must be positive numbers, got {targets.tolist()}.")
+    return targets
+
+
 def predict_window(win: FitWindow, compute: ArrayLike, *, level: float = 0.95) -> PredictionSet:
     """Prediction intervals of a measured eval at each of `compute` ([M] in the window's unit, > 0).
 
     win: the fit window (`data.fit_window`); level: two-sided coverage, e.g. 0.95. Deterministic (no
     resampling). Raises FitError on a level outside (0, 1) or compute values that are not positive.
     """
-    if not 0 < level < 1:
-        raise FitError(f"level must be in (0, 1), got {level}.")
-    targets = np.atleast_1d(np.asarray(compute, dtype=np.float64))
-    if not (np.isfinite(targets).all() and (targets > 0).all()):
-        raise FitError(f"forecast compute values must be positive numbers, got {targets.tolist()}.")
-    d, tau2, w = _noise_model(points(win))
-    q, sse_min, coarse = profile.fit(d, w)
-    nu = _dof(d)
-    scale = max(1.0, sse_min / nu)  # residuals larger than the noise model says: widen, never narrow
-    t = sse_min + scale * float(chi2.ppf(level, 1))  # the forecast's region: the noise model's variances
-    t_id = sse_min + scale * float(f_dist.ppf(ID_LEVEL, 1, nu))  # identification: also charges for few points
-    fitted = np.clip(profile.curve(q, np.log(targets)), 0.0, 1.0)
-    (lo_c, hi_c), (lo_i, hi_i), a_range = _regions(d, w, q, coarse, np.log(targets), fitted, (t, t_id))
+    targets = _check(level, compute)
+    f = _fitted(win)
+    d, nu, scale, tau2 = f.d, f.nu, f.scale, f.tau2
+    fitted = np.clip(profile.curve(f.q, np.log(targets)), 0.0, 1.0)
+    ranges = _regions(f, np.log(targets), (f.threshold(level), f.id_threshold()))
+    (lo_c, hi_c), (lo_i, hi_i) = ((np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)) for lo, hi in ranges[0])
+    lo_c, hi_c = np.minimum(lo_c, fitted), np.maximum(hi_c, fitted)
+    lo_i, hi_i = np.minimum(lo_i, fitted), np.maximum(hi_i, fitted)
     target_var = (float(np.mean(d.v[1:][-_TAIL:])) + tau2) * scale
     noise = float(t_dist.ppf((1 + level) / 2, nu)) * np.sqrt(target_var)
     out = []
     for k, c in enumerate(targets):
-        f = float(fitted[k])
+        fk = float(fitted[k])
         identified = bool(hi_i[k] - lo_i[k] <= MAX_CURVE_WIDTH)
         out.append(Prediction(
-            compute=float(c), pass_rate=f if identified else None,
-            lo=float(np.clip(f - np.hypot(f - lo_c[k], noise), 0.0, 1.0)),
-            hi=float(np.clip(f + np.hypot(hi_c[k] - f, noise), 0.0, 1.0)),
-            curve_lo=float(lo_c[k]), curve_hi=float(hi_c[k]), identified=identified, fitted=f,
+            compute=float(c), pass_rate=fk if identified else None,
+            lo=float(np.clip(fk - np.hypot(fk - lo_c[k], noise), 0.0, 1.0)),
+            hi=float(np.clip(fk + np.hypot(hi_c[k] - fk, noise), 0.0, 1.0)),
+            curve_lo=float(lo_c[k]), curve_hi=float(hi_c[k]), identified=identified, fitted=fk,
             id_width=float(hi_i[k] - lo_i[k]),
         ))
-    return PredictionSet(predictions=tuple(out), level=level, A_interval=a_range,
+    return PredictionSet(predictions=tuple(out), level=level, A_interval=ranges[1],
                          sampling_sd=float(np.sqrt(np.mean(d.v[1:]))), wobble_sd=float(np.sqrt(tau2)),
                          target_sd=float(np.sqrt(target_var)), excess=scale)
 
 
-def _regions(d: Points, w: FloatArray, q: FloatArray, coarse: profile.Linear, ln_t: FloatArray,
-             fitted: FloatArray, thresholds: tuple[float, float]
-             ) -> tuple[tuple[FloatArray, FloatArray], tuple[FloatArray, FloatArray], tuple[float, float]]:
-    """The curve's range at ln_t: [M] over {SSE ≤ t} for each of the two thresholds (forecast level, ID_LEVEL),
-    each (lo, hi): [M], and A's range at the first, from the coarse grid and a fine one over the region's box
-    (a region far smaller than a coarse cell, from precise data, needs it). The optimum q is inside both."""
+@dataclass(frozen=True, slots=True)
+class Gain:
+    """The curve's gain R(budget) − R(now) (pass-rate fraction, expected values: no eval noise in it)."""
+
+    now: float
+    budget: float
+    """Compute now and at the end of the budget (the window's unit)."""
+    fitted: float
+    lo: float
+    hi: float
+    """The gain's profile-likelihood interval at `level` (two-sided)."""
+    level: float
+    identified: bool
+    """Whether the curve at `budget` is identified (`Prediction.identified`): only then may a decision rest
+    on the gain."""
+    A_hi: float
+    """The upper end of A's profile interval at `level`."""
+
+
+def predict_gain(win: FitWindow, now: float, budget: float, *, level: float = 0.95) -> Gain:
+    """What the compute left adds: the interval of R(budget) − R(now) over the profile-likelihood region at
+    `level`, whether the curve at `budget` is identified, and A's upper end (the ceiling). now, budget > 0 in
+    the window's unit, budget ≥ now. Deterministic; raises FitError on bad values."""
+    c = _check(level, [now, budget])
+    if c[1] < c[0]:
+        raise FitError(f"the budget's compute {c[1]:g} is below the compute so far {c[0]:g}.")
+    f = _fitted(win)
+    ln = np.log(c)
+    gain = float(np.diff(profile.curve(f.q, ln))[0])
+    (gain_range,), a_interval = _regions(f, ln[1:], (f.threshold(level),), gain_from=float(ln[0]))
+    (id_range,), _ = _regions(f, ln[1:], (f.id_threshold(),))
+    id_width = float(min(id_range[1][0], 1.0) - max(id_range[0][0], 0.0))
+    return Gain(now=float(c[0]), budget=float(c[1]), fitted=gain, lo=float(min(gain_range[0][0], gain)),
+                hi=float(max(gain_range[1][0], gain)), level=level, identified=id_width <= MAX_CURVE_WIDTH,
+                A_hi=a_interval[1])
+
+
+def _regions(f: _Fitted, ln_t: FloatArray, thresholds: tuple[float, ...], *, gain_from: float | None = None
+             ) -> tuple[list[tuple[FloatArray, FloatArray]], tuple[float, float]]:
+    """Per threshold (lo, hi): [M] of R(C) at ln_t over {SSE ≤ t, A ≤ 1} (or of the gain R(C) − R(C_from)
+    with `gain_from` = ln C_from), and A's range at the first threshold; from the coarse grid and a fine one
+    over the region's box (a region far smaller than a coarse cell, from precise data, needs it). Unclipped;
+    the optimum q is inside every region."""
+    d, q, coarse = f.d, f.q, f.coarse
     ln_b, m = profile.grid(d.ln_c[1:])
     fine_b, fine_m = profile.zoom(ln_b, m, coarse.constrained()[2] <= max(thresholds), q)
-    bounds = [[fitted.copy(), fitted.copy()] for _ in thresholds]
+    bounds = [(np.full(ln_t.size, np.inf), np.full(ln_t.size, -np.inf)) for _ in thresholds]
     a_lo, a_hi = float(q[1]), float(q[1])
-    for gb, gm, lin in ((ln_b, m, coarse), (fine_b, fine_m, profile.on_grid(fine_b, fine_m, d, w))):
+    for gb, gm, lin in ((ln_b, m, coarse), (fine_b, fine_m, profile.on_grid(fine_b, fine_m, f.d, f.w))):
         s_t = profile.s_grid(np.exp(gb), gm, ln_t)
+        if gain_from is None:
+            g0, g1 = 1.0 - s_t, s_t
+        else:
+            g1 = s_t - profile.s_grid(np.exp(gb), gm, np.array([gain_from]))
+            g0 = -g1
         for k, t in enumerate(thresholds):
-            lo, hi, alo, ahi = profile.ranges(lin, s_t, t)
-            bounds[k] = [np.minimum(bounds[k][0], lo), np.maximum(bounds[k][1], hi)]
+            ok, r2 = profile.region(lin, t)
+            if not ok.any():
+                continue
+            lo, hi = profile.linear_range(lin, g0, g1, r2, ok)
+            bounds[k] = (np.minimum(bounds[k][0], lo), np.maximum(bounds[k][1], hi))
             if k == 0:
+                alo, ahi = profile.a_range(lin, r2, ok)
                 a_lo, a_hi = min(a_lo, alo), max(a_hi, ahi)
-    return (bounds[0][0], bounds[0][1]), (bounds[1][0], bounds[1][1]), (max(a_lo, 0.0), min(a_hi, 1.0))
+    return bounds, (max(a_lo, 0.0), min(a_hi, 1.0))

@@ -154,27 +154,46 @@ def zoom(ln_b: FloatArray, m: FloatArray, ok: np.ndarray, q: FloatArray) -> tupl
     return np.linspace(b_lo, b_hi, _N_ZOOM)[:, None], np.linspace(m_lo, m_hi, _N_ZOOM)[None, :]
 
 
+def region(lin: Linear, t: float) -> tuple[np.ndarray, FloatArray]:
+    """(ok: [nb, nm] the grid points whose {SSE ≤ t} ∩ {A ≤ 1} is not empty, r2: [nb, nm] the squared radius
+    of each one's ellipse about its unconstrained optimum, 0 where not ok)."""
+    ok = lin.constrained()[2] <= t
+    return ok, np.where(ok, t - lin.sse_u, 0.0)
+
+
+def a_range(lin: Linear, r2: FloatArray, ok: np.ndarray) -> tuple[float, float]:
+    """A's range over the region (`region`), capped at 1; (inf, −inf) when the region is empty."""
+    if not ok.any():
+        return np.inf, -np.inf
+    return (float((lin.a - np.sqrt(r2 * lin.i11))[ok].min()),
+            float(np.minimum(lin.a + np.sqrt(r2 * lin.i11), 1.0)[ok].max()))
+
+
 def ranges(lin: Linear, s_t: FloatArray, t: float) -> tuple[FloatArray, FloatArray, float, float]:
     """(lo, hi: [M] of R(C), and lo, hi of A) over {SSE ≤ t, A ≤ 1} on one grid; s_t: [nb, nm, M]."""
-    _, _, sse_c = lin.constrained()
-    ok = sse_c <= t  # grid points whose region {SSE ≤ t} ∩ {A ≤ 1} is not empty
+    ok, r2 = region(lin, t)
+    a_lo, a_hi = a_range(lin, r2, ok)
     if not ok.any():
         m_count = s_t.shape[-1]
-        return np.full(m_count, np.inf), np.full(m_count, -np.inf), np.inf, -np.inf
-    r2 = np.where(ok, t - lin.sse_u, 0.0)  # squared "radius" of the ellipse about the unconstrained optimum
-    a_hi = float(np.minimum(lin.a + np.sqrt(r2 * lin.i11), 1.0)[ok].max())
-    a_lo = float((lin.a - np.sqrt(r2 * lin.i11))[ok].min())
+        return np.full(m_count, np.inf), np.full(m_count, -np.inf), a_lo, a_hi
     lo, hi = curve_range(lin, s_t, r2, ok)
     return lo, hi, a_lo, a_hi
 
 
 def curve_range(lin: Linear, s_t: FloatArray, r2: FloatArray, ok: np.ndarray) -> tuple[FloatArray, FloatArray]:
-    """(lo, hi): [M] the range of R(C) = R0·(1 − s_C) + A·s_C over {SSE ≤ t, A ≤ 1} and the grid.
+    """(lo, hi): [M] the range of R(C) = R0·(1 − s_C) + A·s_C over {SSE ≤ t, A ≤ 1} and the grid, clipped to
+    [0, 1]; s_t: [nb, nm, M], r2: [nb, nm] the ellipse's squared radius about the unconstrained optimum."""
+    lo, hi = linear_range(lin, 1.0 - s_t, s_t, r2, ok)
+    return np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
 
-    s_t: [nb, nm, M]; r2: [nb, nm] the ellipse's squared radius about the unconstrained optimum. Where an
-    extreme of the ellipse has A > 1 the constrained extreme lies on the chord A = 1 (a linear function
-    over a convex set whose unconstrained optimum is cut off)."""
-    g0, g1 = 1.0 - s_t, s_t
+
+def linear_range(lin: Linear, g0: FloatArray, g1: FloatArray, r2: FloatArray, ok: np.ndarray
+                 ) -> tuple[FloatArray, FloatArray]:
+    """(lo, hi): [M] the range of g0·R0 + g1·A over {SSE ≤ t, A ≤ 1} and the grid; g0, g1: [nb, nm, M].
+
+    A forecast R(C) is g0 = 1 − s_C, g1 = s_C; the gain R(C2) − R(C1) is g0 = −(s_2 − s_1), g1 = s_2 − s_1.
+    Where an extreme of the ellipse has A > 1 the constrained extreme lies on the chord A = 1 (a linear
+    function over a convex set whose unconstrained optimum is cut off), at the chord's end that g0 favours."""
     i00, i01, i11 = (x[..., None] for x in (lin.i00, lin.i01, lin.i11))
     r0, a, r = lin.r0[..., None], lin.a[..., None], np.sqrt(r2)[..., None]
     vg = np.maximum(g0 * g0 * i00 + 2 * g0 * g1 * i01 + g1 * g1 * i11, 0.0)
@@ -184,10 +203,10 @@ def curve_range(lin: Linear, s_t: FloatArray, r2: FloatArray, ok: np.ndarray) ->
         u_a = np.where(sd > 0, (i01 * g0 + i11 * g1) / sd, 0.0)  # A-component of the extreme's direction
     chord_r2 = np.maximum(r * r - (1.0 - a) ** 2 / i11, 0.0)
     r0_c = r0 + i01 / i11 * (1.0 - a)
-    half = np.sqrt(chord_r2 / lin.m00[..., None])
-    hi = np.where(a + r * u_a <= 1.0, center + r * sd, g0 * (r0_c + half) + g1)
-    lo = np.where(a - r * u_a <= 1.0, center - r * sd, g0 * (r0_c - half) + g1)
+    half = np.abs(g0) * np.sqrt(chord_r2 / lin.m00[..., None])
+    hi = np.where(a + r * u_a <= 1.0, center + r * sd, g0 * r0_c + half + g1)
+    lo = np.where(a - r * u_a <= 1.0, center - r * sd, g0 * r0_c - half + g1)
     mask = ok[..., None]
-    hi_t = np.where(mask, hi, -np.inf).reshape(-1, s_t.shape[-1]).max(axis=0)
-    lo_t = np.where(mask, lo, np.inf).reshape(-1, s_t.shape[-1]).min(axis=0)
-    return np.clip(lo_t, 0.0, 1.0), np.clip(hi_t, 0.0, 1.0)
+    m_count = g0.shape[-1]
+    return (np.where(mask, lo, np.inf).reshape(-1, m_count).min(axis=0),
+            np.where(mask, hi, -np.inf).reshape(-1, m_count).max(axis=0))

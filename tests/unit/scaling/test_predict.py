@@ -52,6 +52,15 @@ def test_closed_form_range_matches_a_brute_force_search(bent: bool) -> None:
     assert a_hi == pytest.approx(As[inside].max(), abs=step)
     if not bent:
         assert a_hi == 1.0  # the ceiling is what bounds the ridge
+    # the gain R(target) − R(now) is the same kind of linear function of (R0, A), with a negative R0 weight
+    now = 4.0
+    s_now = expit(2.0 * (np.log(now) - np.log(c_mid)))
+    g1 = np.full((1, 1, 1), s_t - s_now)
+    ok, r2 = profile.region(lin, t)
+    g_lo, g_hi = profile.linear_range(lin, -g1, g1, r2, ok)
+    gains = ((As - r0s) * (s_t - s_now))[inside]
+    assert g_lo[0] == pytest.approx(gains.min(), abs=step)
+    assert g_hi[0] == pytest.approx(gains.max(), abs=step)
 
 
 def test_noise_free_bent_curve_gives_the_curve_and_the_target_noise_in_quadrature() -> None:
