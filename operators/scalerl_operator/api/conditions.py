@@ -59,6 +59,8 @@ REASON_NOT_SUSPENDED: Final = "NotSuspended"
 REASON_WAITING_FOR_KUEUE: Final = "WaitingForKueue"  # spec.queueName: every role at 0 until admitted
 # Complete / Failed
 REASON_STEPS_COMPLETED: Final = "StepsCompleted"
+REASON_FORECAST_PLATEAU: Final = "ForecastPlateau"          # spec.stopPolicy.minGain ended the run
+REASON_FORECAST_BELOW_TARGET: Final = "ForecastBelowTarget"  # spec.stopPolicy.target ended the run
 REASON_INVALID_SPEC: Final = "InvalidSpec"
 REASON_CHILD_APPLY_FAILED: Final = "ChildApplyFailed"
 REASON_MAX_RESTARTS_EXCEEDED: Final = "MaxRestartsExceeded"

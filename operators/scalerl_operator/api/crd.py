@@ -44,7 +44,7 @@ from scalerl_operator.api.spec import (
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 # JobSpec fields an RLJob does not carry under spec.job (metadata.name and the operator's runtime).
-JOB_EXCLUDED_FIELDS = ("name", "runtime")
+JOB_EXCLUDED_FIELDS = ("name", "runtime", "stop_policy")
 # Keys of pydantic's JSON Schema that a Kubernetes structural schema does not take.
 _DROPPED_KEYS = {"title", "propertyNames", "$defs", "discriminator", "examples"}
 
@@ -280,8 +280,8 @@ def job_schema() -> dict[str, Any]:
     for name in JOB_EXCLUDED_FIELDS:
         schema["properties"].pop(name)
     schema.pop("required", None)
-    schema["description"] = ("A scalerl JobSpec (the YAML of `scalerl run`) without name (metadata.name) "
-                             "and runtime (set from spec.bus and spec.store).")
+    schema["description"] = ("A scalerl JobSpec (the YAML of `scalerl run`) without name (metadata.name), "
+                             "runtime (set from spec.bus and spec.store) and stop_policy (spec.stopPolicy).")
     return schema
 
 

@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from scalerl.config import JobSpec, RuntimeConfig, SpecError, spec_from_dict
+from scalerl.config import JobSpec, RuntimeConfig, SpecError, StopPolicyConfig, spec_from_dict
 from scalerl_operator.api.autoscaling import GeneratorAutoscaling, VerifierAutoscaling
 from scalerl_operator.api.infra import BusSpec, RpcSpec, StoreSpec, TelemetrySpec
 from scalerl_operator.api.k8s_model import (
@@ -161,8 +161,25 @@ class FailurePolicy(K8sModel):
         "long while it runs (counts as a restart); null = no watchdog.")
 
 
+class StopPolicy(K8sModel):
+    """Stop the run early on its forecast (`JobSpec.stop_policy`, whose fields these are in the RLJob's
+    casing); off unless minGain or target is set. The learner decides after each eval and never on a forecast
+    that is not identified; the job then ends Succeeded with reason ForecastPlateau or ForecastBelowTarget,
+    status.stoppedEarly holding the numbers it acted on."""
+
+    min_gain: float | None = Field(None, gt=0.0, lt=1.0,
+                                   description=StopPolicyConfig.model_fields["min_gain"].description)
+    target: float | None = Field(None, gt=0.0, le=1.0, description=StopPolicyConfig.model_fields["target"].description)
+    level: float = Field(0.95, ge=0.5, lt=1.0, description=StopPolicyConfig.model_fields["level"].description)
+
+    def to_config(self) -> dict[str, Any]:
+        """The JobSpec's `stop_policy` tree."""
+        return StopPolicyConfig(min_gain=self.min_gain, target=self.target, level=self.level).model_dump()
+
+
 class RLJobSpec(K8sModel):
-    job: dict[str, Any] = Field(default_factory=dict, description="A scalerl JobSpec without name and runtime.")
+    job: dict[str, Any] = Field(default_factory=dict, description=(
+        "A scalerl JobSpec without name, runtime and stop_policy."))
     suspend: bool = Field(False, description="Scale every role to zero, keeping checkpoints.")
     active_deadline_seconds: int | None = Field(
         None, ge=1, description="Seconds after the start before the job is Failed; null = none.")
@@ -179,6 +196,9 @@ class RLJobSpec(K8sModel):
     rpc: RpcSpec = Field(default_factory=RpcSpec, description=(
         "The roles' gRPC endpoints: mutual TLS under a CA the operator makes for the job; extra identities."))
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    stop_policy: StopPolicy = Field(default_factory=StopPolicy, description=(
+        "Stop early when an identified forecast says the rest of the budget adds less than minGain, or the "
+        "ceiling stays below target (off by default)."))
     roles: Roles = Field(default_factory=Roles)
     queue_name: Annotated[str, StringConstraints(max_length=63, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$")] = Field(
         "", description="Kueue LocalQueue: the operator queues the job there as one Workload (learner nodes and "
@@ -188,7 +208,8 @@ class RLJobSpec(K8sModel):
     @classmethod
     def _job_is_a_jobspec(cls, job: dict[str, Any]) -> dict[str, Any]:
         for key, why in (("name", "the job's name is metadata.name"),
-                         ("runtime", "the operator sets it from spec.bus and spec.store")):
+                         ("runtime", "the operator sets it from spec.bus and spec.store"),
+                         ("stop_policy", "set spec.stopPolicy")):
             if key in job:
                 raise ValueError(f"{key}: not allowed here ({why})")
         try:
@@ -222,7 +243,7 @@ class RLJobSpec(K8sModel):
 
     def job_spec(self, name: str, runtime: RuntimeConfig | None = None) -> JobSpec:
         """The full JobSpec this RLJob runs: `spec.job` plus the name and the runtime section."""
-        tree = dict(self.job, name=name)
+        tree = dict(self.job, name=name, stop_policy=self.stop_policy.to_config())
         if runtime is not None:
             tree["runtime"] = runtime.model_dump()
         return spec_from_dict(tree)

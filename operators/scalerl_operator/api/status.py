@@ -72,6 +72,28 @@ class Fit(K8sModel):
     compute_at_fit: float = Field(ge=0.0, description="Compute of the last point fitted, device-hours.")
     a_low: float | None = Field(None, alias="ALow", description="Low end of A's bootstrap interval.")
     a_high: float | None = Field(None, alias="AHigh", description="High end of A's bootstrap interval.")
+    budget_compute: float | None = Field(None, ge=0.0, description=(
+        "Compute at the end of the budget (spec.job.train.steps, extrapolated from the compute so far), "
+        "device-hours; null when the fit had no compute left to forecast."))
+    budget_identified: bool | None = Field(None, description=(
+        "Whether the data pin the forecast at budgetCompute; false: not identified yet, only the range."))
+    budget_pass_rate: float | None = Field(None, description="The forecast eval at budgetCompute (identified only).")
+    budget_low: float | None = Field(None, description="Low end of the forecast's prediction interval.")
+    budget_high: float | None = Field(None, description="High end of the forecast's prediction interval.")
+
+
+class StoppedEarly(K8sModel):
+    """spec.stopPolicy ended the run on an identified forecast: why, and the numbers the learner acted on."""
+
+    reason: Literal["ForecastPlateau", "ForecastBelowTarget"] = Field(description=(
+        "ForecastPlateau: the rest of the budget adds less than minGain; ForecastBelowTarget: the ceiling's "
+        "upper end is below target."))
+    step: int = Field(ge=0, description="The learner step of the fit acted on.")
+    compute: float = Field(ge=0.0, description="Compute of the fit's last eval, device-hours.")
+    budget_compute: float = Field(ge=0.0, description="Compute at the end of the budget, device-hours.")
+    gain_high: float = Field(description="Upper end of the interval of R(budget) − R(now), the fitted gain.")
+    a_high: float = Field(alias="AHigh", description="Upper end of the ceiling A's interval.")
+    level: float = Field(gt=0.0, lt=1.0, description="Two-sided level of both intervals.")
 
 
 class DevicesStatus(K8sModel):
@@ -173,6 +195,7 @@ class RLJobStatus(K8sModel):
     pass_rate: float | None = Field(None, ge=0.0, le=1.0, description="Last held-out mean@k pass rate.")
     fit: Fit | None = None
     report: Report | None = Field(None, description="The finished run's files in the store (summary, report).")
+    stopped_early: StoppedEarly | None = Field(None, description="Set when spec.stopPolicy ended the run.")
     roles: RolesStatus = Field(default_factory=RolesStatus)
     devices: DevicesStatus | None = None
     scaling: ScalingStatus = Field(default_factory=ScalingStatus)

@@ -13,10 +13,13 @@ Records read (`MetricRecord(kind, step, values)`; unknown kinds and keys are ign
   wall time the learner waited for a batch: the generators' starvation signal);
 - `eval`: `pass_rate` (held-out mean@k); `done`: the run finished (`final_pass_rate`; `run_files`: how
   many run files it uploaded to `<store>/run/` before, `report_html`: 1 when report.html is one of them,
-  scalerl.store.run_files);
+  scalerl.store.run_files; `stop_reason` (`STOP_REASON_CODES`) and `stop_*` when spec.stopPolicy ended
+  it, the numbers it acted on);
 - `checkpoint`: step of a checkpoint uploaded to `<store>/checkpoints/step_<step:06d>`;
 - `fit`: `A`, `B`, `C_mid`, `compute` (device-hours) and `A_low`/`A_high` (A's bootstrap interval) of the
-  run's fit, as the learner computed it once (the numbers of its summary.json and report).
+  run's fit, as the learner computed it once (the numbers of its summary.json and report), and the
+  forecast at the end of the budget: `budget_compute`, `budget_identified` (1/0), `budget_low`/`budget_high`
+  (prediction interval), `budget_pass_rate` (identified only).
 `fold` is pure; `MetricsTail` does the reading.
 """
 
@@ -28,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from scalerl.bus.security import KafkaSecurity
-from scalerl.messages import MetricRecord
+from scalerl.messages import STOP_REASON_CODES, MetricRecord
 from scalerl.rpc.convert import decode_envelope
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,7 @@ class LearnerStatus:
     run_files: int = 0  # files the finished learner uploaded to <store>/run/ (status.report)
     report_html: bool = False  # report.html among them
     records: int = 0  # how many records were folded in (0: nothing heard from the learner)
+    stopped_early: dict[str, Any] | None = None  # status.stoppedEarly: spec.stopPolicy ended the run
 
 
 def fold(prev: LearnerStatus, records: list[MetricRecord]) -> LearnerStatus:
@@ -67,10 +71,14 @@ def fold(prev: LearnerStatus, records: list[MetricRecord]) -> LearnerStatus:
         elif r.kind == "fit" and {"A", "B", "C_mid"} <= v.keys():
             fit = {"A": v["A"], "B": v["B"], "Cmid": v["C_mid"], "computeAtFit": v.get("compute", 0.0)}
             fit.update({k: v[src] for k, src in (("ALow", "A_low"), ("AHigh", "A_high")) if src in v})
+            fit.update({_camel(k): v[k] for k in _BUDGET if k in v})
+            if "budgetIdentified" in fit:
+                fit["budgetIdentified"] = bool(fit["budgetIdentified"])
             s = replace(s, fit=fit)
         elif r.kind == "done":
             s = replace(s, done=True, pass_rate=v.get("final_pass_rate", s.pass_rate), step=r.step,
-                        run_files=int(v.get("run_files", 0)), report_html=bool(v.get("report_html", 0.0)))
+                        run_files=int(v.get("run_files", 0)), report_html=bool(v.get("report_html", 0.0)),
+                        stopped_early=stopped_early(v))
         else:
             continue
         s = replace(s, records=s.records + 1)
@@ -87,8 +95,29 @@ def to_status(s: LearnerStatus, *, store_uri: str, bound_k: int) -> dict[str, An
                                                        "summary": f"{round(s.staleness)}/{bound_k}"},
         "passRate": None if s.pass_rate is None else min(1.0, max(0.0, s.pass_rate)),
         "fit": None if s.fit is None else dict(s.fit),
+        "stoppedEarly": s.stopped_early,
         "report": report_status(s, store_uri),
     }
+
+
+_BUDGET = ("budget_compute", "budget_identified", "budget_pass_rate", "budget_low", "budget_high")
+
+
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(w.upper() if w == "a" else w.capitalize() for w in rest)
+
+
+def stopped_early(values: dict[str, float]) -> dict[str, Any] | None:
+    """status.stoppedEarly of a `done` record: the reason's name and the numbers the learner acted on; None
+    when the run ran its steps (or the record lacks them: an older learner)."""
+    names = {code: name for name, code in STOP_REASON_CODES.items()}
+    keys = ("step", "compute", "budget_compute", "gain_high", "A_high", "level")
+    if values.get("stop_reason") not in names or any(f"stop_{k}" not in values for k in keys):
+        return None
+    out: dict[str, Any] = {"reason": names[values["stop_reason"]], "step": int(values["stop_step"])}
+    out.update({_camel(k): values[f"stop_{k}"] for k in keys[1:]})
+    return out
 
 
 def report_status(s: LearnerStatus, store_uri: str) -> dict[str, Any] | None:

@@ -75,7 +75,7 @@ def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple
     if is_terminal(prev):
         return {**out, "phase": prev["phase"]}
     if learner.done:
-        phase, why = c.PHASE_SUCCEEDED, (c.REASON_STEPS_COMPLETED, f"the learner finished at step {learner.step}")
+        phase, why = c.PHASE_SUCCEEDED, finished_why(learner)
     elif held:
         phase, why = c.PHASE_SUSPENDED, (c.REASON_SUSPENDED, "spec.suspend: every role at 0, checkpoints kept" + (
             f" (queue {spec.queue_name}: the Workload is inactive)" if spec.queue_name else "")) if spec.suspend else (
@@ -108,7 +108,7 @@ def status_patch(obj: dict[str, Any], spec: RLJobSpec, *, roles: dict[str, tuple
          if degraded else c.REASON_ALL_ROLES_READY, why[1] if degraded else _summary(roles)),
         (c.SUSPENDED, held, susp_reason, why[1] if held else "spec.suspend is false" + (
             f" and Kueue admitted the job ({queue.message})" if queue else "")),
-        (c.COMPLETE, phase == c.PHASE_SUCCEEDED, c.REASON_STEPS_COMPLETED if learner.done else c.REASON_RUNNING,
+        (c.COMPLETE, phase == c.PHASE_SUCCEEDED, why[0] if learner.done else c.REASON_RUNNING,
          why[1] if learner.done else "training"),
         (c.FAILED, phase == c.PHASE_FAILED, why[0] if phase == c.PHASE_FAILED else c.REASON_RUNNING,
          why[1] if phase == c.PHASE_FAILED else "no failure"),
@@ -154,6 +154,19 @@ def spec_replicas_status(spec: RLJobSpec, *, terminal: bool) -> dict[str, Any]:
     return {r: {SPEC_REPLICAS: None if spec.suspend or terminal else getattr(spec.roles, r).replicas} for r in off}
 
 
+def finished_why(learner: LearnerStatus) -> tuple[str, str]:
+    """(reason, message) of a learner that reported the run done: its steps, or spec.stopPolicy's forecast."""
+    stop = learner.stopped_early
+    if stop is None:
+        return c.REASON_STEPS_COMPLETED, f"the learner finished at step {learner.step}"
+    if stop["reason"] == c.REASON_FORECAST_PLATEAU:
+        detail = (f"the rest of the budget ({stop['compute']:.4g} -> {stop['budgetCompute']:.4g} device-hours) adds "
+                  f"at most {stop['gainHigh']:+.3f} to the pass rate ({stop['level']:.0%} interval)")
+    else:
+        detail = f"the ceiling A is at most {stop['AHigh']:.3f} ({stop['level']:.0%} interval)"
+    return stop["reason"], f"spec.stopPolicy stopped the run at step {stop['step']}: {detail}"[:MAX_MESSAGE]
+
+
 def write_status(kube: Kube, obj: dict[str, Any], patch: dict[str, Any]) -> None:
     """Patch /status; post an Event when the phase changes."""
     old = (obj.get("status") or {}).get("phase")
@@ -161,7 +174,12 @@ def write_status(kube: Kube, obj: dict[str, Any], patch: dict[str, Any]) -> None
     new = patch.get("phase")
     if new is not None and new != old:
         failed = c.get_condition(patch.get("conditions"), c.FAILED)
+        complete = c.get_condition(patch.get("conditions"), c.COMPLETE)
         warn = new == c.PHASE_FAILED
+        forecast = (new == c.PHASE_SUCCEEDED and complete is not None
+                    and complete["reason"] in (c.REASON_FORECAST_PLATEAU, c.REASON_FORECAST_BELOW_TARGET))
         msg = f"phase {old or 'None'} -> {new}" + (f": {failed['message']}" if warn and failed else "")
-        kube.event(obj, "Warning" if warn else "Normal", failed["reason"] if warn and failed else f"Phase{new}",
-                   msg, "PhaseChange")
+        if forecast and complete is not None:  # the Event names the forecast and the numbers it rested on
+            msg = f"{msg}: {complete['message']}"
+        reason = failed["reason"] if warn and failed else complete["reason"] if forecast and complete else f"Phase{new}"
+        kube.event(obj, "Warning" if warn else "Normal", reason, msg, "PhaseChange")

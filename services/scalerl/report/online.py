@@ -65,8 +65,8 @@ def analyse_run(records: Sequence[Mapping[str, Any]], settings: FitConfig, *,
         curve = curve_from_records(records, x=x)
         total = None if total_steps is None else budget_compute(records, total_steps, x=x)
         targets = default_forecast_compute(curve)
-        if total is not None and total > max(targets[0], 0.0) and total not in targets:
-            targets.append(total)  # the end of the budget: where this run will land
+        if total is not None and total not in targets:
+            targets.append(total)  # the end of the budget: where this run will land (at the end: the last eval)
         return analyse_curve(curve, **analysis_options(settings), total_compute=total, predict=targets)
     except FitError:
         return None
@@ -75,7 +75,8 @@ def analyse_run(records: Sequence[Mapping[str, Any]], settings: FitConfig, *,
 def budget_forecast(analysis: CurveAnalysis) -> dict[str, float] | None:
     """The flat `budget_*` fields of the forecast at the end of the run's budget (numbers only, for the metrics
     topic): compute, identified (1/0), the prediction interval [low, high] at the fit's level, and the point
-    pass rate only when identified. None when the fit had no budget (no total_steps, or the run is done)."""
+    pass rate only when identified. None when the fit had no budget (no total_steps). After the last eval the
+    budget's end is that eval's compute."""
     total = analysis.window.total_compute
     hits = [p for p in analysis.forecasts if p.compute == total and p.lo is not None and p.hi is not None]
     if not hits:
@@ -118,15 +119,18 @@ def stop_decision(analysis: CurveAnalysis | None, policy: StopPolicyConfig) -> d
     return None
 
 
-def fit_record(analysis: CurveAnalysis) -> dict[str, Any]:
+def fit_record(analysis: CurveAnalysis, *, budget: bool = False) -> dict[str, Any]:
     """The JSON-able fit (`CurveAnalysis.to_dict()`, the `scalerl fit --json` object) plus `forecast`
     (= `predictions`) and the flat `A_low` / `A_high` of A's interval, for the metrics topic whose records
-    carry numbers only. Compute values are in the fitted column's unit (device-hours for the run's fit)."""
+    carry numbers only; with `budget` (an `analyse_run` given the run's total_steps) the flat `budget_*` fields
+    of the forecast at the budget's end (`budget_forecast`). Compute values are in the fitted column's unit
+    (device-hours for the run's fit)."""
     from scalerl.report.runfiles import json_safe
 
     d: dict[str, Any] = json_safe(analysis.to_dict())
     d["forecast"] = d["predictions"]
-    d.update(budget_forecast(analysis) or {})
+    if budget:
+        d.update(budget_forecast(analysis) or {})
     interval = (d.get("ci") or {}).get("A")
     if interval is not None:
         d["A_low"], d["A_high"] = interval

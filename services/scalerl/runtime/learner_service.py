@@ -239,7 +239,8 @@ class LearnerService(ScoredIntake, TrainerHost):
         return {**counts, "undecodable": undecodable} if undecodable else counts
 
     def _progress(self) -> dict[str, float]:
-        """Last held-out pass rate, the online fit (A with its interval, B, C_mid, R0) and the bound k."""
+        """Last held-out pass rate, the online fit (A with its interval, B, C_mid, R0), the forecast at the end
+        of the budget and the bound k."""
         out: dict[str, float] = {"staleness_bound": float(self.spec.off_policy.k)}
         if self.last_eval:
             out["eval_pass_rate"] = float(self.last_eval["pass_rate"])
@@ -250,6 +251,9 @@ class LearnerService(ScoredIntake, TrainerHost):
         interval = (fit.get("ci") or {}).get("A")
         if interval and all(isinstance(v, int | float) for v in interval):
             out["fit_A_low"], out["fit_A_high"] = float(interval[0]), float(interval[1])
+        for key in ("identified", "pass_rate", "low", "high"):  # the forecast of the budget's end
+            if isinstance(fit.get(f"budget_{key}"), int | float):
+                out[f"forecast_budget_{key}"] = float(fit[f"budget_{key}"])
         return out
 
     def _stop_fields(self) -> dict[str, float]:

@@ -306,7 +306,7 @@ class TrainerHost:
 
         self.last_analysis = analyse_run(self.out.read(self.out.metrics_path), self.spec.fit,
                                          total_steps=self.spec.train.steps)
-        self.last_fit = None if self.last_analysis is None else fit_record(self.last_analysis)
+        self.last_fit = None if self.last_analysis is None else fit_record(self.last_analysis, budget=True)
         if self.last_fit is not None:
             self.out.train_record({"kind": "fit", "step": self.learner.version,
                                    "compute": self.compute_device_hours(), **self.last_fit})

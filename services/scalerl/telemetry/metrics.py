@@ -49,6 +49,14 @@ LEARNER_PROGRESS = (
     ("fit_B", "fit_b", "Fitted scaling exponent B."),
     ("fit_C_mid", "fit_c_mid_device_hours", "Fitted compute at half the gain, C_mid (device-hours)."),
     ("fit_R0", "fit_r0", "Pass rate at zero compute used by the fit, R0."),
+    ("forecast_budget_identified", "forecast_budget_identified",
+     "1 when the forecast of the last eval of the budget (train.steps) is identified, 0 when not yet."),
+    ("forecast_budget_pass_rate", "forecast_budget_pass_rate",
+     "Forecast held-out pass rate at the end of the budget (fraction); absent while not identified."),
+    ("forecast_budget_low", "forecast_budget_low",
+     "Low end of that forecast's prediction interval at the fit's level (fraction)."),
+    ("forecast_budget_high", "forecast_budget_high",
+     "High end of that forecast's prediction interval at the fit's level (fraction)."),
     ("staleness_bound", "staleness_bound_versions", "The recipe's off-policy bound k (versions)."),
 )
 

@@ -23,7 +23,7 @@ GRID_COLUMNS = 24
 # The panels the issue asks for, by dashboard file.
 REQUIRED_PANELS = {
     "scalerl-training.json": {"Pass rate with fitted curve and forecast band", "Staleness vs bound", "Step time",
-                              "Tokens/s per role"},
+                              "Tokens/s per role", "Forecast of the budget's end"},
     "scalerl-scaling.json": {"Replicas per role", "Lag per topic", "Tokens/s per role"},
 }
 
@@ -125,7 +125,7 @@ def test_named_panels_are_there(dashboards: dict[str, dict[str, Any]]) -> None:
     assert any("fitted R(C)" in legend for legend in legends)
     band = [o for o in fit["fieldConfig"]["overrides"]
             if any(p["id"] == "custom.fillBelowTo" for p in o["properties"])]
-    assert band and any("forecast low" in legend for legend in legends)
+    assert band and any("curve at A low" in legend for legend in legends)
     # staleness is drawn against the bound k
     assert any("bound" in t["legendFormat"] for t in training["Staleness vs bound"]["targets"])
     # replicas and tokens/s cover every role that has them

@@ -153,8 +153,8 @@ def _check_model(path: str, model: type[BaseModel], node: dict[str, Any], skip: 
 
 def test_every_jobspec_field_is_in_the_crd_with_its_constraints(schema: dict[str, Any]) -> None:
     job = schema["properties"]["spec"]["properties"]["job"]
-    assert set(job["properties"]) == set(JobSpec.model_fields) - {"name", "runtime"}
-    _check_model(".spec.job", JobSpec, job, skip=("name", "runtime"))
+    assert set(job["properties"]) == set(JobSpec.model_fields) - set(crd_mod.JOB_EXCLUDED_FIELDS)
+    _check_model(".spec.job", JobSpec, job, skip=crd_mod.JOB_EXCLUDED_FIELDS)
 
 
 def test_rljob_spec_and_status_fields_are_in_the_crd(schema: dict[str, Any]) -> None:
@@ -180,7 +180,8 @@ def test_crd_defaults_equal_the_pydantic_defaults(schema: dict[str, Any]) -> Non
     defaulted = crd_mod.defaulted(schema["properties"]["spec"], MINIMAL)
     expected = RLJobSpec.model_validate(MINIMAL).model_dump(by_alias=True, mode="json", exclude_none=True)
     expected_job = JobSpec(name="x").model_dump(mode="json", exclude_none=True)
-    del expected_job["name"], expected_job["runtime"]
+    for key in crd_mod.JOB_EXCLUDED_FIELDS:  # name, runtime and stop_policy come from elsewhere
+        del expected_job[key]
     assert defaulted.pop("job") == expected_job
     assert expected.pop("job") == {}
     assert _drop_empty(defaulted) == _drop_empty(expected)

@@ -78,3 +78,21 @@ def test_every_role_feeds_groups_in_and_out():
     assert v["scalerl_generator_policy_staleness_versions"] == 1
     lag = StatusMetrics("curriculum", lambda: statuses["curriculum"]).render().decode()
     assert 'scalerl_curriculum_queue_lag_messages{topic="job.scored"} 2.0' in lag
+
+
+def test_the_budget_forecast_is_exported_without_a_point_while_not_identified():
+    from types import SimpleNamespace
+
+    from scalerl.runtime.learner_service import LearnerService
+
+    fit = {"A": 0.7, "budget_compute": 0.4, "budget_identified": 0.0, "budget_low": 0.3, "budget_high": 0.9}
+    host = SimpleNamespace(spec=SimpleNamespace(off_policy=SimpleNamespace(k=4)), last_eval={"pass_rate": 0.5},
+                           last_fit=fit)
+    status = {"ready": True, **LearnerService._progress(host)}  # type: ignore[arg-type]
+    v = _values(StatusMetrics("learner", lambda: status))
+    assert v["scalerl_learner_forecast_budget_identified"] == 0.0
+    assert (v["scalerl_learner_forecast_budget_low"], v["scalerl_learner_forecast_budget_high"]) == (0.3, 0.9)
+    assert "scalerl_learner_forecast_budget_pass_rate" not in v  # a range, not a point
+    host.last_fit = {**fit, "budget_identified": 1.0, "budget_pass_rate": 0.62}
+    status = {"ready": True, **LearnerService._progress(host)}  # type: ignore[arg-type]
+    assert _values(StatusMetrics("learner", lambda: status))["scalerl_learner_forecast_budget_pass_rate"] == 0.62
