@@ -137,11 +137,26 @@ def calibration(*, runs: int, fractions: Sequence[float] = FRACTIONS, regimes: S
     """The table: {prompts: {fraction: {regime: {method: summary}}}} and the mean wall time of one analysis."""
     tasks = [(g, s, f, p, n_bootstrap, wobble_ar) for p in prompts for f in fractions for g in regimes
              for s in range(first_seed, first_seed + runs)]
+    rows: list[Row] = []
+    t0, shown = time.perf_counter(), 0.0
+
+    def progress(row: Row) -> None:  # on stderr, about every 5%: done, rate, ETA
+        nonlocal shown
+        rows.append(row)
+        done = len(rows)
+        if done == len(tasks) or done / len(tasks) >= shown + 0.05:
+            shown = done / len(tasks)
+            rate = done / max(time.perf_counter() - t0, 1e-9)
+            print(f"forecast_calibration: {done}/{len(tasks)} fits, {rate:.1f} fits/s, "
+                  f"ETA {(len(tasks) - done) / rate / 60:.1f} min", file=sys.stderr, flush=True)
+
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
-            rows = list(pool.map(_row_task, tasks, chunksize=8))
+            for row in pool.map(_row_task, tasks, chunksize=8):
+                progress(row)
     else:
-        rows = [_row_task(t) for t in tasks]
+        for t in tasks:
+            progress(_row_task(t))
     table: dict[str, Any] = {}
     for p in prompts:
         for f in fractions:

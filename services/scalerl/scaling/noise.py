@@ -39,6 +39,7 @@ Shapes: N data points (the R0 point first, then the fitted evals by compute); ma
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import solve_triangular
 from scipy.special import expit
 
 from scalerl.scaling.curves import FloatArray
@@ -60,7 +61,7 @@ def covariance(v: FloatArray, pos: FloatArray, wobbly: np.ndarray, tau2: float, 
 def whitener(cov: FloatArray) -> FloatArray:
     """W: [N, N] with Wᵀ W = Σ⁻¹ (the inverse Cholesky factor), so ‖W r‖² is the generalised SSE."""
     chol = np.linalg.cholesky(cov)
-    return np.asarray(np.linalg.solve(chol, np.eye(cov.shape[0])))
+    return np.asarray(solve_triangular(chol, np.eye(cov.shape[0]), lower=True))
 
 
 def jacobian(q: FloatArray, ln_c: FloatArray) -> FloatArray:
@@ -91,15 +92,16 @@ def reml_tau2(v: FloatArray, pos: FloatArray, wobbly: np.ndarray, resid: FloatAr
 
 def _reml_loglik(cov: FloatArray, resid: FloatArray, jac: FloatArray) -> float:
     try:
-        w = whitener(cov)
+        chol = np.linalg.cholesky(cov)
     except np.linalg.LinAlgError:
         return -np.inf
-    wr, wj = w @ resid, w @ jac
+    whitened = solve_triangular(chol, np.column_stack([resid, jac]), lower=True)  # W·[r, J], W = L⁻¹
+    wr, wj = whitened[:, 0], whitened[:, 1:]
     info = wj.T @ wj  # JᵀΣ⁻¹J
     sign, logdet_info = np.linalg.slogdet(info + 1e-12 * np.eye(info.shape[0]) * np.trace(info))
     if sign <= 0:
         return -np.inf
     proj = np.linalg.lstsq(wj, wr, rcond=None)[0]
     quad = float(wr @ wr - wr @ (wj @ proj))
-    logdet_cov = -2.0 * float(np.sum(np.log(np.abs(np.diag(w)))))  # |Σ| = 1/|W|², W triangular
+    logdet_cov = 2.0 * float(np.sum(np.log(np.diag(chol))))  # |Σ| = |L|², L triangular
     return float(-0.5 * (logdet_cov + logdet_info + quad))
