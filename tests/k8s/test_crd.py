@@ -17,7 +17,7 @@ import yaml
 
 from scalerl.config import JobSpec, SpecError, spec_from_dict
 from scalerl_operator.api import conditions as cond
-from scalerl_operator.api.crd import PRINTER_COLUMNS
+from scalerl_operator.api.crd import JOB_EXCLUDED_FIELDS, PRINTER_COLUMNS
 from scalerl_operator.api.spec import GROUP, PLURAL, VERSION, RLJobStatus, parse_rljob, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,8 @@ def test_example_rljob_is_accepted_and_defaulted_like_the_pydantic_model(
     # the server filled every default: its spec.job is the full JobSpec pydantic makes of the example's
     expected_job = spec_from_dict({**example["spec"].get("job", {}), "name": name}).model_dump(
         mode="json", exclude_none=True)
-    del expected_job["name"], expected_job["runtime"]
+    for key in JOB_EXCLUDED_FIELDS:  # name, runtime and stop_policy are set outside spec.job
+        del expected_job[key]
     assert stored["spec"]["job"] == expected_job
     # and the rest of the spec carries pydantic's defaults (minus empty maps and lists)
     parsed = parse_rljob(stored)

@@ -84,10 +84,11 @@ def tiny_rljob(name: str, bucket: str, env: dict[str, str], *, steps: int, k: in
     config, 1-digit sums), starting from the warm start of ConfigMap `warm-start` mounted in every Pod,
     `steps` learner steps, off-policy bound `k`, the test servers as its bus (`partitions` per data topic)
     and store through the Services above."""
+    from scalerl_operator.api.crd import JOB_EXCLUDED_FIELDS
     from warm_start import addition_spec
 
     job = addition_spec(name, WARM_START_MOUNT, steps=steps, off_policy={"mode": "pipeline", "k": k},
-                        checkpoint_every=6, eval_every=6).model_dump(mode="json", exclude={"name", "runtime"})
+                        checkpoint_every=6, eval_every=6).model_dump(mode="json", exclude=set(JOB_EXCLUDED_FIELDS))
     spec: dict[str, Any] = {
         "job": job,
         "image": env["NODE_IMAGE"],
