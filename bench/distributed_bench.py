@@ -4,7 +4,8 @@
    (a consumer group reading them back), in messages/s and MB/s of encoded (protobuf) payload.
 2. weight swap: learner publishes the quickstart model's weights to MinIO and announces them on the
    policy topic → a generator (background policy reader) has fetched, verified and loaded them.
-   Reported: median seconds over repeats, and the safetensors size.
+   Reported: median seconds over repeats of a full version (a snapshot: bench/weight_sync_bench.py measures
+   deltas), and its stored size.
 3. steps/hour of distributed mode (curriculum, generator, verifier, learner as processes over Kafka +
    MinIO) vs embedded mode (one process, in-memory bus), same spec and SFT start, same step count.
 """
@@ -32,7 +33,7 @@ from scalerl.runtime.launcher import LocalCluster
 from scalerl.runtime.roles import ensure_job_topics
 from scalerl.runtime.setup import job_limits
 from scalerl.store.s3 import S3Store
-from scalerl.store.weights import publish_weights
+from scalerl.weightsync.publisher import WeightPublisher
 
 
 def available() -> bool:
@@ -87,10 +88,11 @@ def bench_weight_swap(spec: JobSpec, model: Any, tok: Any, repeats: int, engine:
     role.policy = BackgroundConsumer(role.policy)
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     latencies = []
+    publisher = WeightPublisher(store, delta=False)
     try:
         for v in range(1, repeats + 2):
             t0 = time.perf_counter()
-            pv = publish_weights(store, v, sd)
+            pv = publisher.publish(v, sd)
             bus.publish(topics.policy, pv, key="policy")
             bus.flush()
             while role.loaded != pv:
@@ -98,7 +100,7 @@ def bench_weight_swap(spec: JobSpec, model: Any, tok: Any, repeats: int, engine:
                 time.sleep(0.001)
             if v > 1:  # the first one includes the policy reader's start-up
                 latencies.append(time.perf_counter() - t0)
-        size = len(store.get_bytes(store.key_of(pv.uri)))
+        size = publisher.last.stored_bytes if publisher.last is not None else 0
     finally:
         role.policy.close()
         role.prompts.close()

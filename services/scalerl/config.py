@@ -316,6 +316,26 @@ class RoleDevices(_Strict):
     curriculum: int = Field(0, ge=0, le=1024, description="Devices of the curriculum process/pod (CPU role: 0).")
 
 
+class WeightSyncConfig(_Strict):
+    """How each policy version travels from the learner to the generators through the store
+    (scalerl.weightsync): a manifest plus shards, a snapshot every `snapshot_every` versions and sparse
+    XOR deltas in between."""
+
+    dtype: Literal["model", "bfloat16", "float16", "float32"] = Field("model", description=(
+        "The dtype floating weights are published in: the generators' (bfloat16 for a bf16 engine); model = "
+        "each tensor's own dtype. Deltas pay in low precision, where most values do not move between versions."))
+    delta: bool = Field(True, description="Publish versions between snapshots as deltas against the one before.")
+    snapshot_every: int = Field(10, ge=1, le=10_000, description=(
+        "A full snapshot every this many versions (also the longest chain a new generator applies; 1 = every "
+        "version is a snapshot)."))
+    shard_mb: int = Field(32, ge=1, le=4096, description="Largest shard (MiB, 2^20 bytes) a version is cut into.")
+    parallel: int = Field(4, ge=1, le=64, description=(
+        "Shards encoded, uploaded and downloaded at once (a generator holds at most this many shards beside its "
+        "copy of the weights)."))
+    keep_last: int = Field(3, ge=1, le=1000, description=(
+        "Versions kept buildable in the store (with the snapshot they start from); older ones are deleted."))
+
+
 class RuntimeConfig(_Strict):
     bus: str = Field("memory://", pattern=r"^(memory://|kafka://\S+)$", description="memory:// or kafka://HOST:PORT.")
     store: str | None = Field(None, description="file:///path or s3://bucket/prefix; null = <out>/store.")
@@ -335,6 +355,8 @@ class RuntimeConfig(_Strict):
     partitions: int = Field(4, ge=1, le=1024, description=(
         "Kafka partitions of the prompts, rollouts and scored topics: the most generators or verifiers that "
         "can share the work (policy, metrics and dlq have one)."))
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description=(
+        "How policy versions reach the generators: dtype, deltas, snapshots, shard size and parallelism."))
 
 
 class JobSpec(_Strict):

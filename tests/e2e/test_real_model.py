@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import struct
 from pathlib import Path
 
 import pytest
@@ -96,12 +95,13 @@ def test_prompts_logprobs_and_interruption_with_the_real_tokenizer(spec, policy)
 
 @pytest.mark.timeout(1800)
 def test_two_rl_steps_keep_the_tie_in_learner_checkpoint_and_store(tmp_path, spec):
-    from safetensors.torch import load as st_load
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from scalerl.learner.checkpoint import latest_checkpoint
     from scalerl.runtime.embedded import EmbeddedRun
-    from scalerl.store.weights import tied_aliases
+    from scalerl.store.local import LocalStore
+    from scalerl.weightsync.manifest import parse_key, parse_manifest
+    from scalerl.weightsync.reader import WeightReader
 
     run = EmbeddedRun(spec, tmp_path, show_progress=False)
     run.run()
@@ -121,13 +121,14 @@ def test_two_rl_steps_keep_the_tie_in_learner_checkpoint_and_store(tmp_path, spe
     torch.testing.assert_close(reloaded.model.embed_tokens.weight, model.model.embed_tokens.weight.detach())
     assert AutoTokenizer.from_pretrained(str(ckpt)).chat_template
     # The published weights: the tied tensor saved once, both keys equal on reload.
-    newest = sorted((tmp_path / "store" / "policy").glob("*.safetensors"))[-1]
-    data = newest.read_bytes()
-    (size,) = struct.unpack("<Q", data[:8])
-    stored = set(json.loads(data[8:8 + size])) - {"__metadata__"}
+    store = LocalStore(tmp_path / "store")
+    newest = max((v for k in store.list("policy/") if (v := parse_key(k))), key=lambda v: v.version)
+    manifest = parse_manifest(store.get_bytes(newest.key), newest.key)
+    stored = {t.name for t in manifest.tensors}
     assert len({"lm_head.weight", "model.embed_tokens.weight"} & stored) == 1
-    tensors = st_load(data)
-    for alias, name in tied_aliases(data).items():
-        tensors[alias] = tensors[name]
-    torch.testing.assert_close(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"])
+    assert set(manifest.aliases) | set(manifest.aliases.values()) == {"lm_head.weight", "model.embed_tokens.weight"}
+    reader = WeightReader(store)
+    tensors = reader.fetch(run.announced)
+    assert reader.held is not None and reader.held.key == newest.key
+    assert tensors["lm_head.weight"] is tensors["model.embed_tokens.weight"]
     torch.testing.assert_close(tensors["lm_head.weight"], model.lm_head.weight.detach())

@@ -31,7 +31,7 @@ from scalerl.model.factory import model_vocab_size
 from scalerl.rpc.convert import decode_envelope
 from scalerl.runtime.launcher import LocalCluster
 from scalerl.store.factory import open_store
-from scalerl.store.weights import highest_version
+from scalerl.weightsync.reader import highest_version
 from sideport_client import side_get
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]

@@ -31,11 +31,12 @@ from scalerl.rpc.gen.scalerl.v1 import services_pb2 as spb
 from scalerl.rpc.security import RpcSecurity
 from scalerl.rpc.server import serve_grpc
 from scalerl.store.factory import open_store
-from scalerl.store.weights import publish_weights, weights_key
 from scalerl.tasks.registry import build_task
 from scalerl.telemetry.metrics import RoleMetrics
 from scalerl.verifier.server import VerifierServicer
 from scalerl.verifier.verifier import Verifier
+from scalerl.weightsync.manifest import manifest_key
+from scalerl.weightsync.publisher import publish_weights
 from waiting import wait_for
 
 LOOPBACK = "127.0.0.1"
@@ -201,14 +202,15 @@ def test_update_weights_from_minio_changes_the_policy_and_the_outputs(s3_env, un
             stale = old.generate([prompt] * 2, sampling, rules)  # same RNG stream, old weights
             assert [c.logprobs for c in stale] != [c.logprobs for c in want]
 
-            # an object that does not match its checksum, or a missing one: refused, the served version stays 1
-            pv2 = publish_weights(store, 2, new_weights, keep_last=0)
-            store.put_bytes(store.key_of(pv2.uri), store.get_bytes(store.key_of(pv.uri))[:-1] + b" ")
+            # a shard that does not match its checksum, or a missing version: refused, the served version stays 1
+            pv2 = publish_weights(store, 2, {k: v * 2 for k, v in new_weights.items()})
+            shard = store.key_of(pv2.uri).replace("manifest.json", "shard-0000")
+            store.put_bytes(shard, store.get_bytes(shard)[:-1] + b" ")
             with pytest.raises(grpc.RpcError) as err:
                 client.update_weights(pv2)
-            assert err.value.code() == grpc.StatusCode.DATA_LOSS and "checksum mismatch" in err.value.details()
+            assert err.value.code() == grpc.StatusCode.DATA_LOSS and f"shard {shard} is corrupt" in err.value.details()
             with pytest.raises(grpc.RpcError) as err:
-                client.update_weights(PolicyVersion(3, store.uri(weights_key(3, "0" * 64)), "0" * 64))
+                client.update_weights(PolicyVersion(3, store.uri(manifest_key(3, "0" * 64, "delta")), "0" * 64))
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
             assert client.status()["policy_version"] == 1 and client.status()["weight_updates"] == 1
     assert metrics.policy_version._value.get() == 1.0

@@ -11,7 +11,9 @@ import torch
 
 from scalerl.store.base import StoreError
 from scalerl.store.factory import open_store
-from scalerl.store.weights import load_weights, publish_weights, weights_key
+from scalerl.weightsync.manifest import parse_key
+from scalerl.weightsync.publisher import publish_weights
+from scalerl.weightsync.reader import load_weights
 
 pytestmark = pytest.mark.infra
 
@@ -136,8 +138,9 @@ def test_policy_weights_round_trip_through_minio(store: S3Store, unique: str) ->
                            keep_last=2) for v in (1, 2, 3)]
     pv = pvs[-1]
     assert pv.version == 3
-    assert pv.uri == f"s3://{BUCKET}/{unique}/{weights_key(3, pv.checksum)}"
-    assert store.list("policy/") == [weights_key(2, pvs[1].checksum), weights_key(3, pv.checksum)]  # pruned v1
+    assert pv.uri == f"s3://{BUCKET}/{unique}/policy/v00000003-{pv.checksum[:16]}-s/manifest.json"
+    versions = sorted({v.version for k in store.list("policy/") if (v := parse_key(k))})
+    assert versions == [2, 3]  # pruned v1
     loaded = load_weights(store, pv)
     assert set(loaded) == set(state)
     for k, t in state.items():
@@ -147,5 +150,5 @@ def test_policy_weights_round_trip_through_minio(store: S3Store, unique: str) ->
     with pytest.raises(StoreError):
         load_weights(store, pvs[0])  # pruned
     forged = type(pv)(pv.version, pv.uri, "0" * 64)
-    with pytest.raises(StoreError, match="checksum"):
+    with pytest.raises(StoreError, match="uri"):  # the checksum names the manifest: another one is not ours
         load_weights(store, forged)

@@ -26,7 +26,7 @@ from scalerl.rpc.convert import decode_envelope
 from scalerl.runtime.launcher import LocalCluster
 from scalerl.store import open_store
 from scalerl.store.checkpoints import latest_checkpoint_name
-from scalerl.store.weights import load_weights
+from scalerl.weightsync.reader import load_weights
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 

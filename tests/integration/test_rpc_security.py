@@ -29,7 +29,9 @@ from scalerl.rpc.client import GeneratorClient
 from scalerl.rpc.security import RpcSecurity
 from scalerl.rpc.server import serve_grpc
 from scalerl.store.factory import open_store
-from scalerl.store.weights import load_weights, publish_weights
+from scalerl.weightsync.manifest import manifest_key
+from scalerl.weightsync.publisher import publish_weights
+from scalerl.weightsync.reader import load_weights
 
 pytestmark = pytest.mark.infra
 LOOPBACK = "127.0.0.1"
@@ -108,9 +110,9 @@ def test_the_learner_cannot_roll_back_or_load_what_the_job_did_not_publish(serve
         denied = learner.update_weights
         assert _code(lambda: denied(v1)) == grpc.StatusCode.PERMISSION_DENIED  # older: a rollback
         assert learner.update_weights(v2).swapped is False  # the version it serves: acknowledged, not reloaded
-        # version 3 made of v1's bytes, planted outside the job's prefix and behind a `..`
+        # version 3 made of v1's manifest, planted outside the job's prefix and behind a `..`
         data = store.get_bytes(store.key_of(v1.uri))
-        key = f"policy/v{3:08d}-{v1.checksum[:16]}.safetensors"
+        key = manifest_key(3, v1.checksum, "snapshot")
         outside = open_store(store.uri("").replace("/it-", "/other-it-", 1).rstrip("/"))
         planted = [PolicyVersion(3, outside.put_bytes(key, data), v1.checksum),
                    PolicyVersion(3, store.uri(f"../{Path(store.uri('')).name}/{key}"), v1.checksum),

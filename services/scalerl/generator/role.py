@@ -1,7 +1,8 @@
 """Generator role on the bus: `prompts` -> `rollouts`, with in-flight policy updates from `policy`.
 
 Between decode steps the engine asks `poll_policy()`; when a new `PolicyVersion` has been announced,
-its weights are fetched from the store (checksum verified) and swapped in, keeping the KV cache
+its weights are built from the store (`scalerl.weightsync`: the deltas since the loaded version, or a
+snapshot and the deltas after it; every shard and tensor checksummed) and swapped in, keeping the KV cache
 (PipelineRL). The policy topic has one partition, so the last announcement read is the learner's
 current policy: it is loaded whenever it differs from the loaded one, also when its version number is
 lower (a learner that restarted from a checkpoint announces its versions again), except an announcement of a
@@ -20,6 +21,7 @@ record on `policy` is skipped here (the curriculum dead-letters it).
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -36,8 +38,9 @@ from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingPa
 from scalerl.messages import Completion, PolicyVersion, PromptTask, RolloutGroup
 from scalerl.model.text import encode_prompt, end_ids, text_ids, think_close_spellings
 from scalerl.store import Store
-from scalerl.store.weights import load_weights
 from scalerl.telemetry.hops import hop
+from scalerl.weightsync.factory import make_reader
+from scalerl.weightsync.reader import WeightsUnavailable
 
 __all__ = ["GeneratorRole", "encode_prompt", "length_control"]
 
@@ -61,6 +64,8 @@ def batch_staleness(newest_announced: int, comps: list[Completion]) -> int:
     (0 for an empty batch): how far behind the learner the batch was when it left."""
     return max(0, newest_announced - min(c.min_version for c in comps)) if comps else 0
 
+log = logging.getLogger(__name__)
+
 
 class GeneratorRole:
     def __init__(self, spec: JobSpec, engine: GenerationEngine, tokenizer: Any, bus: Bus, store: Store,
@@ -71,6 +76,8 @@ class GeneratorRole:
         self.tokenizer = tokenizer
         self.bus = bus
         self.store = store
+        self.weights = make_reader(spec, store)  # builds announced versions in a resident copy (weightsync)
+        self.weights_unavailable = 0  # announcements that could not be built (a snapshot was asked for)
         self.topics = topics
         self.generator_id = generator_id
         self.group = group
@@ -111,7 +118,12 @@ class GeneratorRole:
                 self.policy_skipped += 1
         if latest is None or latest == self.loaded:
             return None
-        weights = load_weights(self.store, latest)
+        try:
+            weights = self.weights.fetch(latest)
+        except WeightsUnavailable as exc:  # keep serving the loaded version; the next one will be a snapshot
+            self.weights_unavailable += 1
+            log.warning("%s: %s", self.generator_id, exc)
+            return None
         self.loaded = latest
         return latest.version, weights
 

@@ -3,7 +3,8 @@
 Generate samples with the engine's current weights and the job's defaults (sampling and length rules
 of `generation`, as the bus role uses them: `role.encode_prompt`, `role.length_control`); a request
 may override temperature, top_p, the budgets and interruption. UpdateWeights fetches an announced
-`PolicyVersion` from the store (checksum verified, `store.weights.load_weights`) and loads it.
+`PolicyVersion` from the store (`scalerl.weightsync`: the deltas since the version it holds, or a snapshot
+and the deltas after it; every shard and tensor checksummed) and loads it.
 
 Decisions:
 1. One lock (`engine_lock`, pass the bus role's own to share it) serialises every use of the engine:
@@ -15,14 +16,15 @@ Decisions:
    back, and a rollback to old weights is the attack this stops. The version the engine already serves
    is acknowledged with `swapped = false` and not loaded again (idempotent retries, and a restarted
    learner announcing its checkpoint's version again with the same weights).
-   Only the weights this job published are loaded: the URI must be exactly where `publish_weights`
-   puts that version and checksum in the generator's own store (`store.weights.load_weights` raises
-   ForeignWeights before fetching anything), else PERMISSION_DENIED. Who may call UpdateWeights at
+   Only the weights this job published are loaded: the URI must be exactly where the learner's
+   `WeightPublisher` puts that version and checksum in the generator's own store (`WeightReader.fetch`
+   raises ForeignWeights before fetching anything), else PERMISSION_DENIED. Who may call UpdateWeights at
    all (the learner) is `scalerl.rpc.security`.
 3. A thinking budget below the job's interruption window narrows the window to fit the budget
    ([min(lo, budget), min(hi, budget)]).
 4. Errors: a bad request -> INVALID_ARGUMENT naming the field; no store -> FAILED_PRECONDITION; a
-   missing weights object -> NOT_FOUND; a checksum mismatch -> DATA_LOSS; weights that do not fit the
+   missing manifest or shard -> NOT_FOUND; a corrupt shard or a checksum mismatch -> DATA_LOSS (either way
+   the generator has asked the learner for a snapshot); weights that do not fit the
    model -> INVALID_ARGUMENT. The loaded version is unchanged after any of them.
 """
 
@@ -45,8 +47,9 @@ from scalerl.rpc.gen.scalerl.v1 import services_pb2 as spb
 from scalerl.rpc.gen.scalerl.v1 import services_pb2_grpc as sgrpc
 from scalerl.rpc.server import abort, status_reply
 from scalerl.store.base import Store, StoreError
-from scalerl.store.weights import ForeignWeights, load_weights
 from scalerl.telemetry.metrics import RoleMetrics
+from scalerl.weightsync.factory import make_reader
+from scalerl.weightsync.reader import ForeignWeights
 
 MAX_SAMPLES_PER_PROMPT = 1024
 MAX_BUDGET_TOKENS = 1 << 20
@@ -57,8 +60,8 @@ _COUNTERS = ("tokens_generated", "groups_generated", "requests_served", "weight_
 def _store_error_code(exc: StoreError) -> grpc.StatusCode:
     if isinstance(exc, ForeignWeights):
         return grpc.StatusCode.PERMISSION_DENIED
-    text = str(exc)
-    if "checksum" in text:
+    text = str(exc.__cause__ or exc)
+    if any(word in text for word in ("checksum", "corrupt", "CRC-32", "decodes")):
         return grpc.StatusCode.DATA_LOSS
     if text.startswith("no object"):
         return grpc.StatusCode.NOT_FOUND
@@ -90,6 +93,8 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._counts_lock = threading.Lock()
         self.loaded: PolicyVersion | None = None  # the last announcement UpdateWeights loaded
+        self.weights = make_reader(spec, store) if store is not None else None  # (weightsync)
+        self.fetch_lock = threading.Lock()  # one fetch at a time into the reader's copy
 
     def register(self, server: grpc.Server) -> None:
         sgrpc.add_GeneratorServicer_to_server(self, server)
@@ -207,8 +212,8 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if pv.version < 0:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"version: must be >= 0, got {pv.version}")
-        store = self.store
-        if store is None:
+        reader = self.weights
+        if reader is None:
             abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                   "this generator has no object store to fetch weights from (start it with a store)")
         serving = self.engine.version
@@ -218,20 +223,22 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
         if pv == self.loaded or pv.version == serving:
             return spb.UpdateWeightsResponse(previous_version=serving, policy_version=serving, swapped=False)
         t0 = time.perf_counter()
-        try:
-            state_dict = load_weights(store, pv)
-        except StoreError as exc:
-            abort(context, _store_error_code(exc), str(exc))
-        with self.engine_lock:
-            previous = self.engine.version
-            if pv.version <= previous:  # a concurrent call got there first (with this version or a newer one)
-                return spb.UpdateWeightsResponse(previous_version=previous, policy_version=previous, swapped=False)
+        with self.fetch_lock:  # the copy a fetch fills is the one loaded: no other fetch in between
             try:
-                self.engine.load_weights(state_dict, pv.version)
-            except (KeyError, RuntimeError, ValueError) as exc:
-                abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"weights of version {pv.version} do not fit "
-                      f"the model: {exc}")
-            self.loaded = pv
+                state_dict = reader.fetch(pv)
+            except StoreError as exc:
+                abort(context, _store_error_code(exc), str(exc))
+            with self.engine_lock:
+                previous = self.engine.version
+                if pv.version <= previous:  # a concurrent call got there first (this version or a newer one)
+                    return spb.UpdateWeightsResponse(previous_version=previous, policy_version=previous,
+                                                     swapped=False)
+                try:
+                    self.engine.load_weights(state_dict, pv.version)
+                except (KeyError, RuntimeError, ValueError) as exc:
+                    abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"weights of version {pv.version} do not "
+                          f"fit the model: {exc}")
+                self.loaded = pv
         load_s = time.perf_counter() - t0
         self._count(weight_updates=1)
         if self.metrics is not None:

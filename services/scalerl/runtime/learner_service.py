@@ -62,8 +62,8 @@ from scalerl.store.checkpoints import download_latest_checkpoint, upload_checkpo
 from scalerl.store.fencing import check_epoch, take_epoch
 from scalerl.store.run_files import PREFIX as RUN_PREFIX
 from scalerl.store.run_files import upload_run_files
-from scalerl.store.weights import highest_version
 from scalerl.telemetry.steps import StepTimes
+from scalerl.weightsync.reader import highest_version
 
 log = logging.getLogger(__name__)
 

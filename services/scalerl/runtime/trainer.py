@@ -35,11 +35,12 @@ from scalerl.runtime.outputs import RunOutputs
 from scalerl.runtime.setup import initial_model, job_limits
 from scalerl.scaling.compute import rl_flops
 from scalerl.store import Store
-from scalerl.store.weights import publish_weights
 from scalerl.tasks import problem_set_fingerprint
+from scalerl.weightsync.factory import make_publisher
 
 if TYPE_CHECKING:
     from scalerl.scaling import CurveAnalysis
+    from scalerl.weightsync.publisher import WeightPublisher
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ class TrainerHost:
                          "dropped_stale": 0, "duplicates": 0,
                          "dead_lettered": 0, "dropped_lost_lineage": 0}
         self.idle = IdleSteps()
+        self.publisher: WeightPublisher | None = None  # made at the first publish (rank 0 only publishes)
 
     # -- assembly ----------------------------------------------------------------------------------
     def _setup_common(self) -> None:
@@ -247,7 +249,9 @@ class TrainerHost:
 
     def _publish(self) -> None:
         """Upload the current weights, then announce them on `policy`."""
-        self.announced = publish_weights(self.store, self.learner.policy_version, self.ranks.full_state_dict())
+        if self.publisher is None:
+            self.publisher = make_publisher(self.spec, self.store)
+        self.announced = self.publisher.publish(self.learner.policy_version, self.ranks.full_state_dict())
         crash_point("learner.announce")
         self.bus.publish(self.topics.policy, self.announced, key="policy", headers=self._policy_headers())
         self.bus.flush()

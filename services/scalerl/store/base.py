@@ -13,12 +13,14 @@ class Store(ABC):
     """Key/value object storage. Keys are '/'-separated relative paths ("policy/v3.safetensors")."""
 
     @abstractmethod
-    def put_bytes(self, key: str, data: bytes) -> str:
-        """Write `data` atomically under `key`; return the object's URI."""
+    def put_bytes(self, key: str, data: bytes | memoryview, *, sha256: str | None = None) -> str:
+        """Write `data` atomically under `key`; return the object's URI. `sha256`: the caller's hex SHA-256 of
+        `data` where it has one (a store that records checksums then does not hash the bytes again)."""
 
     @abstractmethod
-    def get_bytes(self, key: str) -> bytes:
-        """Read the object; raises StoreError if it does not exist."""
+    def get_bytes(self, key: str, *, verify: bool = True) -> bytes:
+        """Read the object; raises StoreError if it does not exist. `verify` False: skip the store's own
+        checksum check (for a caller that checks the bytes against a checksum of its own)."""
 
     @abstractmethod
     def exists(self, key: str) -> bool: ...

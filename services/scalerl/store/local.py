@@ -19,7 +19,7 @@ class LocalStore(Store):
             raise StoreError(f"key {key!r} escapes the store root")
         return p
 
-    def put_bytes(self, key: str, data: bytes) -> str:
+    def put_bytes(self, key: str, data: bytes | memoryview, *, sha256: str | None = None) -> str:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -34,7 +34,7 @@ class LocalStore(Store):
             raise
         return self.uri(key)
 
-    def get_bytes(self, key: str) -> bytes:
+    def get_bytes(self, key: str, *, verify: bool = True) -> bytes:  # no checksum of its own
         path = self._path(key)
         if not path.is_file():
             raise StoreError(f"no object {self.uri(key)}")

@@ -110,16 +110,16 @@ class S3Store(Store):
 
     # ---- Store ------------------------------------------------------------------------------------
 
-    def put_bytes(self, key: str, data: bytes) -> str:
+    def put_bytes(self, key: str, data: bytes | memoryview, *, sha256: str | None = None) -> str:
         name = self._name(key)
         n = len(data)
         part_size = max(n, _MIN_PART) if n <= MULTIPART_PART else MULTIPART_PART  # one part: a single PUT
         self.client.put_object(self.bucket, name, io.BytesIO(data), n, part_size=part_size,
                                content_type="application/octet-stream",
-                               metadata={SHA256_META: hashlib.sha256(data).hexdigest()})
+                               metadata={SHA256_META: sha256 or hashlib.sha256(data).hexdigest()})
         return self.uri(key)
 
-    def get_bytes(self, key: str) -> bytes:
+    def get_bytes(self, key: str, *, verify: bool = True) -> bytes:
         name = self._name(key)
         try:
             resp = self.client.get_object(self.bucket, name)
@@ -133,7 +133,7 @@ class S3Store(Store):
         finally:
             resp.close()
             resp.release_conn()
-        if expected:
+        if expected and verify:
             digest = hashlib.sha256(data).hexdigest()
             if digest != expected:
                 raise StoreError(f"checksum mismatch for {self.uri(key)}: sha256 {digest} != stored "

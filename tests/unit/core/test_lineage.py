@@ -9,7 +9,8 @@ from scalerl.learner.batch import assemble, stale_reason
 from scalerl.learner.lineage import Lineage, lineage_of, lineage_state, resume_lineage
 from scalerl.messages import Completion, PromptTask, RolloutGroup, ScoredGroup
 from scalerl.store.local import LocalStore
-from scalerl.store.weights import highest_version, publish_weights
+from scalerl.weightsync.publisher import publish_weights
+from scalerl.weightsync.reader import highest_version
 
 
 def test_a_resume_numbers_past_every_uploaded_version_and_marks_the_lost_ones() -> None:

@@ -5,8 +5,6 @@ log-softmax equals the single pass, values and gradients."""
 from __future__ import annotations
 
 import copy
-import json
-import struct
 
 import pytest
 import torch
@@ -15,7 +13,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.model.factory import head_logprobs, heads_tied, keep_head_in_fp32, sequence_logprobs, trunk_of
 from scalerl.store.local import LocalStore
-from scalerl.store.weights import load_weights, publish_weights
+from scalerl.weightsync.manifest import parse_manifest
+from scalerl.weightsync.publisher import publish_weights
+from scalerl.weightsync.reader import load_weights
 
 
 def _tied_model(tokenizer, dtype=torch.float32) -> LlamaForCausalLM:
@@ -77,10 +77,8 @@ def test_published_weights_store_the_tied_tensor_once_and_load_both_keys(tmp_pat
     model = _tied_model(tokenizer)
     store = LocalStore(tmp_path)
     pv = publish_weights(store, 1, {k: v.detach() for k, v in model.state_dict().items()})
-    data = store.get_bytes(store.key_of(pv.uri))
-    (size,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + size])
-    stored = {k for k in header if k != "__metadata__"}
+    key = store.key_of(pv.uri)
+    stored = {t.name for t in parse_manifest(store.get_bytes(key), key).tensors}
     assert ("lm_head.weight" in stored) != ("model.embed_tokens.weight" in stored), "one tensor saved"
     weights = load_weights(store, pv)
     assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"]

@@ -1,0 +1,22 @@
+"""The job spec's `runtime.weight_sync` -> the learner's publisher and a generator's reader."""
+
+from __future__ import annotations
+
+import torch
+
+from scalerl.config import JobSpec
+from scalerl.store.base import Store
+from scalerl.weightsync.publisher import WeightPublisher
+from scalerl.weightsync.reader import WeightReader
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def make_publisher(spec: JobSpec, store: Store) -> WeightPublisher:
+    ws = spec.runtime.weight_sync
+    return WeightPublisher(store, _DTYPES.get(ws.dtype), delta=ws.delta, snapshot_every=ws.snapshot_every,
+                           shard_bytes=ws.shard_mb * 1024**2, parallel=ws.parallel, keep_last=ws.keep_last)
+
+
+def make_reader(spec: JobSpec, store: Store, reader_id: str | None = None) -> WeightReader:
+    return WeightReader(store, parallel=spec.runtime.weight_sync.parallel, reader_id=reader_id)

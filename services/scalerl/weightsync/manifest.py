@@ -1,0 +1,191 @@
+"""The manifest of one published policy version, and where its objects live in the store.
+
+A version is a folder ``policy/v<version:08d>-<digest[:16]>-<s|d>/`` (s: snapshot, d: delta) holding
+``manifest.json`` and shards ``shard-0000`` ... . The manifest lists:
+
+- `tensors`: name, dtype, shape and CRC-32 of the bit pattern of every stored tensor;
+  `aliases` maps a tied name to the stored one (the tied embedding/head is stored once);
+- `shards`: key, size and SHA-256 of each shard as stored;
+- `chunks`: which element range of which tensor sits where in which shard, and how it is encoded
+  (`weightsync.codec`);
+- `base`: for a delta, the version it applies to (its key and digest).
+
+`digest` is the SHA-256 of the canonical JSON of (tensors, aliases): it names the *state*, not its
+encoding, so a snapshot and a delta of the same weights have the same digest, and it is the checksum a
+`PolicyVersion` announces. The manifest is written last, so a version whose manifest exists is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from scalerl.weightsync.codec import BIT_VIEWS, ENCODINGS
+
+FORMAT = 1
+PREFIX = "policy/"
+REQUESTS = "policy/requests/"
+KINDS = {"snapshot": "s", "delta": "d"}
+_FOLDER = re.compile(r"^policy/v(\d{8})-([0-9a-f]{16})-([sd])/manifest\.json$")
+DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in BIT_VIEWS}
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be read (names the key and the field)."""
+
+
+def manifest_key(version: int, digest: str, kind: str) -> str:
+    return f"{PREFIX}v{version:08d}-{digest[:16]}-{KINDS[kind]}/manifest.json"
+
+
+def shard_key(manifest: str, index: int) -> str:
+    return f"{manifest.rsplit('/', 1)[0]}/shard-{index:04d}"
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A version found by listing the store (no manifest read): version, digest prefix, kind, key."""
+
+    version: int
+    digest16: str
+    kind: str
+    key: str
+
+    @property
+    def folder(self) -> str:
+        return self.key.rsplit("/", 1)[0] + "/"
+
+
+def parse_key(key: str) -> Listed | None:
+    """The version a manifest key names (None: not a manifest key)."""
+    m = _FOLDER.match(key)
+    if m is None:
+        return None
+    kind = "snapshot" if m.group(3) == "s" else "delta"
+    return Listed(int(m.group(1)), m.group(2), kind, key)
+
+
+@dataclass(slots=True)
+class TensorEntry:
+    name: str
+    dtype: str  # a key of DTYPES
+    shape: list[int]
+    crc32: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(slots=True)
+class ShardEntry:
+    key: str
+    bytes: int
+    sha256: str
+
+
+@dataclass(slots=True)
+class ChunkEntry:
+    tensor: int  # index into `tensors`
+    start: int  # first element
+    count: int  # elements
+    encoding: str
+    shard: int  # index into `shards`
+    offset: int  # bytes into the shard
+    length: int  # bytes
+    changed: int  # elements that differ from the base (count for a snapshot's raw chunks)
+
+
+@dataclass(slots=True)
+class Manifest:
+    version: int
+    kind: str
+    tensors: list[TensorEntry]
+    aliases: dict[str, str] = field(default_factory=dict)
+    shards: list[ShardEntry] = field(default_factory=list)
+    chunks: list[ChunkEntry] = field(default_factory=list)
+    base: str | None = None  # the base version's manifest key (deltas)
+    base_digest: str | None = None
+
+    @property
+    def digest(self) -> str:
+        return state_digest(self.tensors, self.aliases)
+
+    @property
+    def key(self) -> str:
+        return manifest_key(self.version, self.digest, self.kind)
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    def to_json(self) -> bytes:
+        body = {"format": FORMAT, "digest": self.digest, **asdict(self)}
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
+def state_digest(tensors: list[TensorEntry], aliases: dict[str, str]) -> str:
+    canon = json.dumps([[[t.name, t.dtype, t.shape, t.crc32] for t in tensors], sorted(aliases.items())],
+                       separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def _need(obj: Any, name: str, kind: type | tuple[type, ...], key: str) -> Any:
+    if not isinstance(obj, dict) or name not in obj:
+        raise ManifestError(f"{key}: missing field {name!r}")
+    value = obj[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise ManifestError(f"{key}: field {name!r} has type {type(value).__name__}")
+    return value
+
+
+def parse_manifest(data: bytes, key: str) -> Manifest:
+    """Read and check a manifest (ManifestError naming `key` and the field when it is not one of ours)."""
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{key}: not JSON ({exc})") from None
+    if _need(raw, "format", int, key) != FORMAT:
+        raise ManifestError(f"{key}: format {raw['format']} (this reader knows {FORMAT})")
+    kind = _need(raw, "kind", str, key)
+    if kind not in KINDS:
+        raise ManifestError(f"{key}: kind {kind!r} (expected one of {sorted(KINDS)})")
+    try:
+        tensors = [TensorEntry(str(t["name"]), str(t["dtype"]), [int(s) for s in t["shape"]], int(t["crc32"]))
+                   for t in _need(raw, "tensors", list, key)]
+        shards = [ShardEntry(str(s["key"]), int(s["bytes"]), str(s["sha256"])) for s in _need(raw, "shards", list, key)]
+        chunks = [ChunkEntry(int(c["tensor"]), int(c["start"]), int(c["count"]), str(c["encoding"]),
+                             int(c["shard"]), int(c["offset"]), int(c["length"]), int(c["changed"]))
+                  for c in _need(raw, "chunks", list, key)]
+        aliases = {str(a): str(n) for a, n in _need(raw, "aliases", dict, key).items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ManifestError(f"{key}: malformed tensors/shards/chunks ({exc!r})") from None
+    if (odd := next((t for t in tensors if t.dtype not in DTYPES), None)) is not None:
+        raise ManifestError(f"{key}: tensor {odd.name!r} has dtype {odd.dtype!r} (expected one of {sorted(DTYPES)})")
+    m = Manifest(_need(raw, "version", int, key), kind, tensors, aliases, shards, chunks,
+                 raw.get("base"), raw.get("base_digest"))
+    if kind == "delta" and not (isinstance(m.base, str) and isinstance(m.base_digest, str)):
+        raise ManifestError(f"{key}: a delta without its base")
+    if m.digest != raw.get("digest") or m.key != key:
+        raise ManifestError(f"{key}: its tensors hash to {m.digest[:16]}, not the digest it names")
+    for i, c in enumerate(chunks):
+        if (c.encoding not in ENCODINGS or not 0 <= c.tensor < len(tensors) or not 0 <= c.shard < len(shards)
+                or c.start < 0 or c.count <= 0 or c.start + c.count > tensors[c.tensor].numel
+                or c.offset < 0 or c.length < 0 or c.offset + c.length > shards[c.shard].bytes):
+            raise ManifestError(f"{key}: chunk {i} is out of range")
+    covered = [0] * len(tensors)
+    for c in sorted(chunks, key=lambda c: (c.tensor, c.start)):
+        if c.start != covered[c.tensor]:
+            raise ManifestError(f"{key}: tensor {tensors[c.tensor].name!r}: a gap or overlap at element {c.start}")
+        covered[c.tensor] += c.count
+    if (short := next((t.name for t, n in zip(tensors, covered, strict=True) if n != t.numel), None)) is not None:
+        raise ManifestError(f"{key}: the chunks do not cover tensor {short!r}")
+    return m

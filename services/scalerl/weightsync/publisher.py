@@ -1,0 +1,215 @@
+"""The learner's side: publish each policy version as a sharded snapshot or a delta against the last one.
+
+`WeightPublisher.publish(version, state_dict)`:
+1. casts the floating tensors to the publish dtype (`runtime.weight_sync.dtype`; "model" keeps each tensor's
+   own) and keeps a tied tensor once (`untie`);
+2. splits every tensor into chunks of at most `shard_bytes` and encodes them (`weightsync.codec`): raw for a
+   snapshot, against the bits of the version it published last for a delta. The chunks are encoded and the
+   shards uploaded `parallel` at a time; at most about 2 x `parallel` shards' bytes are held at once;
+3. writes the manifest last (a version is complete once its manifest exists), then deletes what no reader
+   needs any more (`retain`), and returns the `PolicyVersion` to announce.
+
+A version is a snapshot when there is no previous one in this process (first publish, after a restart),
+every `snapshot_every` versions, when the tensors' names, dtypes or shapes changed, or when a reader asked
+for one (an object under ``policy/requests/``: `WeightReader.request_snapshot`); the requests are removed
+once the snapshot is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from scalerl.messages import PolicyVersion
+from scalerl.store.base import Store
+from scalerl.weightsync.codec import Encoded, bits_of, crc32, encode
+from scalerl.weightsync.manifest import (
+    PREFIX,
+    REQUESTS,
+    ChunkEntry,
+    Listed,
+    Manifest,
+    ShardEntry,
+    TensorEntry,
+    parse_key,
+    shard_key,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SHARD_BYTES = 32 * 1024**2
+
+
+def untie(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors with each shared storage kept once, {alias: kept name}) for tensors that are views of the
+    same memory with the same shape (tied weights)."""
+    kept: dict[tuple[int, int, tuple[int, ...]], str] = {}
+    out: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    for name, t in tensors.items():
+        key = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape))
+        if t.numel() and key in kept:
+            aliases[name] = kept[key]
+        else:
+            kept[key] = name
+            out[name] = t
+    return out, aliases
+
+
+def chunk_ranges(numel: int, itemsize: int, shard_bytes: int) -> Iterator[tuple[int, int]]:
+    """(start, count) element ranges of at most `shard_bytes` covering [0, numel) (one empty range for 0)."""
+    step = max(1, shard_bytes // itemsize)
+    yield from ((s, min(step, numel - s)) for s in range(0, max(numel, 1), step))
+
+
+class WeightPublisher:
+    """Publishes versions into `store` (see the module docstring). `dtype`: the floating dtype versions are
+    published in (None: each tensor's own). `delta` False: every version is a snapshot."""
+
+    def __init__(self, store: Store, dtype: torch.dtype | None = None, *, delta: bool = True,
+                 snapshot_every: int = 10, shard_bytes: int = DEFAULT_SHARD_BYTES, parallel: int = 4,
+                 keep_last: int = 3) -> None:
+        if snapshot_every < 1 or shard_bytes < 1 or parallel < 1 or keep_last < 1:
+            raise ValueError("snapshot_every, shard_bytes, parallel and keep_last must be >= 1")
+        self.store = store
+        self.dtype = dtype
+        self.delta = delta
+        self.snapshot_every = snapshot_every
+        self.shard_bytes = shard_bytes
+        self.parallel = parallel
+        self.keep_last = keep_last
+        self._prev: dict[str, torch.Tensor] | None = None  # bits of the last version published (copies)
+        self._prev_manifest: Manifest | None = None
+        self._since_snapshot = 0
+        self.last: Manifest | None = None  # the manifest of the last version published
+
+    # -- what goes out -----------------------------------------------------------------------------
+    def _prepare(self, state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """Detached CPU copies in the publish dtype (always copies: the model's tensors change in place)."""
+        tensors, aliases = untie(state_dict)
+        out = {}
+        for name, t in tensors.items():
+            dtype = self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
+            out[name] = t.detach().to(device="cpu", dtype=dtype, memory_format=torch.contiguous_format, copy=True)
+        return out, aliases
+
+    def _want_snapshot(self, tensors: list[TensorEntry], requests: list[str]) -> str | None:
+        """Why this version must be a snapshot (None: a delta will do)."""
+        prev = self._prev_manifest
+        if not self.delta:
+            return "deltas are off"
+        if prev is None:
+            return "no previous version in this process"
+        if self._since_snapshot + 1 >= self.snapshot_every:
+            return f"every {self.snapshot_every} versions"
+        if [(t.name, t.dtype, t.shape) for t in prev.tensors] != [(t.name, t.dtype, t.shape) for t in tensors]:
+            return "the tensors' names, dtypes or shapes changed"
+        if requests:
+            return f"asked for by {', '.join(r.removeprefix(REQUESTS) for r in requests)}"
+        return None
+
+    def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> PolicyVersion:
+        """Upload version `version` (see the module docstring); returns its announcement."""
+        tensors, aliases = self._prepare(state_dict)
+        bits = {name: bits_of(t) for name, t in tensors.items()}
+        with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-publish") as pool:
+            crcs = list(pool.map(crc32, bits.values()))
+            entries = [TensorEntry(n, str(t.dtype).removeprefix("torch."), list(t.shape), c)
+                       for (n, t), c in zip(tensors.items(), crcs, strict=True)]
+            requests = self.store.list(REQUESTS)
+            why = self._want_snapshot(entries, requests)
+            kind = "delta" if why is None else "snapshot"
+            manifest = Manifest(version, kind, entries, aliases)
+            if kind == "delta" and self._prev_manifest is not None:
+                manifest.base, manifest.base_digest = self._prev_manifest.key, self._prev_manifest.digest
+            prev = self._prev if kind == "delta" else None
+            self._upload(pool, manifest, bits, prev)
+        self.store.put_bytes(manifest.key, manifest.to_json())
+        if kind == "snapshot":
+            self._since_snapshot = 0
+            for r in requests:
+                self.store.delete(r)
+            log.info("weights v%d: snapshot (%s), %.1f MB", version, why, manifest.stored_bytes / 1e6)
+        else:
+            self._since_snapshot += 1
+        self._prev, self._prev_manifest, self.last = bits, manifest, manifest
+        self.retain(version)
+        return PolicyVersion(version=version, uri=self.store.uri(manifest.key), checksum=manifest.digest)
+
+    def _upload(self, pool: ThreadPoolExecutor, manifest: Manifest, bits: dict[str, torch.Tensor],
+                prev: dict[str, torch.Tensor] | None) -> None:
+        """Encode every chunk and upload the shards, `parallel` at a time; fills manifest.chunks/.shards."""
+        jobs: deque[tuple[int, int, int, Future[Encoded]]] = deque()
+        uploads: deque[Future[str]] = deque()
+        parts: list[bytes] = []
+        size = 0
+
+        def flush() -> None:
+            nonlocal parts, size
+            if not size and not parts:
+                return
+            index = len(manifest.shards)
+            data = b"".join(parts)
+            digest = hashlib.sha256(data).hexdigest()
+            key = shard_key(manifest.key, index)
+            manifest.shards.append(ShardEntry(key, len(data), digest))
+            while len(uploads) >= self.parallel:
+                uploads.popleft().result()
+            uploads.append(pool.submit(self.store.put_bytes, key, data, sha256=digest))
+            parts, size = [], 0
+
+        def take(job: tuple[int, int, int, Future[Encoded]]) -> None:
+            nonlocal size
+            ti, start, count, fut = job
+            enc = fut.result()
+            if size and size + len(enc.data) > self.shard_bytes:
+                flush()
+            manifest.chunks.append(ChunkEntry(ti, start, count, enc.encoding, len(manifest.shards), size,
+                                              len(enc.data), enc.changed))
+            parts.append(enc.data)
+            size += len(enc.data)
+
+        for ti, (name, b) in enumerate(bits.items()):
+            for start, count in chunk_ranges(b.numel(), b.element_size(), self.shard_bytes):
+                old = prev[name][start:start + count] if prev is not None else None
+                jobs.append((ti, start, count, pool.submit(encode, b[start:start + count], old)))
+                if len(jobs) >= self.parallel:
+                    take(jobs.popleft())
+        while jobs:
+            take(jobs.popleft())
+        flush()
+        for u in uploads:
+            u.result()
+
+    # -- what may go -------------------------------------------------------------------------------
+    def retain(self, newest: int) -> list[str]:
+        """Delete the versions no reader needs: everything older than the newest snapshot that can still
+        rebuild each of the last `keep_last` versions. Returns the deleted version folders."""
+        listed = sorted((v for k in self.store.list(PREFIX) if (v := parse_key(k))), key=lambda v: v.version)
+        keep_from = newest - self.keep_last + 1
+        anchors = [v for v in listed if v.kind == "snapshot" and v.version <= keep_from]
+        if not anchors:
+            return []
+        anchor = anchors[-1]
+        doomed = [v for v in listed if v.version < anchor.version]
+        for v in doomed:
+            self._delete_version(v)
+        return [v.folder for v in doomed]
+
+    def _delete_version(self, v: Listed) -> None:
+        self.store.delete(v.key)  # the manifest first: a reader never finds a manifest without its shards
+        for key in self.store.list(v.folder):
+            self.store.delete(key)
+
+
+def publish_weights(store: Store, version: int, state_dict: dict[str, torch.Tensor],
+                    keep_last: int = 3) -> PolicyVersion:
+    """Publish one version as a snapshot in each tensor's own dtype (a publisher of one version: tools and
+    tests; the learner keeps a `WeightPublisher`, so its versions can be deltas)."""
+    return WeightPublisher(store, keep_last=keep_last).publish(version, state_dict)
+

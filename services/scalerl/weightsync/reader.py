@@ -1,0 +1,215 @@
+"""The generator's side: build an announced version from the store into a resident copy, shard by shard.
+
+`WeightReader.fetch(pv)` returns the weights of `pv` (a dict of CPU tensors in the published dtypes, tied
+names sharing one tensor) built in the reader's resident copy (`shadow`):
+
+- the version's manifest names its base; the reader walks the bases back to the version it holds (then
+  it applies only the deltas after it) or to a snapshot (a new or restarted generator, one that fell
+  behind or lost its copy): snapshot + deltas;
+- each manifest's shards are downloaded `parallel` at a time; each is checked against the SHA-256 its
+  manifest gives (a corrupt or missing shard is an error naming it) and decoded in place into the copy,
+  so beside the copy at most `parallel` shards (and one chunk's decode buffers each) are in memory;
+- at the end every tensor's CRC-32 is checked against the target manifest: the copy is bit-identical to
+  the learner's weights in the published dtype, or the fetch fails.
+
+When the version cannot be built (a shard or manifest of its chain is gone or corrupt), `fetch` raises
+`WeightsUnavailable` after asking the learner for a snapshot (`request_snapshot`), and the copy is marked
+unusable; the caller keeps serving the weights it has and builds the next announcement, which will be
+a snapshot. Only versions this job published are fetched (`foreign_weights`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from scalerl.messages import PolicyVersion
+from scalerl.store.base import Store, StoreError
+from scalerl.weightsync.codec import CodecError, bits_of, crc32, decode_into
+from scalerl.weightsync.manifest import (
+    DTYPES,
+    KINDS,
+    PREFIX,
+    REQUESTS,
+    Manifest,
+    ManifestError,
+    manifest_key,
+    parse_key,
+    parse_manifest,
+)
+
+log = logging.getLogger(__name__)
+_CHECKSUM_HEX = frozenset("0123456789abcdef")
+
+
+class ForeignWeights(StoreError):
+    """An announcement that does not name weights this job published (`foreign_weights`)."""
+
+
+class WeightsUnavailable(StoreError):
+    """The announced version cannot be built from the store now (a snapshot has been asked for)."""
+
+
+def foreign_weights(store: Store, pv: PolicyVersion) -> str | None:
+    """Why `pv` does not name weights this job published (None: it does). A version is published under
+    exactly `manifest_key(version, checksum, kind)` in the job's store, so any other URI (another bucket or
+    prefix, a path with `..`, another object of the store) is not an announcement of ours."""
+    if len(pv.checksum) != 64 or not set(pv.checksum) <= _CHECKSUM_HEX:
+        return f"checksum: expected 64 lowercase hex digits (sha256), got {pv.checksum[:80]!r}"
+    allowed = [store.uri(manifest_key(pv.version, pv.checksum, kind)) for kind in KINDS]
+    if pv.uri not in allowed:
+        return f"uri: {pv.uri[:200]!r} is not where version {pv.version} with this checksum is published ({allowed[0]})"
+    return None
+
+
+def highest_version(store: Store) -> int | None:
+    """The highest policy version whose manifest was ever written (None: none). Weights are written before
+    they are announced and the newest are never deleted, so this bounds every announced version."""
+    return max((v.version for k in store.list(PREFIX) if (v := parse_key(k))), default=None)
+
+
+@dataclass(slots=True)
+class FetchStats:
+    """What the last `fetch` did: versions applied (snapshots among them), bytes downloaded, seconds."""
+
+    applied: int = 0
+    snapshots: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+class WeightReader:
+    """Builds announced versions from `store` into a resident copy (module docstring). `reader_id` names
+    this reader in its snapshot requests (default: host and pid)."""
+
+    def __init__(self, store: Store, *, parallel: int = 4, reader_id: str | None = None) -> None:
+        if parallel < 1:
+            raise ValueError("parallel must be >= 1")
+        self.store = store
+        self.parallel = parallel
+        self.reader_id = reader_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.shadow: dict[str, torch.Tensor] = {}  # the resident copy (stored names only)
+        self.held: Manifest | None = None  # the version the copy holds (None: nothing usable)
+        self.stats = FetchStats()
+
+    # -- public ------------------------------------------------------------------------------------
+    def fetch(self, pv: PolicyVersion) -> dict[str, torch.Tensor]:
+        """The weights of `pv` (see the module docstring); ForeignWeights before anything is fetched for an
+        announcement that is not ours, WeightsUnavailable when it cannot be built now."""
+        if (why := foreign_weights(self.store, pv)) is not None:
+            raise ForeignWeights(f"not this job's weights: {why}")
+        t0 = time.perf_counter()
+        self.stats = FetchStats()
+        if self.held is None or self.held.key != self.store.key_of(pv.uri):
+            try:
+                for m in self._chain(self.store.key_of(pv.uri)):
+                    self._apply(m)
+                self._verify()
+            except (StoreError, ManifestError, CodecError) as exc:
+                self.held = None
+                self.request_snapshot(f"cannot build version {pv.version}: {exc}")
+                raise WeightsUnavailable(f"version {pv.version} cannot be built from the store: {exc}; "
+                                         "asked the learner for a snapshot") from exc
+        self.stats.seconds = time.perf_counter() - t0
+        return self.state_dict()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The held version's tensors, tied names included (the same tensor objects as the copy)."""
+        if self.held is None:
+            raise WeightsUnavailable("no version is held")
+        out = {n: self.shadow[n] for n in (t.name for t in self.held.tensors)}
+        out.update({alias: self.shadow[name] for alias, name in self.held.aliases.items()})
+        return out
+
+    def request_snapshot(self, reason: str) -> None:
+        """Ask the learner to publish its next version as a snapshot (an object under policy/requests/)."""
+        body = json.dumps({"reader": self.reader_id, "reason": reason[:500], "time": time.time()})
+        try:
+            self.store.put_bytes(f"{REQUESTS}{self.reader_id}", body.encode())
+        except StoreError as exc:  # the announcement after the next snapshot still comes
+            log.warning("could not ask for a weights snapshot: %s", exc)
+
+    # -- the chain ---------------------------------------------------------------------------------
+    def _manifest(self, key: str) -> Manifest:
+        return parse_manifest(self.store.get_bytes(key), key)
+
+    def _chain(self, key: str) -> list[Manifest]:
+        """Manifests to apply, oldest first: back from `key` to the held version (excluded) or a snapshot."""
+        chain = [self._manifest(key)]
+        while chain[-1].kind == "delta":
+            base = chain[-1].base
+            assert base is not None  # parse_manifest checks it
+            if self.held is not None and base == self.held.key:
+                break
+            chain.append(self._manifest(base))
+            if len(chain) > 10_000:
+                raise ManifestError(f"{key}: a chain of more than 10000 deltas")
+        return chain[::-1]
+
+    def _apply(self, m: Manifest) -> None:
+        """Apply one version to the copy (a snapshot replaces it; a delta needs its base held)."""
+        if m.kind == "delta" and (self.held is None or self.held.key != m.base):
+            raise ManifestError(f"{m.key}: its base {m.base} is not the version held")
+        self.held = None  # from here until the end the copy is half-built
+        if m.kind == "snapshot":
+            self._allocate(m)
+        by_shard: dict[int, list[int]] = {}
+        for i, c in enumerate(m.chunks):
+            if c.encoding != "same":
+                by_shard.setdefault(c.shard, []).append(i)
+        views = [bits_of(self.shadow[t.name]) for t in m.tensors]
+
+        def one(si: int) -> int:
+            shard = m.shards[si]
+            data = self.store.get_bytes(shard.key, verify=False)
+            if len(data) != shard.bytes or hashlib.sha256(data).hexdigest() != shard.sha256:
+                raise StoreError(f"shard {shard.key} is corrupt: {len(data)} bytes, sha256 "
+                                 f"{hashlib.sha256(data).hexdigest()[:16]}…, expected {shard.bytes} bytes, "
+                                 f"{shard.sha256[:16]}…")
+            buf = memoryview(data)
+            for i in by_shard[si]:
+                c = m.chunks[i]
+                decode_into(views[c.tensor][c.start:c.start + c.count], c.encoding,
+                            buf[c.offset:c.offset + c.length], c.changed, f"{shard.key} chunk {i}")
+            return len(data)
+
+        with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-fetch") as pool:
+            self.stats.bytes += sum(pool.map(one, sorted(by_shard)))
+        self.stats.applied += 1
+        self.stats.snapshots += m.kind == "snapshot"
+        self.held = m
+
+    def _allocate(self, m: Manifest) -> None:
+        """Tensors for a snapshot: the copy's own where name, dtype and shape match, new ones otherwise."""
+        fresh = {}
+        for t in m.tensors:
+            have = self.shadow.get(t.name)
+            if have is not None and have.dtype == DTYPES[t.dtype] and list(have.shape) == t.shape:
+                fresh[t.name] = have
+            else:
+                fresh[t.name] = torch.empty(t.shape, dtype=DTYPES[t.dtype])
+        self.shadow = fresh
+
+    def _verify(self) -> None:
+        """Every tensor's CRC-32 against the held manifest (CodecError naming the first that differs)."""
+        m = self.held
+        assert m is not None
+        with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-verify") as pool:
+            crcs = list(pool.map(lambda t: crc32(bits_of(self.shadow[t.name])), m.tensors))
+        for t, c in zip(m.tensors, crcs, strict=True):
+            if c != t.crc32:
+                raise CodecError(f"{m.key}: tensor {t.name!r} decodes to CRC-32 {c:08x}, the learner's is "
+                                 f"{t.crc32:08x}")
+
+
+def load_weights(store: Store, pv: PolicyVersion) -> dict[str, torch.Tensor]:
+    """The weights of one announced version, built by a reader of its own (tools and tests)."""
+    return WeightReader(store).fetch(pv)
