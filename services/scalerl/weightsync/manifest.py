@@ -3,16 +3,18 @@
 A version is a folder ``policy/v<version:08d>-<digest[:16]>-<s|d>/`` (s: snapshot, d: delta) holding
 ``manifest.json`` and shards ``shard-0000`` ... . The manifest lists:
 
-- `tensors`: name, dtype, shape and CRC-32 of the bit pattern of every stored tensor;
+- `tensors`: name, dtype and shape of every stored tensor;
   `aliases` maps a tied name to the stored one (the tied embedding/head is stored once);
 - `shards`: key, size and SHA-256 of each shard as stored;
-- `chunks`: which element range of which tensor sits where in which shard, and how it is encoded
-  (`weightsync.codec`);
+- `chunks`: which element range of which tensor sits where in which shard, how it is encoded
+  (`weightsync.codec`) and the CRC-32 of its bits in this version (checked after decoding; the chunks
+  cover every tensor, so every bit of the version is checked, in parallel);
 - `base`: for a delta, the version it applies to (its key and digest).
 
-`digest` is the SHA-256 of the canonical JSON of (tensors, aliases): it names the *state*, not its
-encoding, so a snapshot and a delta of the same weights have the same digest, and it is the checksum a
-`PolicyVersion` announces. The manifest is written last, so a version whose manifest exists is complete.
+`digest` is the SHA-256 of the canonical JSON of the tensors, the aliases and each chunk's range and
+CRC-32: it names the *state*, not its encoding (a snapshot and a delta of the same weights cut the same
+way have the same digest), and it is the checksum a `PolicyVersion` announces. The manifest is written
+last, so a version whose manifest exists is complete.
 """
 
 from __future__ import annotations
@@ -75,7 +77,6 @@ class TensorEntry:
     name: str
     dtype: str  # a key of DTYPES
     shape: list[int]
-    crc32: int
 
     @property
     def numel(self) -> int:
@@ -102,6 +103,7 @@ class ChunkEntry:
     offset: int  # bytes into the shard
     length: int  # bytes
     changed: int  # elements that differ from the base (count for a snapshot's raw chunks)
+    crc32: int  # of the range's bits in this version
 
 
 @dataclass(slots=True)
@@ -117,7 +119,7 @@ class Manifest:
 
     @property
     def digest(self) -> str:
-        return state_digest(self.tensors, self.aliases)
+        return state_digest(self.tensors, self.aliases, self.chunks)
 
     @property
     def key(self) -> str:
@@ -132,8 +134,9 @@ class Manifest:
         return json.dumps(body, separators=(",", ":")).encode()
 
 
-def state_digest(tensors: list[TensorEntry], aliases: dict[str, str]) -> str:
-    canon = json.dumps([[[t.name, t.dtype, t.shape, t.crc32] for t in tensors], sorted(aliases.items())],
+def state_digest(tensors: list[TensorEntry], aliases: dict[str, str], chunks: list[ChunkEntry]) -> str:
+    ranges = sorted((c.tensor, c.start, c.count, c.crc32) for c in chunks)
+    canon = json.dumps([[[t.name, t.dtype, t.shape] for t in tensors], sorted(aliases.items()), ranges],
                        separators=(",", ":"))
     return hashlib.sha256(canon.encode()).hexdigest()
 
@@ -159,11 +162,12 @@ def parse_manifest(data: bytes, key: str) -> Manifest:
     if kind not in KINDS:
         raise ManifestError(f"{key}: kind {kind!r} (expected one of {sorted(KINDS)})")
     try:
-        tensors = [TensorEntry(str(t["name"]), str(t["dtype"]), [int(s) for s in t["shape"]], int(t["crc32"]))
+        tensors = [TensorEntry(str(t["name"]), str(t["dtype"]), [int(s) for s in t["shape"]])
                    for t in _need(raw, "tensors", list, key)]
         shards = [ShardEntry(str(s["key"]), int(s["bytes"]), str(s["sha256"])) for s in _need(raw, "shards", list, key)]
         chunks = [ChunkEntry(int(c["tensor"]), int(c["start"]), int(c["count"]), str(c["encoding"]),
-                             int(c["shard"]), int(c["offset"]), int(c["length"]), int(c["changed"]))
+                             int(c["shard"]), int(c["offset"]), int(c["length"]), int(c["changed"]),
+                             int(c["crc32"]))
                   for c in _need(raw, "chunks", list, key)]
         aliases = {str(a): str(n) for a, n in _need(raw, "aliases", dict, key).items()}
     except (KeyError, TypeError, ValueError) as exc:
@@ -177,9 +181,10 @@ def parse_manifest(data: bytes, key: str) -> Manifest:
     if m.digest != raw.get("digest") or m.key != key:
         raise ManifestError(f"{key}: its tensors hash to {m.digest[:16]}, not the digest it names")
     for i, c in enumerate(chunks):
-        if (c.encoding not in ENCODINGS or not 0 <= c.tensor < len(tensors) or not 0 <= c.shard < len(shards)
-                or c.start < 0 or c.count <= 0 or c.start + c.count > tensors[c.tensor].numel
-                or c.offset < 0 or c.length < 0 or c.offset + c.length > shards[c.shard].bytes):
+        placed = (c.length == 0 if c.encoding == "same" else 0 <= c.shard < len(shards) and c.offset >= 0
+                  and c.length >= 0 and c.offset + c.length <= shards[c.shard].bytes)
+        if (c.encoding not in ENCODINGS or not 0 <= c.tensor < len(tensors) or not placed
+                or c.start < 0 or c.count <= 0 or c.start + c.count > tensors[c.tensor].numel):
             raise ManifestError(f"{key}: chunk {i} is out of range")
     covered = [0] * len(tensors)
     for c in sorted(chunks, key=lambda c: (c.tensor, c.start)):

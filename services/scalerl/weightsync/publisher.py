@@ -83,19 +83,27 @@ class WeightPublisher:
         self.shard_bytes = shard_bytes
         self.parallel = parallel
         self.keep_last = keep_last
-        self._prev: dict[str, torch.Tensor] | None = None  # bits of the last version published (copies)
+        self._prev: list[torch.Tensor] | None = None  # bits of the last version published (copies)
         self._prev_manifest: Manifest | None = None
+        self._prev_tensors: dict[str, torch.Tensor] = {}  # the tensors `_prev` views
+        self._spare: dict[str, torch.Tensor] = {}  # the version before last's buffers, reused by `_prepare`
         self._since_snapshot = 0
         self.last: Manifest | None = None  # the manifest of the last version published
 
     # -- what goes out -----------------------------------------------------------------------------
     def _prepare(self, state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        """Detached CPU copies in the publish dtype (always copies: the model's tensors change in place)."""
+        """CPU copies in the publish dtype (copies: the model's tensors change in place), written into the
+        buffers of the version before last where they fit (no new memory to fault in every version)."""
         tensors, aliases = untie(state_dict)
+        spare, self._spare = self._spare, {}
         out = {}
-        for name, t in tensors.items():
-            dtype = self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
-            out[name] = t.detach().to(device="cpu", dtype=dtype, memory_format=torch.contiguous_format, copy=True)
+        with torch.no_grad():
+            for name, t in tensors.items():
+                dtype = self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
+                buf = spare.get(name)
+                if buf is None or buf.dtype != dtype or buf.shape != t.shape:
+                    buf = torch.empty(t.shape, dtype=dtype)
+                out[name] = buf.copy_(t.detach())
         return out, aliases
 
     def _want_snapshot(self, tensors: list[TensorEntry], requests: list[str]) -> str | None:
@@ -116,19 +124,21 @@ class WeightPublisher:
     def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> PolicyVersion:
         """Upload version `version` (see the module docstring); returns its announcement."""
         tensors, aliases = self._prepare(state_dict)
-        bits = {name: bits_of(t) for name, t in tensors.items()}
+        bits = [bits_of(t) for t in tensors.values()]
+        entries = [TensorEntry(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in tensors.items()]
+        chunks = [ChunkEntry(ti, start, count, "raw", 0, 0, 0, 0, 0) for ti, b in enumerate(bits)
+                  for start, count in chunk_ranges(b.numel(), b.element_size(), self.shard_bytes)]
         with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-publish") as pool:
-            crcs = list(pool.map(crc32, bits.values()))
-            entries = [TensorEntry(n, str(t.dtype).removeprefix("torch."), list(t.shape), c)
-                       for (n, t), c in zip(tensors.items(), crcs, strict=True)]
+            for c, crc in zip(chunks, pool.map(lambda c: crc32(bits[c.tensor][c.start:c.start + c.count]), chunks),
+                              strict=True):
+                c.crc32 = crc  # first: the digest, hence the version's key, names every chunk's CRC
             requests = self.store.list(REQUESTS)
             why = self._want_snapshot(entries, requests)
             kind = "delta" if why is None else "snapshot"
-            manifest = Manifest(version, kind, entries, aliases)
+            manifest = Manifest(version, kind, entries, aliases, chunks=chunks)
             if kind == "delta" and self._prev_manifest is not None:
                 manifest.base, manifest.base_digest = self._prev_manifest.key, self._prev_manifest.digest
-            prev = self._prev if kind == "delta" else None
-            self._upload(pool, manifest, bits, prev)
+            self._upload(pool, manifest, bits, self._prev if kind == "delta" else None)
         self.store.put_bytes(manifest.key, manifest.to_json())
         if kind == "snapshot":
             self._since_snapshot = 0
@@ -137,51 +147,52 @@ class WeightPublisher:
             log.info("weights v%d: snapshot (%s), %.1f MB", version, why, manifest.stored_bytes / 1e6)
         else:
             self._since_snapshot += 1
+        self._spare, self._prev_tensors = self._prev_tensors, tensors
         self._prev, self._prev_manifest, self.last = bits, manifest, manifest
         self.retain(version)
         return PolicyVersion(version=version, uri=self.store.uri(manifest.key), checksum=manifest.digest)
 
-    def _upload(self, pool: ThreadPoolExecutor, manifest: Manifest, bits: dict[str, torch.Tensor],
-                prev: dict[str, torch.Tensor] | None) -> None:
-        """Encode every chunk and upload the shards, `parallel` at a time; fills manifest.chunks/.shards."""
-        jobs: deque[tuple[int, int, int, Future[Encoded]]] = deque()
+    def _upload(self, pool: ThreadPoolExecutor, manifest: Manifest, bits: list[torch.Tensor],
+                prev: list[torch.Tensor] | None) -> None:
+        """Encode every chunk and upload the shards, `parallel` at a time; fills in the chunks' encoding and
+        place, and manifest.shards."""
+        jobs: deque[tuple[ChunkEntry, Future[Encoded]]] = deque()
         uploads: deque[Future[str]] = deque()
         parts: list[bytes] = []
         size = 0
 
         def flush() -> None:
             nonlocal parts, size
-            if not size and not parts:
+            if not parts:
                 return
-            index = len(manifest.shards)
             data = b"".join(parts)
             digest = hashlib.sha256(data).hexdigest()
-            key = shard_key(manifest.key, index)
+            key = shard_key(manifest.key, len(manifest.shards))
             manifest.shards.append(ShardEntry(key, len(data), digest))
             while len(uploads) >= self.parallel:
                 uploads.popleft().result()
             uploads.append(pool.submit(self.store.put_bytes, key, data, sha256=digest))
             parts, size = [], 0
 
-        def take(job: tuple[int, int, int, Future[Encoded]]) -> None:
+        def take(c: ChunkEntry, fut: Future[Encoded]) -> None:
             nonlocal size
-            ti, start, count, fut = job
             enc = fut.result()
             if size and size + len(enc.data) > self.shard_bytes:
                 flush()
-            manifest.chunks.append(ChunkEntry(ti, start, count, enc.encoding, len(manifest.shards), size,
-                                              len(enc.data), enc.changed))
-            parts.append(enc.data)
-            size += len(enc.data)
+            c.encoding, c.changed = enc.encoding, enc.changed
+            if enc.data:  # (a 'same' chunk has no place: shard 0, offset 0, length 0)
+                c.shard, c.offset, c.length = len(manifest.shards), size, len(enc.data)
+                parts.append(enc.data)
+                size += len(enc.data)
 
-        for ti, (name, b) in enumerate(bits.items()):
-            for start, count in chunk_ranges(b.numel(), b.element_size(), self.shard_bytes):
-                old = prev[name][start:start + count] if prev is not None else None
-                jobs.append((ti, start, count, pool.submit(encode, b[start:start + count], old)))
-                if len(jobs) >= self.parallel:
-                    take(jobs.popleft())
+        for c in manifest.chunks:
+            end = c.start + c.count
+            old = prev[c.tensor][c.start:end] if prev is not None else None
+            jobs.append((c, pool.submit(encode, bits[c.tensor][c.start:end], old)))
+            if len(jobs) >= self.parallel:
+                take(*jobs.popleft())
         while jobs:
-            take(jobs.popleft())
+            take(*jobs.popleft())
         flush()
         for u in uploads:
             u.result()

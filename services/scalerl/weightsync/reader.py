@@ -9,8 +9,8 @@ names sharing one tensor) built in the reader's resident copy (`shadow`):
 - each manifest's shards are downloaded `parallel` at a time; each is checked against the SHA-256 its
   manifest gives (a corrupt or missing shard is an error naming it) and decoded in place into the copy,
   so beside the copy at most `parallel` shards (and one chunk's decode buffers each) are in memory;
-- at the end every tensor's CRC-32 is checked against the target manifest: the copy is bit-identical to
-  the learner's weights in the published dtype, or the fetch fails.
+- every chunk's CRC-32 is checked as it is decoded (the chunks cover every tensor): the copy is
+  bit-identical to the learner's weights in the published dtype, or the fetch fails.
 
 When the version cannot be built (a shard or manifest of its chain is gone or corrupt), `fetch` raises
 `WeightsUnavailable` after asking the learner for a snapshot (`request_snapshot`), and the copy is marked
@@ -112,7 +112,6 @@ class WeightReader:
             try:
                 for m in self._chain(self.store.key_of(pv.uri)):
                     self._apply(m)
-                self._verify()
             except (StoreError, ManifestError, CodecError) as exc:
                 self.held = None
                 self.request_snapshot(f"cannot build version {pv.version}: {exc}")
@@ -155,34 +154,43 @@ class WeightReader:
         return chain[::-1]
 
     def _apply(self, m: Manifest) -> None:
-        """Apply one version to the copy (a snapshot replaces it; a delta needs its base held)."""
+        """Apply one version to the copy (a snapshot replaces it; a delta needs its base held). Shards are
+        downloaded `parallel` at a time; each chunk is decoded and its CRC-32 checked in parallel."""
         if m.kind == "delta" and (self.held is None or self.held.key != m.base):
             raise ManifestError(f"{m.key}: its base {m.base} is not the version held")
         self.held = None  # from here until the end the copy is half-built
         if m.kind == "snapshot":
             self._allocate(m)
+        views = [bits_of(self.shadow[t.name]) for t in m.tensors]
         by_shard: dict[int, list[int]] = {}
         for i, c in enumerate(m.chunks):
-            if c.encoding != "same":
-                by_shard.setdefault(c.shard, []).append(i)
-        views = [bits_of(self.shadow[t.name]) for t in m.tensors]
+            by_shard.setdefault(-1 if c.encoding == "same" else c.shard, []).append(i)
 
-        def one(si: int) -> int:
-            shard = m.shards[si]
-            data = self.store.get_bytes(shard.key, verify=False)
-            if len(data) != shard.bytes or hashlib.sha256(data).hexdigest() != shard.sha256:
-                raise StoreError(f"shard {shard.key} is corrupt: {len(data)} bytes, sha256 "
-                                 f"{hashlib.sha256(data).hexdigest()[:16]}…, expected {shard.bytes} bytes, "
-                                 f"{shard.sha256[:16]}…")
+        def chunk(i: int, data: memoryview) -> None:
+            c = m.chunks[i]
+            what = f"{m.key} chunk {i} ({m.tensors[c.tensor].name}[{c.start}:{c.start + c.count}])"
+            view = views[c.tensor][c.start:c.start + c.count]
+            decode_into(view, c.encoding, data[c.offset:c.offset + c.length], c.changed, what)
+            if crc32(view) != c.crc32:
+                raise CodecError(f"{what}: decodes to CRC-32 {crc32(view):08x}, the learner's is {c.crc32:08x}")
+
+        def shard(si: int, cpu: ThreadPoolExecutor) -> int:
+            data = b""
+            if si >= 0:
+                entry = m.shards[si]
+                data = self.store.get_bytes(entry.key, verify=False)
+                if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
+                    raise StoreError(f"shard {entry.key} is corrupt: {len(data)} bytes, sha256 "
+                                     f"{hashlib.sha256(data).hexdigest()[:16]}…, expected {entry.bytes} bytes, "
+                                     f"{entry.sha256[:16]}…")
             buf = memoryview(data)
-            for i in by_shard[si]:
-                c = m.chunks[i]
-                decode_into(views[c.tensor][c.start:c.start + c.count], c.encoding,
-                            buf[c.offset:c.offset + c.length], c.changed, f"{shard.key} chunk {i}")
+            for fut in [cpu.submit(chunk, i, buf) for i in by_shard[si]]:
+                fut.result()
             return len(data)
 
-        with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-fetch") as pool:
-            self.stats.bytes += sum(pool.map(one, sorted(by_shard)))
+        with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-decode") as cpu, \
+                ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-fetch") as io:
+            self.stats.bytes += sum(io.map(lambda si: shard(si, cpu), sorted(by_shard)))
         self.stats.applied += 1
         self.stats.snapshots += m.kind == "snapshot"
         self.held = m
@@ -197,17 +205,6 @@ class WeightReader:
             else:
                 fresh[t.name] = torch.empty(t.shape, dtype=DTYPES[t.dtype])
         self.shadow = fresh
-
-    def _verify(self) -> None:
-        """Every tensor's CRC-32 against the held manifest (CodecError naming the first that differs)."""
-        m = self.held
-        assert m is not None
-        with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-verify") as pool:
-            crcs = list(pool.map(lambda t: crc32(bits_of(self.shadow[t.name])), m.tensors))
-        for t, c in zip(m.tensors, crcs, strict=True):
-            if c != t.crc32:
-                raise CodecError(f"{m.key}: tensor {t.name!r} decodes to CRC-32 {c:08x}, the learner's is "
-                                 f"{t.crc32:08x}")
 
 
 def load_weights(store: Store, pv: PolicyVersion) -> dict[str, torch.Tensor]:
