@@ -5,7 +5,7 @@
 #               them (scripts/test_suite.sh; JUnit XML in build/)
 #   make install-vllm  build (once, cached in $$SCALERL_CACHE) the vLLM CPU environment; prints its python
 #               (make test runs the vLLM tests in it: build/junit-vllm.xml, build/junit-vllm-infra.xml)
-#   make bench  side-by-side speed ratios -> bench/results.json
+#   make bench  side-by-side speed ratios -> bench/results.json (make bench-chaos, make bench-weight-sync: one section)
 #   make lint   ruff + mypy + import-linter contracts
 #   make lock   re-resolve requirements/*.lock from pyproject.toml (after changing a dependency)
 #   make docs   regenerate the references from the code, build the documentation site into build/site
@@ -36,7 +36,7 @@ PYTEST_ARGS ?=
 RETRAIN_TESTS ?= tests/unit tests/e2e
 ALT_KERNELS = $(PY) -c "import torch; print('default' if torch.backends.cpu.get_cpu_capability() == 'AVX2' else 'avx2')"
 
-.PHONY: image install install-vllm lock-vllm test-vllm install-dev run test test-unit test-other-kernels lint typecheck bench bench-chaos crd protos lock docs \
+.PHONY: image install install-vllm lock-vllm test-vllm install-dev run test test-unit test-other-kernels lint typecheck bench bench-chaos bench-weight-sync crd protos lock docs \
         infra-up infra-build infra-down clean
 
 install: $(RUNTIME_STAMP)
@@ -120,8 +120,15 @@ bench: install-dev install-vllm infra-up
 	$(VLLM_RUN) bench/model_bench.py --out bench/results.json && \
 	$(VLLM_RUN) bench/bf16_head_bench.py --out bench/results.json && \
 	$(PY) bench/sandbox_bench.py --out bench/results.json && \
+	$(PY) bench/weight_sync_bench.py --out bench/results.json && \
 	$(PY) bench/forecast_calibration.py --runs 200 --jobs 2 --out bench/results.json && \
 	$(PY) bench/chaos_bench.py --out bench/results.json $(CHAOS_ARGS)
+
+# The weight_sync section alone (bench/weight_sync_bench.py: full and delta versions through MinIO, broadcast,
+# the loopback limit; tiny and SmolLM2, a few minutes), with the MinIO it needs.
+bench-weight-sync: install-dev
+	$(VENV_PATH) bash scripts/infra/up.sh minio
+	set -a; source build/infra.env; set +a; $(PY) bench/weight_sync_bench.py --out bench/results.json
 
 # The chaos section alone (bench/chaos_bench.py: distributed runs under seeded fault plans, >= 50 seeds,
 # about 2 minutes each on 2 cores); CHAOS_ARGS="--seeds 5" for a shorter look.

@@ -31,6 +31,7 @@ from scalerl.model.factory import model_vocab_size
 from scalerl.rpc.convert import decode_envelope
 from scalerl.runtime.launcher import LocalCluster
 from scalerl.store.factory import open_store
+from scalerl.weightsync.manifest import parse_key
 from scalerl.weightsync.reader import highest_version
 from sideport_client import side_get
 
@@ -39,9 +40,10 @@ pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 STEPS = 10
 
 
-# PipelineRL-2 over two partitions, a checkpoint every 4 steps (the learner is killed after step 4)
+# PipelineRL-2 over two partitions, a checkpoint every 4 steps (the learner is killed after step 4); weights
+# published in bf16 as deltas with a snapshot every 3 versions, so the kills meet chains of deltas
 RUN = {"steps": STEPS, "off_policy": {"mode": "pipeline", "k": 2}, "checkpoint_every": 4, "eval_every": 5,
-       "partitions": 2}
+       "partitions": 2, "weight_sync": {"dtype": "bfloat16", "snapshot_every": 3}}
 
 
 @pytest.fixture
@@ -119,6 +121,8 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, s3_env, unique
     origins = {r.headers["source_topic"].decode() for r in dlq}
     assert origins == {f"{unique}.rollouts", f"{unique}.scored"}
     _check_versions(bus, unique, before_kill, uploaded, steps, summary)
+    kinds = {v.kind for k in open_store(f"s3://{unique}/job").list("policy/") if (v := parse_key(k))}
+    assert kinds == {"snapshot", "delta"}, kinds  # the generators followed deltas through the kills
     bus.delete_topics([f"{unique}.{k}" for k in ("prompts", "rollouts", "scored", "policy", "metrics", "dlq")])
     bus.close()
 

@@ -127,7 +127,8 @@ FETCHER = textwrap.dedent("""
     from scalerl.weightsync.codec import crc32, bits_of
     from scalerl.weightsync.reader import WeightReader
 
-    url, pv_json, out, parallel, slow = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+    url, pv_json, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    parallel, slow = int(sys.argv[4]), float(sys.argv[5])
     store = open_store(url)
     if slow:  # slow downloads, so the test can kill this process in the middle of one version
         get = store.get_bytes

@@ -21,7 +21,6 @@ record on `policy` is skipped here (the curriculum dead-letters it).
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any
 
@@ -40,7 +39,7 @@ from scalerl.model.text import encode_prompt, end_ids, text_ids, think_close_spe
 from scalerl.store import Store
 from scalerl.telemetry.hops import hop
 from scalerl.weightsync.factory import make_reader
-from scalerl.weightsync.reader import WeightsUnavailable
+from scalerl.weightsync.prefetch import Prefetcher
 
 __all__ = ["GeneratorRole", "encode_prompt", "length_control"]
 
@@ -64,7 +63,8 @@ def batch_staleness(newest_announced: int, comps: list[Completion]) -> int:
     (0 for an empty batch): how far behind the learner the batch was when it left."""
     return max(0, newest_announced - min(c.min_version for c in comps)) if comps else 0
 
-log = logging.getLogger(__name__)
+WAIT_FOR_WEIGHTS_S = 600.0
+"""How long a generator waits between batches for an announced version being built (seconds)."""
 
 
 class GeneratorRole:
@@ -77,7 +77,8 @@ class GeneratorRole:
         self.bus = bus
         self.store = store
         self.weights = make_reader(spec, store)  # builds announced versions in a resident copy (weightsync)
-        self.weights_unavailable = 0  # announcements that could not be built (a snapshot was asked for)
+        self.prefetch = Prefetcher(self.weights, name=f"{generator_id}-weights")
+        self.offered: PolicyVersion | None = None  # the last announcement handed to the prefetcher
         self.topics = topics
         self.generator_id = generator_id
         self.group = group
@@ -105,8 +106,11 @@ class GeneratorRole:
         self.prompts.close()
         self.prompts = self.bus.consumer([self.topics.prompts], self.group)
 
-    def poll_policy(self, timeout_s: float = 0.0) -> tuple[int, dict[str, torch.Tensor]] | None:
-        """The current policy if it is not the loaded one (called between decode steps)."""
+    def poll_policy(self, timeout_s: float = 0.0, wait: bool = False) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The newest announced policy, once it is built and if it is not the loaded one (called between
+        decode steps; the caller loads what it returns before it polls again). The version is built in the
+        background while the engine generates (`weightsync.prefetch`); `wait`: wait for it (between batches)."""
+        self.prefetch.loaded()  # what the last poll returned has been loaded by now
         latest: PolicyVersion | None = None
         for rec in self.policy.poll(timeout_s=timeout_s):
             if isinstance(rec.value, PolicyVersion):
@@ -116,22 +120,24 @@ class GeneratorRole:
                 self.newest_announced = max(self.newest_announced, latest.version)
             else:
                 self.policy_skipped += 1
-        if latest is None or latest == self.loaded:
+        if latest is not None and latest != self.loaded and latest != self.offered:
+            self.prefetch.offer(latest)
+            self.offered = latest
+        built = self.prefetch.take(wait_s=WAIT_FOR_WEIGHTS_S if wait else 0.0)
+        if built is None:
             return None
-        try:
-            weights = self.weights.fetch(latest)
-        except WeightsUnavailable as exc:  # keep serving the loaded version; the next one will be a snapshot
-            self.weights_unavailable += 1
-            log.warning("%s: %s", self.generator_id, exc)
-            return None
-        self.loaded = latest
-        return latest.version, weights
+        self.loaded = built[0]
+        return built[0].version, built[1]
 
     def sync_policy(self) -> None:
         """Load the newest announced weights now (between batches)."""
-        update = self.poll_policy()
+        update = self.poll_policy(wait=True)
         if update is not None:
             self.engine.load_weights(update[1], update[0])
+
+    def close(self) -> None:
+        """Stop building weights in the background (the consumers are the caller's)."""
+        self.prefetch.close()
 
     def run_once(self, timeout_s: float = 0.0, in_flight: bool = True) -> int:
         """Generate one batch of up to `prompts_per_batch` prompts; returns prompts handled."""

@@ -203,6 +203,8 @@ class EmbeddedRun(TrainerHost):
         finally:
             bar.close()
             self._stop_workers()
+            for gen in self.generators:
+                gen.close()
         if last["step"] != self.learner.version:
             last = self._evaluate()
             self._checkpoint()

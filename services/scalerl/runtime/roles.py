@@ -212,6 +212,7 @@ class GeneratorService:
         self.close()
 
     def close(self) -> None:
+        self.role.close()
         self.role.prompts.close()
         self.role.policy.close()
         self.bus.flush()

@@ -81,12 +81,14 @@ _local = threading.local()
 def _compressor() -> zstandard.ZstdCompressor:
     if not hasattr(_local, "c"):  # one per thread: a compressor is not shared between threads
         _local.c, _local.d = zstandard.ZstdCompressor(level=_LEVEL), zstandard.ZstdDecompressor()
-    return _local.c
+    c: zstandard.ZstdCompressor = _local.c
+    return c
 
 
 def _decompressor() -> zstandard.ZstdDecompressor:
     _compressor()
-    return _local.d
+    d: zstandard.ZstdDecompressor = _local.d
+    return d
 
 
 def encode(new: torch.Tensor, old: torch.Tensor | None) -> Encoded:

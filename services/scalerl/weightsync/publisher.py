@@ -69,13 +69,14 @@ def chunk_ranges(numel: int, itemsize: int, shard_bytes: int) -> Iterator[tuple[
 
 class WeightPublisher:
     """Publishes versions into `store` (see the module docstring). `dtype`: the floating dtype versions are
-    published in (None: each tensor's own). `delta` False: every version is a snapshot."""
+    published in (None: each tensor's own). `delta` False: every version is a snapshot. `keep_last` 0: never
+    delete a version."""
 
     def __init__(self, store: Store, dtype: torch.dtype | None = None, *, delta: bool = True,
                  snapshot_every: int = 10, shard_bytes: int = DEFAULT_SHARD_BYTES, parallel: int = 4,
                  keep_last: int = 3) -> None:
-        if snapshot_every < 1 or shard_bytes < 1 or parallel < 1 or keep_last < 1:
-            raise ValueError("snapshot_every, shard_bytes, parallel and keep_last must be >= 1")
+        if snapshot_every < 1 or shard_bytes < 1 or parallel < 1 or keep_last < 0:
+            raise ValueError("snapshot_every, shard_bytes and parallel must be >= 1, keep_last >= 0")
         self.store = store
         self.dtype = dtype
         self.delta = delta
@@ -200,7 +201,9 @@ class WeightPublisher:
     # -- what may go -------------------------------------------------------------------------------
     def retain(self, newest: int) -> list[str]:
         """Delete the versions no reader needs: everything older than the newest snapshot that can still
-        rebuild each of the last `keep_last` versions. Returns the deleted version folders."""
+        rebuild each of the last `keep_last` versions (0: keep every version). Returns the deleted folders."""
+        if self.keep_last == 0:
+            return []
         listed = sorted((v for k in self.store.list(PREFIX) if (v := parse_key(k))), key=lambda v: v.version)
         keep_from = newest - self.keep_last + 1
         anchors = [v for v in listed if v.kind == "snapshot" and v.version <= keep_from]
