@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from scalerl.config import JobSpec, RuntimeConfig, SpecError, StopPolicyConfig, spec_from_dict
+from scalerl.config import JobSpec, RuntimeConfig, SpecError, StopPolicyConfig, WeightSyncConfig, spec_from_dict
 from scalerl_operator.api.autoscaling import GeneratorAutoscaling, VerifierAutoscaling
 from scalerl_operator.api.infra import BusSpec, RpcSpec, StoreSpec, TelemetrySpec
 from scalerl_operator.api.k8s_model import (
@@ -177,6 +177,26 @@ class StopPolicy(K8sModel):
         return StopPolicyConfig(min_gain=self.min_gain, target=self.target, level=self.level).model_dump()
 
 
+def _ws(field: str) -> str | None:
+    return WeightSyncConfig.model_fields[field].description
+
+
+class WeightSync(K8sModel):
+    """How policy versions reach the generators through the job's store (`JobSpec.runtime.weight_sync`, whose
+    fields these are in the RLJob's casing): a snapshot every snapshotEvery versions, deltas between."""
+
+    dtype: Literal["model", "bfloat16", "float16", "float32"] = Field("model", description=_ws("dtype"))
+    delta: bool = Field(True, description=_ws("delta"))
+    snapshot_every: int = Field(10, ge=1, le=10_000, description=_ws("snapshot_every"))
+    shard_mb: int = Field(32, ge=1, le=4096, description=_ws("shard_mb"))
+    parallel: int = Field(4, ge=1, le=64, description=_ws("parallel"))
+    keep_last: int = Field(3, ge=1, le=1000, description=_ws("keep_last"))
+
+    def to_config(self) -> WeightSyncConfig:
+        return WeightSyncConfig(dtype=self.dtype, delta=self.delta, snapshot_every=self.snapshot_every,
+                                shard_mb=self.shard_mb, parallel=self.parallel, keep_last=self.keep_last)
+
+
 class RLJobSpec(K8sModel):
     job: dict[str, Any] = Field(default_factory=dict, description=(
         "A scalerl JobSpec without name, runtime and stop_policy."))
@@ -199,6 +219,8 @@ class RLJobSpec(K8sModel):
     stop_policy: StopPolicy = Field(default_factory=StopPolicy, description=(
         "Stop early when an identified forecast says the rest of the budget adds less than minGain, or the "
         "ceiling stays below target (off by default)."))
+    weight_sync: WeightSync = Field(default_factory=WeightSync, description=(
+        "How policy versions reach the generators: published dtype, deltas, snapshots, shard size, parallelism."))
     roles: Roles = Field(default_factory=Roles)
     queue_name: Annotated[str, StringConstraints(max_length=63, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$")] = Field(
         "", description="Kueue LocalQueue: the operator queues the job there as one Workload (learner nodes and "

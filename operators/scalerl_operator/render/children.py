@@ -2,7 +2,7 @@
 
 For an RLJob named J (labels `app.kubernetes.io/{name,instance,component,managed-by}` and
 `scalerl.dev/job: J` on every object and pod):
-- ConfigMap `J-spec`: `job.yaml`, the full JobSpec (spec.job + name + runtime.bus/store/partitions/
+- ConfigMap `J-spec`: `job.yaml`, the full JobSpec (spec.job + name + runtime.bus/store/partitions/weight_sync/
   pool_file), and `pool.json`, the devices the job holds with these replicas (scalerl_operator.render.devices);
   it is not part of the spec hash, so a scale change rewrites it without rolling any pod;
 - Deployments `J-generator`, `J-verifier`, `J-curriculum`: `scalerl serve <role>` with gRPC on 50051
@@ -89,7 +89,8 @@ INIT = ["tini", "-g", "--"]  # PID 1 of every container: forwards SIGTERM, reaps
 def full_job_spec(name: str, namespace: str, spec: RLJobSpec) -> JobSpec:
     """The JobSpec the role processes run: spec.job + name + the runtime the cluster provides."""
     runtime = RuntimeConfig(bus=f"kafka://{spec.bus.bootstrap}", store=spec.store.uri, partitions=partitions(spec),
-                            bus_prefix=bus_prefix(name, namespace), pool_file=POOL_PATH)
+                            bus_prefix=bus_prefix(name, namespace), pool_file=POOL_PATH,
+                            weight_sync=spec.weight_sync.to_config())
     return spec.job_spec(name, runtime)
 
 

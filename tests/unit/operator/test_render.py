@@ -243,3 +243,14 @@ def test_unrealisable_specs_name_the_field(over: dict[str, Any], field: str) -> 
     assert unrealisable(make_spec()) is None
     problem = unrealisable(make_spec(**over))
     assert problem is not None and problem.startswith(f"{field}:")
+
+
+def test_spec_weight_sync_reaches_the_roles_job_yaml_and_bad_values_are_refused_by_name() -> None:
+    spec = make_spec(weightSync={"dtype": "bfloat16", "snapshotEvery": 3, "shardMb": 16})
+    cm = by_kind_name(render(JOB, NS, spec, desired_replicas(spec, live={}, remembered={})))[("ConfigMap", "j1-spec")]
+    ws = spec_from_dict(parse_job_yaml(cm["data"]["job.yaml"])).runtime.weight_sync
+    assert (ws.dtype, ws.snapshot_every, ws.shard_mb, ws.delta, ws.parallel) == ("bfloat16", 3, 16, True, 4)
+    with pytest.raises(Exception, match=r"spec\.weightSync\.snapshotEvery"):
+        make_spec(weightSync={"snapshotEvery": 0})
+    with pytest.raises(Exception, match=r"spec\.job\.runtime|runtime: not allowed"):
+        make_spec(job={"runtime": {"weight_sync": {"dtype": "bfloat16"}}})
