@@ -17,7 +17,8 @@ from scalerl.telemetry.steps import StepTimes
 
 # status() counter -> RoleMetrics counter attribute, per role
 _COUNTERS = {
-    "generator": {"tokens_generated": "tokens", "groups_generated": "groups_out", "prompts_consumed": "groups_in"},
+    "generator": {"tokens_generated": "tokens", "groups_generated": "groups_out", "prompts_consumed": "groups_in",
+                  "weights_bytes": "weights_bytes", "weights_unbuildable": "weights_unbuildable"},
     "verifier": {"groups_scored": "groups_out", "rollouts_consumed": "groups_in"},
     "learner": {"tokens_trained": "tokens", "groups_consumed": "groups_in", "versions_published": "groups_out"},
     "curriculum": {"prompts_issued": "groups_out", "scored_consumed": "groups_in"},
@@ -51,6 +52,8 @@ class StatusMetrics(RoleMetrics):
                 self.policy_version.set(float(s["policy_version"]))
             if "staleness_versions" in s:
                 self.staleness.set(float(s["staleness_versions"]))
+            if "weights_build_s" in s:
+                self.weights_build_seconds.set(float(s["weights_build_s"]))
             for code, n in s.get("dead_lettered", {}).items():
                 seen = f"dead_lettered/{code}"
                 delta = float(n) - self._seen.get(seen, 0.0)

@@ -118,6 +118,15 @@ class RoleMetrics:
                                      "(scalerl.bus.validate.REASON_CODES).", ["reason"], registry=r)
         self.ready = Gauge(f"{p}_ready", "1 while the role is ready (/readyz answers 200), else 0.",
                            registry=r)
+        if role == "generator":  # weight sync (scalerl.weightsync): what building each announced version cost
+            self.weights_bytes = Counter(f"{p}_weights_bytes", "Bytes of weight shards downloaded (snapshots "
+                                         "and deltas); rate() gives bytes/s.", registry=r)
+            self.weights_unbuildable = Counter(f"{p}_weights_unbuildable", "Announced versions that could not "
+                                               "be built from the store (a snapshot was asked for; the loaded "
+                                               "weights were kept).", registry=r)
+            self.weights_build_seconds = Gauge(f"{p}_weights_build_seconds", "Seconds the last announced "
+                                               "version took to build in the background (download, decode, "
+                                               "checksums), before its swap.", registry=r)
         # the learner's progress and its online sigmoid fit (dashboards, operator status)
         self.progress = ProgressGauges(p, r) if role == "learner" else None
 

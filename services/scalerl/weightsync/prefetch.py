@@ -37,6 +37,7 @@ class Prefetcher:
         self._thread: threading.Thread | None = None
         self.failures = 0  # announcements that could not be built
         self.fetch_seconds = 0.0  # of the last version built
+        self.bytes_total = 0  # shard bytes downloaded
 
     def offer(self, pv: PolicyVersion) -> None:
         """Build `pv` next (replaces an offered version not started yet)."""
@@ -90,6 +91,7 @@ class Prefetcher:
             try:
                 built = (pv, self.reader.fetch(pv))
                 self.fetch_seconds = time.perf_counter() - t0
+                self.bytes_total += self.reader.stats.bytes
             except WeightsUnavailable as exc:  # the engine keeps its weights; a snapshot has been asked for
                 self.failures += 1
                 log.warning("%s: %s", self.name, exc)

@@ -9,6 +9,7 @@ import torch
 
 from scalerl.store.local import LocalStore
 from scalerl.weightsync.codec import bits_of
+from scalerl.weightsync.manifest import parse_manifest
 from scalerl.weightsync.prefetch import Prefetcher
 from scalerl.weightsync.publisher import WeightPublisher
 from scalerl.weightsync.reader import WeightReader
@@ -40,6 +41,11 @@ def versions(store, n: int) -> tuple[list, list[dict[str, torch.Tensor]]]:
     return pvs, refs
 
 
+def _manifest(store, pv):
+    key = store.key_of(pv.uri)
+    return parse_manifest(store.get_bytes(key), key)
+
+
 def equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> bool:
     return all(torch.equal(bits_of(got[k]), bits_of(want[k])) for k in want)
 
@@ -68,7 +74,8 @@ def test_the_caller_never_waits_and_the_lent_copy_never_changes(tmp_path) -> Non
         pre.offer(pvs[2])
         got = pre.take(wait_s=30)
         assert got is not None and got[0] == pvs[2] and equal(got[1], refs[2])
-        assert pre.failures == 0
+        assert pre.failures == 0 and pre.fetch_seconds > 0
+        assert pre.bytes_total == sum(s.bytes for pv in pvs for s in _manifest(store, pv).shards)  # snapshot + 2 deltas
     finally:
         pre.close()
 
