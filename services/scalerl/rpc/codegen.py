@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import importlib.metadata
 import os
 import re
 import shutil
@@ -74,9 +75,20 @@ def proto_files(root: Path) -> list[Path]:
     return files
 
 
+def _grpc_version() -> str:
+    """The installed grpcio's version ("none" without it): generated stubs refuse to load under a grpcio
+    older than the grpcio-tools that wrote them (their GRPC_GENERATED_VERSION check)."""
+    try:
+        return importlib.metadata.version("grpcio")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
 def protos_digest(root: Path) -> str:
-    """sha256 over (relative path, contents) of every .proto, plus CODEGEN_VERSION."""
-    h = hashlib.sha256(f"scalerl-codegen-{CODEGEN_VERSION}\0".encode())
+    """sha256 over (relative path, contents) of every .proto, plus CODEGEN_VERSION and the installed grpcio's
+    version: stubs a build wrote with another grpcio-tools (pip's isolated build environment takes the newest)
+    are regenerated with this environment's, so they always load (a real node's Pods crashed on that)."""
+    h = hashlib.sha256(f"scalerl-codegen-{CODEGEN_VERSION}\0grpcio-{_grpc_version()}\0".encode())
     for f in proto_files(root):
         h.update(f.relative_to(root).as_posix().encode() + b"\0")
         h.update(f.read_bytes() + b"\0")

@@ -97,3 +97,14 @@ def test_concurrent_processes_generate_once(tmp_path: Path) -> None:
     assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outs]
     assert sorted(out.strip() for out, _ in outs) == ["False", "False", "True"]
     assert codegen.differences(gen, PROTOS) == []
+
+
+def test_stubs_written_under_another_grpcio_are_stale(monkeypatch) -> None:
+    """pip's isolated build took a newer grpcio-tools than the image's grpcio: those stubs refused to load in
+    every Pod. The stamp names the grpcio it was made under, so such stubs are regenerated here."""
+    here = codegen.protos_digest(PROTOS)
+    real = codegen.importlib.metadata.version
+    monkeypatch.setattr(codegen.importlib.metadata, "version",
+                        lambda name: "99.0.0" if name == "grpcio" else real(name))
+    assert codegen.protos_digest(PROTOS) != here
+    assert not codegen.is_current(codegen.default_gen_dir(), PROTOS)
