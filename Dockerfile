@@ -115,10 +115,12 @@ RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secre
     pip install --no-deps --target /opt/scalerl-app .
 # The gRPC/protobuf stubs are generated at build time: setup.py's build_py compiles protos/ into the
 # wheel, and codegen confirms them (regenerating if stale), so the non-root runtime never writes
-# into site-packages; the imports prove they load, with every dependency the extras need.
+# into site-packages; the imports prove they load (the gRPC stubs under the image's grpcio too), with every
+# dependency the extras need.
 ENV PATH=/opt/scalerl-app/bin:$PATH
 RUN python -m scalerl.rpc.codegen \
-    && python -c "import scalerl.rpc, scalerl_operator, scalerl.cli, kafka, minio, grpc, kopf, torch; print('scalerl image: imports ok')"
+    && python -c "import scalerl.rpc, scalerl_operator, scalerl.cli, kafka, minio, grpc, kopf, torch; \
+import scalerl.rpc.gen.scalerl.v1.services_pb2_grpc; print('scalerl image: imports ok')"
 
 # ---- runtime: the dependencies' stage (its layer shared, not copied: 6 GB on the CPU variant), the
 # package and a non-root user, nothing else (no source tree, no build files) -----------------------------
