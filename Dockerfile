@@ -108,11 +108,13 @@ COPY protos ./protos
 COPY services ./services
 COPY operators ./operators
 # A regular (non-editable) build of the package, its dependencies already in the venv (--no-deps), into
-# its own directory; the `scalerl` console script lands in /opt/scalerl-app/bin.
+# its own directory; the `scalerl` console script lands in /opt/scalerl-app/bin. Built with the venv's pinned
+# setuptools and grpcio-tools (--no-build-isolation): an isolated build takes the registry's newest
+# grpcio-tools, whose stubs the pinned grpcio refuses to load.
 # hadolint ignore=DL3013
 RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=ca \
     if [ -f /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
-    pip install --no-deps --target /opt/scalerl-app .
+    pip install --no-deps --no-build-isolation --target /opt/scalerl-app .
 # The gRPC/protobuf stubs are generated at build time: setup.py's build_py compiles protos/ into the
 # wheel, and codegen confirms them (regenerating if stale), so the non-root runtime never writes
 # into site-packages; the imports prove they load (the gRPC stubs under the image's grpcio too), with every

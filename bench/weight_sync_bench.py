@@ -132,8 +132,14 @@ class Learner:
         self.master = {k: v.detach().float().clone() if v.is_floating_point() else v.detach().clone()
                        for k, v in tensors.items()}
         self.master.update({alias: self.master[name] for alias, name in aliases.items()})  # still tied
+        self.aliases = aliases
         self.lr = lr
         self.g = torch.Generator().manual_seed(0)
+
+    def published(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The weights in `dtype`, each tied tensor once (as the publisher stores them)."""
+        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.master.items()
+                if k not in self.aliases}
 
     def step(self) -> None:
         for t in {id(t): t for t in self.master.values()}.values():
@@ -170,7 +176,8 @@ def bench_store_path(name: str, learner: Learner, engine: TorchEngine, store: S3
     assert publisher.last is not None
     changed = sum(c.changed for c in publisher.last.chunks) / sum(t.numel for t in publisher.last.tensors)
     return {"bytes": int(statistics.median(sizes)), "publish_to_swap_s": median_of(times),
-            "swap_peak_extra_mb": round(max(peaks), 1), "changed_fraction": round(changed, 5) if delta else 1.0}
+            "swap_peak_extra_mb": round(statistics.median(peaks), 1), "swap_peak_extra_mb_max": round(max(peaks), 1),
+            "changed_fraction": round(changed, 5) if delta else 1.0}
 
 
 def bench_one_object(learner: Learner, engine: TorchEngine, store: S3Store, dtype: torch.dtype,
@@ -184,14 +191,14 @@ def bench_one_object(learner: Learner, engine: TorchEngine, store: S3Store, dtyp
     for i in range(repeats + 1):
         learner.step()
         t0 = time.perf_counter()
-        tensors, _ = untie({k: v.to(dtype) if v.is_floating_point() else v for k, v in learner.master.items()})
+        tensors = learner.published(dtype)
         data = st_save(tensors)
         digest = hashlib.sha256(data).hexdigest()
         store.put_bytes(f"one/v{i}", data, sha256=digest)
         got = store.get_bytes(f"one/v{i}")
         assert hashlib.sha256(got).hexdigest() == digest
         loaded = st_load(got)
-        loaded.update({a: loaded[n] for a, n in untie(dict(learner.master))[1].items()})
+        loaded.update({a: loaded[n] for a, n in learner.aliases.items()})
         engine.load_weights(loaded, i + 1)
         times.append(time.perf_counter() - t0)
         size = len(data)
@@ -201,7 +208,7 @@ def bench_one_object(learner: Learner, engine: TorchEngine, store: S3Store, dtyp
 
 def bench_broadcast(learner: Learner, engine: TorchEngine, dtype: torch.dtype, repeats: int,
                     work: Path) -> dict[str, Any]:
-    state, _ = untie({k: v.to(dtype) if v.is_floating_point() else v for k, v in learner.master.items()})
+    state = learner.published(dtype)
     path = work / "state.pt"
     torch.save(state, path)
     proc, port, _ = start_learner_process(sys.executable, [path], rounds=repeats + 1)
@@ -273,7 +280,8 @@ def main() -> int:
                              "version (median)",
         "loopback_copy_s": "seconds to copy one full version's bytes over a 127.0.0.1 TCP socket (median)",
         "minio_object_copy_s": "seconds to PUT then GET one MinIO object of one full version's bytes (median)",
-        "swap_peak_extra_mb": "MB of the generator's peak resident memory during fetch + swap above before it",
+        "swap_peak_extra_mb": "MB of the generator's peak resident memory during fetch + swap above before it "
+                              "(median over versions; _max: the largest, the first swap's allocator growth)",
     }, "machine": f"{os.cpu_count()} CPUs"}
     with tempfile.TemporaryDirectory(prefix="scalerl-ws-bench-") as work:
         for key in args.models.split(","):

@@ -180,7 +180,7 @@ def test_variants_install_the_right_extras(dockerfile: tuple[dict[str, str], lis
     assert copies(cpu) == [["requirements/runtime.lock", "/tmp/runtime.lock"]]
     assert copies(gpu) == [["pyproject.toml", "/tmp/pyproject.toml"]]
     # the package alone, no dependencies, into its own directory; the venv finds it through a .pth file
-    assert any("pip install --no-deps --target /opt/scalerl-app ." in r for r in build_runs)
+    assert any("pip install --no-deps --no-build-isolation --target /opt/scalerl-app ." in r for r in build_runs)
     assert all("echo /opt/scalerl-app >" in r and "scalerl-app.pth" in r for r in (cpu_install, gpu_install))
     # pip's downloads stay in a build cache mount, never in a layer; an optional CA bundle arrives as a
     # build secret (never in a layer either) on every RUN that reaches the package index

@@ -25,6 +25,7 @@ Choices:
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
 import hashlib
 import importlib.metadata
@@ -198,7 +199,12 @@ def ensure_generated(gen_dir: Path | None = None, root: Path | None = None, *, f
         try:
             generate(tmp, root)
             if gen_dir.exists():
-                gen_dir.rename(old)
+                try:
+                    gen_dir.rename(old)
+                except OSError as exc:  # a folder of a lower overlay layer (an image build) cannot be renamed
+                    if exc.errno != errno.EXDEV:
+                        raise
+                    shutil.rmtree(gen_dir)
             tmp.rename(gen_dir)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
