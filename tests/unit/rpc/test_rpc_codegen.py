@@ -108,3 +108,23 @@ def test_stubs_written_under_another_grpcio_are_stale(monkeypatch) -> None:
                         lambda name: "99.0.0" if name == "grpcio" else real(name))
     assert codegen.protos_digest(PROTOS) != here
     assert not codegen.is_current(codegen.default_gen_dir(), PROTOS)
+
+
+def test_stale_stubs_in_a_lower_image_layer_are_replaced(tmp_path, monkeypatch) -> None:
+    """In an image build the stubs' folder sits in a lower overlay layer, which cannot be renamed (EXDEV)."""
+    import errno
+    import pathlib
+
+    gen = tmp_path / "gen"
+    codegen.generate(gen, PROTOS)
+    (gen / codegen.STAMP_NAME).write_text("stale\n")
+    real_rename = pathlib.Path.rename
+
+    def rename(self, target):  # type: ignore[no-untyped-def]
+        if self == gen:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(pathlib.Path, "rename", rename)
+    assert codegen.ensure_generated(gen, PROTOS) is True
+    assert codegen.is_current(gen, PROTOS)
