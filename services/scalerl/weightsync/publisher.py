@@ -141,16 +141,19 @@ class WeightPublisher:
                 manifest.base, manifest.base_digest = self._prev_manifest.key, self._prev_manifest.digest
             self._upload(pool, manifest, bits, self._prev if kind == "delta" else None)
         self.store.put_bytes(manifest.key, manifest.to_json())
-        if kind == "snapshot":
-            self._since_snapshot = 0
-            for r in requests:
-                self.store.delete(r)
-            log.info("weights v%d: snapshot (%s), %.1f MB", version, why, manifest.stored_bytes / 1e6)
-        else:
-            self._since_snapshot += 1
+        # Published. From here nothing may fail the call: a caller that retries a failed publish must find
+        # this publisher as it was before it (the state changes only now, and the clean-up is best effort).
+        self._since_snapshot = 0 if kind == "snapshot" else self._since_snapshot + 1
         self._spare, self._prev_tensors = self._prev_tensors, tensors
         self._prev, self._prev_manifest, self.last = bits, manifest, manifest
-        self.retain(version)
+        if kind == "snapshot":
+            log.info("weights v%d: snapshot (%s), %.1f MB", version, why, manifest.stored_bytes / 1e6)
+        try:
+            for r in requests if kind == "snapshot" else []:
+                self.store.delete(r)
+            self.retain(version)
+        except Exception as exc:  # what is left is deleted after a later version
+            log.warning("weights v%d: clean-up of the store failed: %s", version, exc)
         return PolicyVersion(version=version, uri=self.store.uri(manifest.key), checksum=manifest.digest)
 
     def _upload(self, pool: ThreadPoolExecutor, manifest: Manifest, bits: list[torch.Tensor],

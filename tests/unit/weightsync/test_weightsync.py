@@ -169,3 +169,34 @@ def test_publish_weights_keeps_each_tensor_dtype_and_can_be_read_back(tmp_path) 
     sd = {"w": torch.randn(5, 3), "h": torch.randn(4).to(torch.bfloat16), "n": torch.tensor([1, 2])}
     pv = publish_weights(store, 3, sd)
     assert_bits_equal(load_weights(store, pv), sd)
+
+
+class FlakyStore(LocalStore):
+    """A store whose next `fail_puts` shard uploads fail and whose deletes always fail."""
+
+    fail_puts = 0
+
+    def put_bytes(self, key, data, *, sha256=None):  # type: ignore[no-untyped-def]
+        if "shard-" in key and self.fail_puts:
+            self.fail_puts -= 1
+            raise OSError("connection reset")
+        return super().put_bytes(key, data, sha256=sha256)
+
+    def delete(self, key: str) -> None:
+        raise OSError("delete refused")
+
+
+def test_a_failed_publish_can_be_retried_and_a_failed_clean_up_does_not_fail_it(tmp_path) -> None:
+    store = FlakyStore(tmp_path)
+    pub = WeightPublisher(store, torch.bfloat16, shard_bytes=4096, keep_last=1, snapshot_every=2)
+    learner = FakeLearner()
+    reader = WeightReader(store)
+    for v in range(1, 6):  # from snapshot 3 on, retention deletes: the deletes fail, the versions still publish
+        learner.step()
+        store.fail_puts = 1 if v == 3 else 0
+        if v == 3:
+            with pytest.raises(OSError, match="connection reset"):
+                pub.publish(v, learner.state())
+        pv = pub.publish(v, learner.state())  # the retry: the publisher is as it was before the failed call
+        assert_bits_equal(reader.fetch(pv), learner.expected(torch.bfloat16))
+        assert pub.last is not None and pub.last.kind == ("snapshot" if v % 2 else "delta")
