@@ -334,6 +334,9 @@ class WeightSyncConfig(_Strict):
         "copy of the weights)."))
     keep_last: int = Field(3, ge=1, le=1000, description=(
         "Versions kept buildable in the store (with the snapshot they start from); older ones are deleted."))
+    prefetch: bool = Field(True, description=(
+        "Generators build each announced version in a background thread while they generate and swap it in "
+        "once built; false: they build it at the decode step that sees the announcement, generation paused."))
 
 
 class RuntimeConfig(_Strict):

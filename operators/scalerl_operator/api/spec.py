@@ -191,10 +191,12 @@ class WeightSync(K8sModel):
     shard_mb: int = Field(32, ge=1, le=4096, description=_ws("shard_mb"))
     parallel: int = Field(4, ge=1, le=64, description=_ws("parallel"))
     keep_last: int = Field(3, ge=1, le=1000, description=_ws("keep_last"))
+    prefetch: bool = Field(True, description=_ws("prefetch"))
 
     def to_config(self) -> WeightSyncConfig:
         return WeightSyncConfig(dtype=self.dtype, delta=self.delta, snapshot_every=self.snapshot_every,
-                                shard_mb=self.shard_mb, parallel=self.parallel, keep_last=self.keep_last)
+                                shard_mb=self.shard_mb, parallel=self.parallel, keep_last=self.keep_last,
+                                prefetch=self.prefetch)
 
 
 class RLJobSpec(K8sModel):

@@ -21,6 +21,7 @@ record on `policy` is skipped here (the curriculum dead-letters it).
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -40,6 +41,7 @@ from scalerl.store import Store
 from scalerl.telemetry.hops import hop
 from scalerl.weightsync.factory import make_reader
 from scalerl.weightsync.prefetch import Prefetcher
+from scalerl.weightsync.reader import WeightsUnavailable
 
 __all__ = ["GeneratorRole", "encode_prompt", "length_control"]
 
@@ -63,6 +65,8 @@ def batch_staleness(newest_announced: int, comps: list[Completion]) -> int:
     (0 for an empty batch): how far behind the learner the batch was when it left."""
     return max(0, newest_announced - min(c.min_version for c in comps)) if comps else 0
 
+log = logging.getLogger(__name__)
+
 WAIT_FOR_WEIGHTS_S = 600.0
 """How long a generator waits between batches for an announced version being built (seconds)."""
 
@@ -77,8 +81,12 @@ class GeneratorRole:
         self.bus = bus
         self.store = store
         self.weights = make_reader(spec, store)  # builds announced versions in a resident copy (weightsync)
-        self.prefetch = Prefetcher(self.weights, name=f"{generator_id}-weights")
-        self.offered: PolicyVersion | None = None  # the last announcement handed to the prefetcher
+        self.prefetch = (Prefetcher(self.weights, name=f"{generator_id}-weights")
+                         if spec.runtime.weight_sync.prefetch else None)
+        self.offered: PolicyVersion | None = None  # the last announcement fetched or handed to the prefetcher
+        self.weights_bytes = 0  # (without the prefetcher: its counters otherwise)
+        self.weights_unbuildable = 0
+        self.weights_build_s = 0.0
         self.topics = topics
         self.generator_id = generator_id
         self.group = group
@@ -107,10 +115,12 @@ class GeneratorRole:
         self.prompts = self.bus.consumer([self.topics.prompts], self.group)
 
     def poll_policy(self, timeout_s: float = 0.0, wait: bool = False) -> tuple[int, dict[str, torch.Tensor]] | None:
-        """The newest announced policy, once it is built and if it is not the loaded one (called between
-        decode steps; the caller loads what it returns before it polls again). The version is built in the
-        background while the engine generates (`weightsync.prefetch`); `wait`: wait for it (between batches)."""
-        self.prefetch.loaded()  # what the last poll returned has been loaded by now
+        """The newest announced policy if it is not the loaded one (called between decode steps; the caller
+        loads what it returns before it polls again). Built at once from the store (`weightsync`), or, with
+        `runtime.weight_sync.prefetch`, in the background while the engine generates (`weightsync.prefetch`:
+        returned once built; `wait`: wait for it, between batches)."""
+        if self.prefetch is not None:
+            self.prefetch.loaded()  # what the last poll returned has been loaded by now
         latest: PolicyVersion | None = None
         for rec in self.policy.poll(timeout_s=timeout_s):
             if isinstance(rec.value, PolicyVersion):
@@ -120,7 +130,22 @@ class GeneratorRole:
                 self.newest_announced = max(self.newest_announced, latest.version)
             else:
                 self.policy_skipped += 1
-        if latest is not None and latest != self.loaded and latest != self.offered:
+        fresh = latest is not None and latest != self.loaded and latest != self.offered
+        if self.prefetch is None:
+            if not fresh or latest is None:
+                return None
+            self.offered = latest
+            try:
+                weights = self.weights.fetch(latest)
+            except WeightsUnavailable as exc:  # keep serving the loaded version; the next one will be a snapshot
+                self.weights_unbuildable += 1
+                log.warning("%s: %s", self.generator_id, exc)
+                return None
+            self.weights_bytes += self.weights.stats.bytes
+            self.weights_build_s = self.weights.stats.seconds
+            self.loaded = latest
+            return latest.version, weights
+        if fresh and latest is not None:
             self.prefetch.offer(latest)
             self.offered = latest
         built = self.prefetch.take(wait_s=WAIT_FOR_WEIGHTS_S if wait else 0.0)
@@ -128,6 +153,14 @@ class GeneratorRole:
             return None
         self.loaded = built[0]
         return built[0].version, built[1]
+
+    def weight_counters(self) -> dict[str, float]:
+        """Bytes of shards downloaded, versions that could not be built, seconds the last build took."""
+        if self.prefetch is not None:
+            return {"weights_bytes": self.prefetch.bytes_total, "weights_unbuildable": self.prefetch.failures,
+                    "weights_build_s": self.prefetch.fetch_seconds}
+        return {"weights_bytes": self.weights_bytes, "weights_unbuildable": self.weights_unbuildable,
+                "weights_build_s": self.weights_build_s}
 
     def sync_policy(self) -> None:
         """Load the newest announced weights now (between batches)."""
@@ -137,7 +170,8 @@ class GeneratorRole:
 
     def close(self) -> None:
         """Stop building weights in the background (the consumers are the caller's)."""
-        self.prefetch.close()
+        if self.prefetch is not None:
+            self.prefetch.close()
 
     def run_once(self, timeout_s: float = 0.0, in_flight: bool = True) -> int:
         """Generate one batch of up to `prompts_per_batch` prompts; returns prompts handled."""

@@ -189,9 +189,7 @@ class GeneratorService:
                 "groups_generated": self.role.groups_out, "prompts_consumed": self.prompts_consumed,
                 "staleness_versions": self.role.staleness,
                 "swaps_in_flight": self.engine.swaps_in_flight,
-                "weights_bytes": self.role.prefetch.bytes_total,
-                "weights_unbuildable": self.role.prefetch.failures,
-                "weights_build_s": self.role.prefetch.fetch_seconds,
+                **self.role.weight_counters(),
                 "dead_lettered": dict(self.role.dead.counts),
                 "lag": input_lag(self.bus, self.role.group, self.topics.prompts)}
 
