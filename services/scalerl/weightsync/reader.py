@@ -45,6 +45,7 @@ from scalerl.weightsync.manifest import (
     parse_key,
     parse_manifest,
 )
+from scalerl.weightsync.publisher import in_pool
 
 log = logging.getLogger(__name__)
 _CHECKSUM_HEX = frozenset("0123456789abcdef")
@@ -184,8 +185,8 @@ class WeightReader:
                                      f"{hashlib.sha256(data).hexdigest()[:16]}…, expected {entry.bytes} bytes, "
                                      f"{entry.sha256[:16]}…")
             buf = memoryview(data)
-            for fut in [cpu.submit(chunk, i, buf) for i in by_shard[si]]:
-                fut.result()
+            in_pool(cpu, lambda i: chunk(i, buf), by_shard[si],
+                    lambda i: m.chunks[i].count * views[m.chunks[i].tensor].element_size())
             return len(data)
 
         with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-decode") as cpu, \
