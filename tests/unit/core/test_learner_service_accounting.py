@@ -255,7 +255,7 @@ def test_a_learner_outlived_by_its_replacement_is_fenced(job, tokenizer, tiny_mo
                               open_store(ctx().store_url), TopicNames.of(spec),
                               Limits(vocab_size=10_000, group_size=spec.generation.group_size,
                                      max_completion_tokens=10_000), group="job.generators")
-    assert generator.poll_policy() is not None
+    assert generator.poll_policy(wait=True) is not None  # (built in the background: wait for it)
     assert generator.loaded == new.announced and generator.fence.fenced == 1  # not the zombie's, announced last
     new.close()
 
