@@ -84,9 +84,6 @@ class GeneratorRole:
         self.prefetch = (Prefetcher(self.weights, name=f"{generator_id}-weights")
                          if spec.runtime.weight_sync.prefetch else None)
         self.offered: PolicyVersion | None = None  # the last announcement fetched or handed to the prefetcher
-        self.weights_bytes = 0  # (without the prefetcher: its counters otherwise)
-        self.weights_unbuildable = 0
-        self.weights_build_s = 0.0
         self.topics = topics
         self.generator_id = generator_id
         self.group = group
@@ -130,24 +127,21 @@ class GeneratorRole:
                 self.newest_announced = max(self.newest_announced, latest.version)
             else:
                 self.policy_skipped += 1
-        fresh = latest is not None and latest != self.loaded and latest != self.offered
+        fresh = latest if latest is not None and latest not in (self.loaded, self.offered) else None
         if self.prefetch is None:
-            if not fresh or latest is None:
+            if fresh is None:
                 return None
-            self.offered = latest
+            self.offered = fresh
             try:
-                weights = self.weights.fetch(latest)
+                weights = self.weights.fetch(fresh)
             except WeightsUnavailable as exc:  # keep serving the loaded version; the next one will be a snapshot
-                self.weights_unbuildable += 1
                 log.warning("%s: %s", self.generator_id, exc)
                 return None
-            self.weights_bytes += self.weights.stats.bytes
-            self.weights_build_s = self.weights.stats.seconds
-            self.loaded = latest
-            return latest.version, weights
-        if fresh and latest is not None:
-            self.prefetch.offer(latest)
-            self.offered = latest
+            self.loaded = fresh
+            return fresh.version, weights
+        if fresh is not None:
+            self.prefetch.offer(fresh)
+            self.offered = fresh
         built = self.prefetch.take(wait_s=WAIT_FOR_WEIGHTS_S if wait else 0.0)
         if built is None:
             return None
@@ -156,11 +150,8 @@ class GeneratorRole:
 
     def weight_counters(self) -> dict[str, float]:
         """Bytes of shards downloaded, versions that could not be built, seconds the last build took."""
-        if self.prefetch is not None:
-            return {"weights_bytes": self.prefetch.bytes_total, "weights_unbuildable": self.prefetch.failures,
-                    "weights_build_s": self.prefetch.fetch_seconds}
-        return {"weights_bytes": self.weights_bytes, "weights_unbuildable": self.weights_unbuildable,
-                "weights_build_s": self.weights_build_s}
+        w = self.weights
+        return {"weights_bytes": w.bytes_total, "weights_unbuildable": w.unbuildable, "weights_build_s": w.last_seconds}
 
     def sync_policy(self) -> None:
         """Load the newest announced weights now (between batches)."""

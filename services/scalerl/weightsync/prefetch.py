@@ -35,9 +35,7 @@ class Prefetcher:
         self._busy = False
         self._closed = False
         self._thread: threading.Thread | None = None
-        self.failures = 0  # announcements that could not be built
-        self.fetch_seconds = 0.0  # of the last version built
-        self.bytes_total = 0  # shard bytes downloaded
+        self.failures = 0  # builds that raised something other than WeightsUnavailable (the reader counts those)
 
     def offer(self, pv: PolicyVersion) -> None:
         """Build `pv` next (replaces an offered version not started yet)."""
@@ -87,13 +85,9 @@ class Prefetcher:
                 pv, self._want, self._busy = self._want, None, True
             assert pv is not None
             built: tuple[PolicyVersion, dict[str, torch.Tensor]] | None = None
-            t0 = time.perf_counter()
             try:
                 built = (pv, self.reader.fetch(pv))
-                self.fetch_seconds = time.perf_counter() - t0
-                self.bytes_total += self.reader.stats.bytes
             except WeightsUnavailable as exc:  # the engine keeps its weights; a snapshot has been asked for
-                self.failures += 1
                 log.warning("%s: %s", self.name, exc)
             except Exception:  # a worker thread must not die silently: logged, then the next version
                 self.failures += 1

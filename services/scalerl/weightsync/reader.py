@@ -100,6 +100,9 @@ class WeightReader:
         self.shadow: dict[str, torch.Tensor] = {}  # the resident copy (stored names only)
         self.held: Manifest | None = None  # the version the copy holds (None: nothing usable)
         self.stats = FetchStats()
+        self.bytes_total = 0  # shard bytes downloaded over every fetch
+        self.unbuildable = 0  # announcements that could not be built
+        self.last_seconds = 0.0  # the last successful build
 
     # -- public ------------------------------------------------------------------------------------
     def fetch(self, pv: PolicyVersion) -> dict[str, torch.Tensor]:
@@ -115,10 +118,12 @@ class WeightReader:
                     self._apply(m)
             except (StoreError, ManifestError, CodecError) as exc:
                 self.held = None
+                self.unbuildable += 1
                 self.request_snapshot(f"cannot build version {pv.version}: {exc}")
                 raise WeightsUnavailable(f"version {pv.version} cannot be built from the store: {exc}; "
                                          "asked the learner for a snapshot") from exc
-        self.stats.seconds = time.perf_counter() - t0
+        self.stats.seconds = self.last_seconds = time.perf_counter() - t0
+        self.bytes_total += self.stats.bytes
         return self.state_dict()
 
     def state_dict(self) -> dict[str, torch.Tensor]:

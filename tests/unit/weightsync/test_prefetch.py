@@ -74,8 +74,9 @@ def test_the_caller_never_waits_and_the_lent_copy_never_changes(tmp_path) -> Non
         pre.offer(pvs[2])
         got = pre.take(wait_s=30)
         assert got is not None and got[0] == pvs[2] and equal(got[1], refs[2])
-        assert pre.failures == 0 and pre.fetch_seconds > 0
-        assert pre.bytes_total == sum(s.bytes for pv in pvs for s in _manifest(store, pv).shards)  # snapshot + 2 deltas
+        assert pre.reader.unbuildable == 0 and pre.reader.last_seconds > 0
+        # a snapshot and two deltas
+        assert pre.reader.bytes_total == sum(s.bytes for pv in pvs for s in _manifest(store, pv).shards)
     finally:
         pre.close()
 
@@ -89,9 +90,9 @@ def test_a_version_that_cannot_be_built_is_dropped_and_the_next_one_builds(tmp_p
     pre = Prefetcher(WeightReader(store))
     try:
         pre.offer(pvs[0])
-        assert pre.take(wait_s=30) is None and pre.failures == 1
+        assert pre.take(wait_s=30) is None and pre.reader.unbuildable == 1
         pre.offer(pvs[1])  # a delta on the lost snapshot: also unbuildable until a new snapshot comes
-        assert pre.take(wait_s=30) is None and pre.failures == 2
+        assert pre.take(wait_s=30) is None and pre.reader.unbuildable == 2
         assert store.list("policy/requests/")
         w = {"a": torch.ones(64, 64), "b": torch.zeros(300)}
         pv3 = WeightPublisher(store, torch.bfloat16, shard_bytes=4096).publish(3, w)  # the snapshot asked for
