@@ -20,9 +20,8 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
 
 import torch
 
@@ -40,10 +39,9 @@ from scalerl.weightsync.manifest import (
     parse_key,
     shard_key,
 )
+from scalerl.weightsync.pool import INLINE_BYTES, in_pool
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-R = TypeVar("R")
 
 DEFAULT_SHARD_BYTES = 32 * 1024**2
 
@@ -62,17 +60,6 @@ def untie(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], di
             kept[key] = name
             out[name] = t
     return out, aliases
-
-
-INLINE_BYTES = 1 << 20
-"""Chunks smaller than this are encoded and checksummed in the calling thread (a model of many small tensors
-spends more on thread hand-offs than on the work: 45 ms per version of the 3.5 MB tiny model)."""
-
-
-def in_pool(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: list[T], size: Callable[[T], int]) -> list[R]:
-    """`[fn(x) for x in items]`, the items of at least INLINE_BYTES in `pool`, the others in this thread."""
-    futures = {i: pool.submit(fn, x) for i, x in enumerate(items) if size(x) >= INLINE_BYTES}
-    return [futures[i].result() if i in futures else fn(x) for i, x in enumerate(items)]
 
 
 def chunk_ranges(numel: int, itemsize: int, shard_bytes: int) -> Iterator[tuple[int, int]]:

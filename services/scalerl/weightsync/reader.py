@@ -45,7 +45,7 @@ from scalerl.weightsync.manifest import (
     parse_key,
     parse_manifest,
 )
-from scalerl.weightsync.publisher import in_pool
+from scalerl.weightsync.pool import in_pool
 
 log = logging.getLogger(__name__)
 _CHECKSUM_HEX = frozenset("0123456789abcdef")
