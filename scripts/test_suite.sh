@@ -53,7 +53,7 @@ if [[ "${1:-}" == --prebuild ]]; then
     exit 0
 fi
 : "${PY:?PY: the project environment's python}" "${VLLM_PY:?VLLM_PY: the vLLM environment's python}"
-: "${ALT_KERNELS:?ALT_KERNELS: avx2 or default}" "${RETRAIN_TESTS:=tests/unit tests/e2e}"
+: "${ALT_KERNELS:?ALT_KERNELS: avx2 or default}" "${RETRAIN_TESTS:?RETRAIN_TESTS: the folders of the tests that train}"
 read -r -a extra <<<"${PYTEST_ARGS:-}"
 read -r -a retrain <<<"$RETRAIN_TESTS"
 T0=$SECONDS
