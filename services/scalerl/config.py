@@ -316,6 +316,29 @@ class RoleDevices(_Strict):
     curriculum: int = Field(0, ge=0, le=1024, description="Devices of the curriculum process/pod (CPU role: 0).")
 
 
+class WeightBroadcastConfig(_Strict):
+    """The broadcast path (scalerl.weightsync.broadcast): the learner also pushes each version's shards to the
+    generators that joined its group over torch.distributed, before announcing it; they use those bytes in
+    place of downloads (checked against the store's manifest). The store stays the fallback: a generator
+    outside the group, or one that misses a transfer, pulls from it."""
+
+    enabled: bool = Field(False, description="Push each version to the generators' group as well as to the store.")
+    address: str = Field("127.0.0.1", min_length=1, max_length=253,
+                         pattern=r"^[A-Za-z0-9]([A-Za-z0-9.:-]*[A-Za-z0-9])?$", description=(
+                             "Where generators reach the learner's rendezvous: a host name or IP address (the "
+                             "operator sets the learner's Service)."))
+    port: int = Field(29650, ge=1, le=65535, description="The learner's rendezvous port (TCP).")
+    generators: int = Field(0, ge=0, le=4096, description=(
+        "The fixed pool: a group forms once this many generators have joined; 0 = whoever has joined when no one "
+        "has joined for a second. Later joiners enter the next group, formed between two versions."))
+    timeout_s: float = Field(30.0, gt=0, le=3600, description=(
+        "Longest wait of any one step of a transfer (members ready, the bytes, members done) and of forming a "
+        "group; a member that misses it is named in the learner's log and metrics and the version goes through "
+        "the store."))
+    backend: Literal["gloo", "nccl"] = Field("gloo", description=(
+        "torch.distributed backend: gloo (CPU tensors) or nccl (the bytes on GPUs at both ends)."))
+
+
 class WeightSyncConfig(_Strict):
     """How each policy version travels from the learner to the generators through the store
     (scalerl.weightsync): a manifest plus shards, a snapshot every `snapshot_every` versions and sparse
@@ -337,6 +360,8 @@ class WeightSyncConfig(_Strict):
     prefetch: bool = Field(True, description=(
         "Generators build each announced version in a background thread while they generate and swap it in "
         "once built; false: they build it at the decode step that sees the announcement, generation paused."))
+    broadcast: WeightBroadcastConfig = Field(default_factory=WeightBroadcastConfig, description=(
+        "Also push each version to the generators over torch.distributed (the store stays the fallback)."))
 
 
 class RuntimeConfig(_Strict):

@@ -39,7 +39,7 @@ from scalerl.messages import Completion, PolicyVersion, PromptTask, RolloutGroup
 from scalerl.model.text import encode_prompt, end_ids, text_ids, think_close_spellings
 from scalerl.store import Store
 from scalerl.telemetry.hops import hop
-from scalerl.weightsync.factory import make_reader
+from scalerl.weightsync.factory import make_reader, make_receiver
 from scalerl.weightsync.prefetch import Prefetcher
 from scalerl.weightsync.reader import WeightsUnavailable
 
@@ -83,6 +83,8 @@ class GeneratorRole:
         self.weights = make_reader(spec, store)  # builds announced versions in a resident copy (weightsync)
         self.prefetch = (Prefetcher(self.weights, name=f"{generator_id}-weights")
                          if spec.runtime.weight_sync.prefetch else None)
+        # runtime.weight_sync.broadcast: shards pushed by the learner land in the reader's inbox
+        self.receiver = make_receiver(spec, generator_id, self.weights)
         self.offered: PolicyVersion | None = None  # the last announcement fetched or handed to the prefetcher
         self.topics = topics
         self.generator_id = generator_id
@@ -149,9 +151,14 @@ class GeneratorRole:
         return built[0].version, built[1]
 
     def weight_counters(self) -> dict[str, float]:
-        """Bytes of shards downloaded, versions that could not be built, seconds the last build took."""
+        """Bytes of shards downloaded (and taken from the broadcast instead), versions that could not be built,
+        seconds the last build took, and with broadcast on, groups lost and whether it is in one now."""
         w = self.weights
-        return {"weights_bytes": w.bytes_total, "weights_unbuildable": w.unbuildable, "weights_build_s": w.last_seconds}
+        out = {"weights_bytes": w.bytes_total, "weights_broadcast_bytes": w.bytes_broadcast,
+               "weights_unbuildable": w.unbuildable, "weights_build_s": w.last_seconds}
+        if self.receiver is not None:
+            out.update(broadcast_failures=self.receiver.failures, broadcast_in_group=int(self.receiver.in_group))
+        return out
 
     def sync_policy(self) -> None:
         """Load the newest announced weights now (between batches)."""
@@ -163,6 +170,8 @@ class GeneratorRole:
         """Stop building weights in the background (the consumers are the caller's)."""
         if self.prefetch is not None:
             self.prefetch.close()
+        if self.receiver is not None:
+            self.receiver.close()
 
     def run_once(self, timeout_s: float = 0.0, in_flight: bool = True) -> int:
         """Generate one batch of up to `prompts_per_batch` prompts; returns prompts handled."""

@@ -205,6 +205,7 @@ class EmbeddedRun(TrainerHost):
             self._stop_workers()
             for gen in self.generators:
                 gen.close()
+            self.close_broadcast()
         if last["step"] != self.learner.version:
             last = self._evaluate()
             self._checkpoint()

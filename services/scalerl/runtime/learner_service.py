@@ -228,7 +228,8 @@ class LearnerService(ScoredIntake, TrainerHost):
                 "step_seconds": float(last.get("step_time_s") or 0.0),
                 "newest_version_seen": self.newest_version_seen, "buffered_groups": len(self.buffer),
                 "compute_device_hours": self.compute_device_hours(), "compute_flops": self.compute_flops(),
-                "devices": self.ledger.devices, **self._progress(), "finished": self.finished,
+                "devices": self.ledger.devices, **self._progress(), **self.broadcast_counters(),
+                "finished": self.finished,
                 "lag": input_lag(self.bus, self.topics.group("learner"), self.topics.scored)
                 if hasattr(self, "bus") and not self.finished else {}}  # (finished: the bus is closed)
 
@@ -353,6 +354,7 @@ class LearnerService(ScoredIntake, TrainerHost):
 
     def close(self) -> None:
         self.ranks.stop(finished=self.finished)  # release the other ranks (after the last checkpoint's collectives)
+        self.close_broadcast()
         self.scored.close()
         if self.dead_letters is not None:
             self.dead_letters.close()

@@ -18,9 +18,11 @@ from scalerl.telemetry.steps import StepTimes
 # status() counter -> RoleMetrics counter attribute, per role
 _COUNTERS = {
     "generator": {"tokens_generated": "tokens", "groups_generated": "groups_out", "prompts_consumed": "groups_in",
-                  "weights_bytes": "weights_bytes", "weights_unbuildable": "weights_unbuildable"},
+                  "weights_bytes": "weights_bytes", "weights_unbuildable": "weights_unbuildable",
+                  "weights_broadcast_bytes": "weights_broadcast_bytes", "broadcast_failures": "broadcast_failures"},
     "verifier": {"groups_scored": "groups_out", "rollouts_consumed": "groups_in"},
-    "learner": {"tokens_trained": "tokens", "groups_consumed": "groups_in", "versions_published": "groups_out"},
+    "learner": {"tokens_trained": "tokens", "groups_consumed": "groups_in", "versions_published": "groups_out",
+                "broadcast_sent": "broadcast_sent", "broadcast_skipped": "broadcast_skipped"},
     "curriculum": {"prompts_issued": "groups_out", "scored_consumed": "groups_in"},
 }
 
@@ -54,18 +56,28 @@ class StatusMetrics(RoleMetrics):
                 self.staleness.set(float(s["staleness_versions"]))
             if "weights_build_s" in s:
                 self.weights_build_seconds.set(float(s["weights_build_s"]))
-            for code, n in s.get("dead_lettered", {}).items():
-                seen = f"dead_lettered/{code}"
-                delta = float(n) - self._seen.get(seen, 0.0)
-                if delta > 0:
-                    self.dead_lettered.labels(reason=code).inc(delta)
-                self._seen[seen] = float(n)
+            if "broadcast_in_group" in s:
+                self.broadcast_in_group.set(float(s["broadcast_in_group"]))
+            if "broadcast_members" in s:
+                self.broadcast_members.set(float(s["broadcast_members"]))
+            if "broadcast_stuck" in s:
+                self._labelled(self.broadcast_stuck, "generator", s["broadcast_stuck"], "broadcast_stuck")
+            self._labelled(self.dead_lettered, "reason", s.get("dead_lettered", {}), "dead_lettered")
             for topic, lag in s.get("lag", {}).items():
                 self.queue_lag.labels(topic=topic).set(float(lag))
             self.ready.set(1.0 if s.get("ready") else 0.0)
             if self.progress is not None:  # a value the status does not have (yet) has no sample
                 self.progress.update({k: float(v) for k, v in s.items()
                                       if isinstance(v, int | float) and not isinstance(v, bool)})
+
+    def _labelled(self, counter: Any, label: str, totals: dict[str, Any], key: str) -> None:
+        """Bring a labelled counter up to the status's running totals {label value: count}."""
+        for value, n in totals.items():
+            seen = f"{key}/{value}"
+            delta = float(n) - self._seen.get(seen, 0.0)
+            if delta > 0:
+                counter.labels(**{label: value}).inc(delta)
+            self._seen[seen] = float(n)
 
     def render(self) -> bytes:
         self.sync()

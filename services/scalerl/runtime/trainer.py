@@ -36,10 +36,11 @@ from scalerl.runtime.setup import initial_model, job_limits
 from scalerl.scaling.compute import rl_flops
 from scalerl.store import Store
 from scalerl.tasks import problem_set_fingerprint
-from scalerl.weightsync.factory import make_publisher
+from scalerl.weightsync.factory import make_hub, make_publisher
 
 if TYPE_CHECKING:
     from scalerl.scaling import CurveAnalysis
+    from scalerl.weightsync.broadcast import BroadcastHub
     from scalerl.weightsync.publisher import WeightPublisher
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,7 @@ class TrainerHost:
                          "dead_lettered": 0, "dropped_lost_lineage": 0}
         self.idle = IdleSteps()
         self.publisher: WeightPublisher | None = None  # made at the first publish (rank 0 only publishes)
+        self.broadcast: BroadcastHub | None = None  # with runtime.weight_sync.broadcast: made with the publisher
 
     # -- assembly ----------------------------------------------------------------------------------
     def _setup_common(self) -> None:
@@ -248,13 +250,31 @@ class TrainerHost:
         return rec
 
     def _publish(self) -> None:
-        """Upload the current weights, then announce them on `policy`."""
+        """Upload the current weights (and push them to the generators' group, `weightsync.broadcast`), then
+        announce them on `policy`."""
         if self.publisher is None:
             self.publisher = make_publisher(self.spec, self.store)
+            self.broadcast = make_hub(self.spec)
         self.announced = self.publisher.publish(self.learner.policy_version, self.ranks.full_state_dict())
+        if self.broadcast is not None:  # bounded by its timeouts; a member that misses it pulls from the store
+            self.broadcast.send(self.announced.version, self.publisher.last_shards)
         crash_point("learner.announce")
         self.bus.publish(self.topics.policy, self.announced, key="policy", headers=self._policy_headers())
         self.bus.flush()
+
+    def close_broadcast(self) -> None:
+        """Stop the broadcast hub (its rendezvous port and thread), if there is one."""
+        if self.broadcast is not None:
+            self.broadcast.close()
+            self.broadcast = None
+
+    def broadcast_counters(self) -> dict[str, Any]:
+        """The hub's counters for status() and the metrics (empty when broadcast is off)."""
+        b = self.broadcast
+        if b is None:
+            return {}
+        return {"broadcast_sent": b.sent, "broadcast_skipped": b.skipped, "broadcast_failed": b.failed,
+                "broadcast_members": b.members, "broadcast_stuck": dict(b.stuck)}
 
     def _policy_headers(self) -> dict[str, str]:
         """What travels with an announcement: the learner's step (it differs from the version after a resume:

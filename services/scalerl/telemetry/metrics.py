@@ -127,6 +127,25 @@ class RoleMetrics:
             self.weights_build_seconds = Gauge(f"{p}_weights_build_seconds", "Seconds the last announced "
                                                "version took to build in the background (download, decode, "
                                                "checksums), before its swap.", registry=r)
+            self.weights_broadcast_bytes = Counter(f"{p}_weights_broadcast_bytes", "Bytes of weight shards taken "
+                                                   "from the learner's broadcast instead of downloaded "
+                                                   "(runtime.weight_sync.broadcast).", registry=r)
+            self.broadcast_failures = Counter(f"{p}_broadcast_failures", "Times this generator lost its broadcast "
+                                              "group (a timeout, a peer or the learner gone) and joined again; "
+                                              "what it missed came from the store.", registry=r)
+            self.broadcast_in_group = Gauge(f"{p}_broadcast_in_group", "1 while this generator is a member of "
+                                            "the learner's broadcast group, else 0.", registry=r)
+        if role == "learner":  # the broadcast path (runtime.weight_sync.broadcast)
+            self.broadcast_sent = Counter(f"{p}_broadcast_versions", "Policy versions every member of the "
+                                          "broadcast group received.", registry=r)
+            self.broadcast_skipped = Counter(f"{p}_broadcast_skipped", "Policy versions sent through the store "
+                                             "only, no broadcast group being formed.", registry=r)
+            self.broadcast_stuck = Counter(f"{p}_broadcast_stuck", "Transfers a generator held up past "
+                                           "runtime.weight_sync.broadcast.timeout_s, by generator id (the group "
+                                           "was rebuilt; the version went through the store).", ["generator"],
+                                           registry=r)
+            self.broadcast_members = Gauge(f"{p}_broadcast_members", "Generators in the learner's broadcast "
+                                           "group.", registry=r)
         # the learner's progress and its online sigmoid fit (dashboards, operator status)
         self.progress = ProgressGauges(p, r) if role == "learner" else None
 

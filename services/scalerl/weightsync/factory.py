@@ -6,6 +6,7 @@ import torch
 
 from scalerl.config import JobSpec
 from scalerl.store.base import Store
+from scalerl.weightsync.broadcast import BroadcastHub, BroadcastReceiver, BroadcastSettings
 from scalerl.weightsync.publisher import WeightPublisher
 from scalerl.weightsync.reader import WeightReader
 
@@ -15,8 +16,26 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 def make_publisher(spec: JobSpec, store: Store) -> WeightPublisher:
     ws = spec.runtime.weight_sync
     return WeightPublisher(store, _DTYPES.get(ws.dtype), delta=ws.delta, snapshot_every=ws.snapshot_every,
-                           shard_bytes=ws.shard_mb * 1024**2, parallel=ws.parallel, keep_last=ws.keep_last)
+                           shard_bytes=ws.shard_mb * 1024**2, parallel=ws.parallel, keep_last=ws.keep_last,
+                           keep_shards=ws.broadcast.enabled)
 
 
 def make_reader(spec: JobSpec, store: Store, reader_id: str | None = None) -> WeightReader:
     return WeightReader(store, parallel=spec.runtime.weight_sync.parallel, reader_id=reader_id)
+
+
+def broadcast_settings(spec: JobSpec) -> BroadcastSettings | None:
+    b = spec.runtime.weight_sync.broadcast
+    return BroadcastSettings(b.address, b.port, b.generators, b.timeout_s, b.backend) if b.enabled else None
+
+
+def make_hub(spec: JobSpec) -> BroadcastHub | None:
+    """The learner's broadcast hub (None: broadcast is off)."""
+    settings = broadcast_settings(spec)
+    return BroadcastHub(settings) if settings is not None else None
+
+
+def make_receiver(spec: JobSpec, member_id: str, reader: WeightReader) -> BroadcastReceiver | None:
+    """A generator's broadcast receiver delivering into `reader`'s inbox (None: broadcast is off)."""
+    settings = broadcast_settings(spec)
+    return BroadcastReceiver(settings, member_id, reader.offer_shards) if settings is not None else None

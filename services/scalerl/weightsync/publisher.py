@@ -13,6 +13,10 @@ A version is a snapshot when there is no previous one in this process (first pub
 every `snapshot_every` versions, when the tensors' names, dtypes or shapes changed, or when a reader asked
 for one (an object under ``policy/requests/``: `WeightReader.request_snapshot`); the requests are removed
 once the snapshot is written.
+
+With `keep_shards` (the broadcast path, `weightsync.broadcast`), the last version's shard bytes stay in
+`last_shards` after `publish` returns, for the learner to broadcast: the whole encoded version (a delta's
+few MB; a snapshot's full size) is held until the next publish.
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ class WeightPublisher:
 
     def __init__(self, store: Store, dtype: torch.dtype | None = None, *, delta: bool = True,
                  snapshot_every: int = 10, shard_bytes: int = DEFAULT_SHARD_BYTES, parallel: int = 4,
-                 keep_last: int = 3) -> None:
+                 keep_last: int = 3, keep_shards: bool = False) -> None:
         if snapshot_every < 1 or shard_bytes < 1 or parallel < 1 or keep_last < 0:
             raise ValueError("snapshot_every, shard_bytes and parallel must be >= 1, keep_last >= 0")
         self.store = store
@@ -85,6 +89,9 @@ class WeightPublisher:
         self.shard_bytes = shard_bytes
         self.parallel = parallel
         self.keep_last = keep_last
+        self.keep_shards = keep_shards
+        self.last_shards: list[tuple[str, bytes]] = []  # (key, bytes) of the last version (`keep_shards`)
+        self._kept: list[tuple[str, bytes]] = []
         self._prev: list[torch.Tensor] | None = None  # bits of the last version published (copies)
         self._prev_manifest: Manifest | None = None
         self._prev_tensors: dict[str, torch.Tensor] = {}  # the tensors `_prev` views
@@ -143,8 +150,10 @@ class WeightPublisher:
             manifest = Manifest(version, kind, entries, aliases, chunks=chunks)
             if kind == "delta" and self._prev_manifest is not None:
                 manifest.base, manifest.base_digest = self._prev_manifest.key, self._prev_manifest.digest
+            self._kept = []
             self._upload(pool, manifest, bits, self._prev if kind == "delta" else None)
         self.store.put_bytes(manifest.key, manifest.to_json())
+        self.last_shards, self._kept = self._kept, []
         # Published. From here nothing may fail the call: a caller that retries a failed publish must find
         # this publisher as it was before it (the state changes only now, and the clean-up is best effort).
         self._since_snapshot = 0 if kind == "snapshot" else self._since_snapshot + 1
@@ -177,6 +186,8 @@ class WeightPublisher:
             digest = hashlib.sha256(data).hexdigest()
             key = shard_key(manifest.key, len(manifest.shards))
             manifest.shards.append(ShardEntry(key, len(data), digest))
+            if self.keep_shards:
+                self._kept.append((key, data))
             while len(uploads) >= self.parallel:
                 uploads.popleft().result()
             uploads.append(pool.submit(self.store.put_bytes, key, data, sha256=digest))

@@ -12,6 +12,10 @@ names sharing one tensor) built in the reader's resident copy (`shadow`):
 - every chunk's CRC-32 is checked as it is decoded (the chunks cover every tensor): the copy is
   bit-identical to the learner's weights in the published dtype, or the fetch fails.
 
+Shards can also arrive by broadcast (`weightsync.broadcast`): `offer_shards` puts a version's shard bytes
+in an inbox, and a fetch takes a shard from there instead of downloading it, after the same SHA-256 check
+against the manifest read from the store (a shard that fails it is downloaded instead).
+
 When the version cannot be built (a shard or manifest of its chain is gone or corrupt), `fetch` raises
 `WeightsUnavailable` after asking the learner for a snapshot (`request_snapshot`), and the copy is marked
 unusable; the caller keeps serving the weights it has and builds the next announcement, which will be
@@ -25,7 +29,9 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -48,6 +54,8 @@ from scalerl.weightsync.manifest import (
 from scalerl.weightsync.pool import in_pool
 
 log = logging.getLogger(__name__)
+INBOX_VERSIONS = 2
+"""Versions whose broadcast shards a reader keeps until a fetch uses them (older ones are dropped)."""
 _CHECKSUM_HEX = frozenset("0123456789abcdef")
 
 
@@ -79,11 +87,13 @@ def highest_version(store: Store) -> int | None:
 
 @dataclass(slots=True)
 class FetchStats:
-    """What the last `fetch` did: versions applied (snapshots among them), bytes downloaded, seconds."""
+    """What the last `fetch` did: versions applied (snapshots among them), bytes downloaded, bytes taken
+    from the broadcast inbox instead, seconds."""
 
     applied: int = 0
     snapshots: int = 0
     bytes: int = 0
+    pushed: int = 0
     seconds: float = 0.0
 
 
@@ -103,6 +113,10 @@ class WeightReader:
         self.bytes_total = 0  # shard bytes downloaded over every fetch
         self.unbuildable = 0  # announcements that could not be built
         self.last_seconds = 0.0  # the last successful build
+        self.bytes_broadcast = 0  # shard bytes taken from the broadcast inbox instead of downloaded
+        self._inbox: dict[str, bytes] = {}  # shard key -> bytes received by broadcast (`offer_shards`)
+        self._inbox_versions: deque[list[str]] = deque()  # the keys of the last INBOX_VERSIONS offers
+        self._inbox_lock = threading.Lock()
 
     # -- public ------------------------------------------------------------------------------------
     def fetch(self, pv: PolicyVersion) -> dict[str, torch.Tensor]:
@@ -124,6 +138,7 @@ class WeightReader:
                                          "asked the learner for a snapshot") from exc
         self.stats.seconds = self.last_seconds = time.perf_counter() - t0
         self.bytes_total += self.stats.bytes
+        self.bytes_broadcast += self.stats.pushed
         return self.state_dict()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -133,6 +148,26 @@ class WeightReader:
         out = {n: self.shadow[n] for n in (t.name for t in self.held.tensors)}
         out.update({alias: self.shadow[name] for alias, name in self.held.aliases.items()})
         return out
+
+    def offer_shards(self, version: int, shards: dict[str, bytes]) -> None:
+        """Shard bytes of `version` received by broadcast, used by the fetch that needs them (kept for the
+        last INBOX_VERSIONS offers)."""
+        with self._inbox_lock:
+            self._inbox.update(shards)
+            self._inbox_versions.append(list(shards))
+            while len(self._inbox_versions) > INBOX_VERSIONS:
+                for key in self._inbox_versions.popleft():
+                    self._inbox.pop(key, None)
+
+    def _shard_bytes(self, key: str, size: int, sha256: str) -> tuple[bytes, bool]:
+        """(bytes, from the inbox?) of one shard: the broadcast's when they match the manifest, else a download."""
+        with self._inbox_lock:
+            data = self._inbox.pop(key, None)
+        if data is not None:
+            if len(data) == size and hashlib.sha256(data).hexdigest() == sha256:
+                return data, True
+            log.warning("shard %s received by broadcast does not match its manifest: downloading it", key)
+        return self.store.get_bytes(key, verify=False), False
 
     def request_snapshot(self, reason: str) -> None:
         """Ask the learner to publish its next version as a snapshot (an object under policy/requests/)."""
@@ -180,23 +215,26 @@ class WeightReader:
             if crc32(view) != c.crc32:
                 raise CodecError(f"{what}: decodes to CRC-32 {crc32(view):08x}, the learner's is {c.crc32:08x}")
 
-        def shard(si: int, cpu: ThreadPoolExecutor) -> int:
-            data = b""
+        def shard(si: int, cpu: ThreadPoolExecutor) -> tuple[int, int]:
+            """(bytes downloaded, bytes taken from the broadcast inbox) of one shard, decoded into the copy."""
+            data, pushed = b"", False
             if si >= 0:
                 entry = m.shards[si]
-                data = self.store.get_bytes(entry.key, verify=False)
-                if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
+                data, pushed = self._shard_bytes(entry.key, entry.bytes, entry.sha256)
+                if not pushed and (len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256):
                     raise StoreError(f"shard {entry.key} is corrupt: {len(data)} bytes, sha256 "
                                      f"{hashlib.sha256(data).hexdigest()[:16]}…, expected {entry.bytes} bytes, "
                                      f"{entry.sha256[:16]}…")
             buf = memoryview(data)
             in_pool(cpu, lambda i: chunk(i, buf), by_shard[si],
                     lambda i: m.chunks[i].count * views[m.chunks[i].tensor].element_size())
-            return len(data)
+            return (0, len(data)) if pushed else (len(data), 0)
 
         with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-decode") as cpu, \
                 ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-fetch") as io:
-            self.stats.bytes += sum(io.map(lambda si: shard(si, cpu), sorted(by_shard)))
+            for downloaded, pushed in io.map(lambda si: shard(si, cpu), sorted(by_shard)):
+                self.stats.bytes += downloaded
+                self.stats.pushed += pushed
         self.stats.applied += 1
         self.stats.snapshots += m.kind == "snapshot"
         self.held = m

@@ -1,0 +1,367 @@
+"""The broadcast path: a version's shards pushed from the learner to the generators over torch.distributed.
+
+The store stays the source of truth. The learner publishes every version to the store as always
+(`WeightPublisher`), then, before it announces the version on the bus, broadcasts the same shard bytes
+(`BroadcastHub.send`) to the generators that have joined its group; each generator's receiver
+(`BroadcastReceiver`) hands them to its `WeightReader`, which uses them in place of downloads. The reader
+reads the version's manifest from the store and checks every shard against the SHA-256 it gives, so bytes
+that came by broadcast are trusted no more than a download: a wrong or missing one is fetched from the
+store. A generator outside the group, new, slow or just restarted, pulls from the store as before.
+
+Never a hang (each wait is bounded by `timeout_s`, the group's gloo timeout included):
+
+- The learner serves a rendezvous (`torch.distributed.TCPStore`) on `port`. A group has a generation g:
+  generators join it (`g<g>/joined` gives each a rank 1..n, `g<g>/name/<rank>` its id); the learner's
+  own thread freezes it (`g<g>/world`) once `generators` have joined, or, with `generators` 0, once no one
+  has joined for `SETTLE_S`, and all build one gloo (CPU) or NCCL (GPU) group of 1 + n ranks. A
+  generator that comes later waits for the next generation, which the learner starts between two sends.
+- Each send: the learner posts the version's shard list (`g<g>/send/<seq>`), waits until every member
+  says it is ready, says go, broadcasts the shards, and waits until every member says it is done.
+  A member that misses a step within `timeout_s` is named (log, `stuck` counts by generator id, the
+  learner's metrics), the generation is retired (`generation` moves on) and the version reaches everyone
+  through the store; the members rejoin and the group is rebuilt from whoever comes.
+- A receiver that loses its group (the learner restarted, a peer died, a timeout) drops it and joins
+  again; what it missed, its reader builds from the store.
+
+The rendezvous port is unauthenticated (torch's): bytes received are only used after the SHA-256 check
+against the store's manifest, and a party that joins and stalls costs one timeout, then the store path.
+Keep the port inside the job's network policy.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, TCPStore
+
+log = logging.getLogger(__name__)
+
+SETTLE_S = 1.0
+"""With `generators` 0: a generation is frozen once no generator has joined it for this long (seconds)."""
+POLL_S = 0.05
+"""How often a waiting party looks at the rendezvous (seconds)."""
+
+
+@dataclass(frozen=True)
+class BroadcastSettings:
+    """Where the learner's rendezvous is and how long any one wait may take (`runtime.weight_sync.broadcast`)."""
+
+    address: str
+    port: int
+    generators: int = 0
+    timeout_s: float = 30.0
+    backend: str = "gloo"
+
+    def __post_init__(self) -> None:
+        if not self.address:
+            raise ValueError("address: the learner's host name or IP address")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: 0..65535 (0 only on the learner: the OS picks one), got {self.port}")
+        if self.generators < 0 or self.timeout_s <= 0:
+            raise ValueError("generators >= 0 and timeout_s > 0")
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend: gloo (CPU) or nccl (GPU), got {self.backend!r}")
+
+
+class _Rendezvous:
+    """The keys of the protocol (module docstring) on one TCPStore connection."""
+
+    def __init__(self, store: TCPStore) -> None:
+        self.store = store
+
+    def get(self, key: str) -> str:
+        return bytes(self.store.get(key)).decode()
+
+    def has(self, *keys: str) -> bool:
+        return bool(self.store.check(list(keys)))
+
+    def generation(self) -> int:
+        return int(self.get("generation")) if self.has("generation") else 0
+
+    def count(self, key: str) -> int:
+        return int(self.store.add(key, 0))
+
+    def wait_any(self, keys: list[str], timeout_s: float, stop: Callable[[], bool]) -> bool:
+        """Wait until one of `keys` exists (True), `timeout_s` passes or `stop` holds (False)."""
+        return self.wait_for(lambda: any(self.has(k) for k in keys), timeout_s, stop)
+
+    def wait_for(self, ready: Callable[[], bool], timeout_s: float, stop: Callable[[], bool] = lambda: False) -> bool:
+        """Poll `ready` until it holds (True), `timeout_s` passes or `stop` holds (False)."""
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            if stop() or time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S)
+        return True
+
+
+def _group(store: TCPStore, generation: int, rank: int, world: int, backend: str, timeout_s: float) -> object:
+    """This process's member of generation `generation`'s group (blocks until all `world` ranks join)."""
+    prefixed = PrefixStore(f"scalerl-weights/g{generation}", store)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "gloo":
+        return ProcessGroupGloo(prefixed, rank, world, timeout)
+    from torch._C._distributed_c10d import ProcessGroupNCCL  # only in CUDA builds of torch
+
+    options = ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return ProcessGroupNCCL(prefixed, rank, world, options)
+
+
+def _device(backend: str) -> torch.device:
+    return torch.device("cuda" if backend == "nccl" else "cpu")
+
+
+@dataclass
+class _Formed:
+    generation: int
+    group: object
+    names: dict[int, str]  # rank -> generator id
+    seq: int = 0
+
+
+class BroadcastHub:
+    """The learner's end: serves the rendezvous, keeps a group of the generators that joined, and sends each
+    version's shards to it (`send`). Counters for the metrics: `sent`, `skipped`, `failed`, `stuck`."""
+
+    def __init__(self, settings: BroadcastSettings) -> None:
+        self.settings = settings
+        # (the server listens on every interface; `address` is where the generators reach it)
+        self.server = TCPStore("127.0.0.1", settings.port, None, True,
+                               datetime.timedelta(seconds=settings.timeout_s), wait_for_workers=False)
+        self.rv = _Rendezvous(self.server)  # used under `_lock` only (sends, retiring)
+        self._lock = threading.Lock()  # held by a send, and by the former while it swaps groups
+        self._formed: _Formed | None = None
+        self._closed = threading.Event()
+        self.sent = 0  # versions every member of the group received
+        self.skipped = 0  # versions sent through the store only (no group formed yet)
+        self.failed = 0  # sends a member did not finish in time (the generation was retired)
+        self.stuck: Counter[str] = Counter()  # generator id -> sends it held up
+        self.members = 0  # generators in the current group
+        self._start(1)
+        self._thread = threading.Thread(target=self._form, name="weights-broadcast-hub", daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server.port)
+
+    def _start(self, generation: int) -> None:
+        self.server.set("generation", str(generation))
+
+    # -- forming groups ------------------------------------------------------------------------------
+    def _form(self) -> None:
+        # the forming thread's own connection to the rendezvous (one per thread)
+        rv = _Rendezvous(TCPStore("127.0.0.1", self.port, None, False,
+                                  datetime.timedelta(seconds=self.settings.timeout_s)))
+        while not self._closed.is_set():
+            try:
+                self._form_once(rv)
+            except Exception:  # the thread must go on: the next generation is another try
+                log.exception("weights broadcast: forming a group failed")
+                with self._lock:
+                    self._retire("forming it failed")
+                self._closed.wait(1.0)
+
+    def _form_once(self, rv: _Rendezvous) -> None:
+        g = rv.generation()
+        joined_key = f"g{g}/joined"
+        if self._formed is not None:  # formed: start a new generation when someone waits outside it
+            waiting = rv.count(joined_key) - len(self._formed.names)
+            if waiting > 0:
+                with self._lock:
+                    if self._formed is not None and self._formed.generation == g:
+                        self._retire(f"{waiting} generator(s) waiting to join", quiet=True)
+            self._closed.wait(0.2)
+            return
+        n, last, since = 0, -1, time.monotonic()
+        while not self._closed.is_set():
+            n = rv.count(joined_key)
+            if n != last:
+                last, since = n, time.monotonic()
+            want = self.settings.generators
+            if n and ((want and n >= want) or (not want and time.monotonic() - since >= SETTLE_S)):
+                break
+            self._closed.wait(POLL_S)
+        if self._closed.is_set():
+            return
+        rv.store.set(f"g{g}/world", str(n + 1))  # frozen: ranks 1..n are in; later joiners wait
+        names = {r: rv.get(f"g{g}/name/{r}") if rv.has(f"g{g}/name/{r}") else f"rank {r}"
+                 for r in range(1, n + 1)}
+        try:
+            group = _group(rv.store, g, 0, n + 1, self.settings.backend, self.settings.timeout_s)
+        except Exception as exc:  # a member did not come within the timeout
+            log.warning("weights broadcast: generation %d (%s) did not form within %.0f s: %s", g,
+                        ", ".join(names.values()), self.settings.timeout_s, exc)
+            with self._lock:
+                self._retire("it did not form")
+            return
+        with self._lock:
+            self._formed = _Formed(g, group, names)
+            self.members = n
+        log.info("weights broadcast: generation %d formed with %d generator(s): %s", g, n, ", ".join(names.values()))
+
+    def _retire(self, why: str, quiet: bool = False) -> None:
+        """Give up the current generation (lock held): members drop their group and join the next."""
+        g = self.rv.generation()
+        (log.info if quiet else log.warning)("weights broadcast: generation %d retired (%s)", g, why)
+        self._formed = None
+        self.members = 0
+        self._start(g + 1)
+
+    # -- sending -------------------------------------------------------------------------------------
+    def send(self, version: int, shards: Sequence[tuple[str, bytes]]) -> bool:
+        """Broadcast one version's shards (key, bytes), in order, to the group; True when every member has
+        them. Bounded: each of ready, transfer and done waits at most `timeout_s`. Never raises for a
+        member's fault: it is named and counted, and the version goes through the store."""
+        with self._lock:
+            f = self._formed
+            if f is None:
+                self.skipped += 1
+                return False
+            f.seq += 1
+            g, seq, ranks = f.generation, f.seq, sorted(f.names)
+            t = self.settings.timeout_s
+            header = {"version": version, "shards": [[k, len(d)] for k, d in shards if d]}
+            self.server.set(f"g{g}/send/{seq}", json.dumps(header))
+
+            def missing(step: str) -> list[int]:
+                return [r for r in ranks if not self.rv.has(f"g{g}/{step}/{seq}/{r}")]
+
+            if not self.rv.wait_for(lambda: not missing("ready"), t):
+                self.server.set(f"g{g}/abort/{seq}", "1")
+                return self._failed(f, missing("ready"), f"not ready for version {version} within {t:.0f} s")
+            self.server.set(f"g{g}/go/{seq}", "1")
+            device = _device(self.settings.backend)
+            try:
+                with warnings.catch_warnings():  # a read-only buffer: the root only reads it
+                    warnings.simplefilter("ignore", UserWarning)
+                    for _key, data in shards:
+                        if data:
+                            buf = torch.frombuffer(memoryview(data), dtype=torch.uint8).to(device)
+                            f.group.broadcast(buf, 0).wait()  # type: ignore[attr-defined]
+            except Exception as exc:  # gloo/NCCL timeout or a closed connection
+                self.rv.wait_for(lambda: not missing("done"), 1.0)
+                return self._failed(f, missing("done") or ranks, f"the transfer of version {version} failed: {exc}")
+            if not self.rv.wait_for(lambda: not missing("done"), t):
+                return self._failed(f, missing("done"), f"version {version} not received within {t:.0f} s")
+            self.sent += 1
+            return True
+
+    def _failed(self, f: _Formed, ranks: list[int], what: str) -> bool:
+        names = [f.names.get(r, f"rank {r}") for r in ranks]
+        for name in names:
+            self.stuck[name] += 1
+        self.failed += 1
+        log.warning("weights broadcast: %s: stuck: %s; the version goes through the store and the group is "
+                    "rebuilt", what, ", ".join(names) or "(none named)")
+        self._retire(f"stuck: {', '.join(names)}")
+        return False
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=self.settings.timeout_s + 5)
+        with self._lock:
+            self._formed = None
+
+
+class BroadcastReceiver:
+    """A generator's end: joins the learner's group in a background thread and hands each version's shards
+    to `deliver(version, {key: bytes})` (the reader's inbox) before it says done. Counters: `received`
+    (versions), `bytes`, `failures` (groups lost: it joins again)."""
+
+    def __init__(self, settings: BroadcastSettings, member_id: str,
+                 deliver: Callable[[int, dict[str, bytes]], None]) -> None:
+        if settings.port == 0:
+            raise ValueError("port: the learner's rendezvous port (1..65535), not 0")
+        self.settings = settings
+        self.member_id = member_id
+        self.deliver = deliver
+        self.received = 0
+        self.bytes = 0
+        self.failures = 0
+        self.in_group = False
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"{member_id}-broadcast", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=self.settings.timeout_s + 5)
+
+    def _run(self) -> None:
+        store: TCPStore | None = None
+        while not self._closed.is_set():
+            if store is None:
+                try:
+                    store = TCPStore(self.settings.address, self.settings.port, None, False,
+                                     datetime.timedelta(seconds=self.settings.timeout_s))
+                except Exception as exc:  # no learner (yet): not a failure; the store path serves meanwhile
+                    log.info("%s: weights broadcast: the learner's rendezvous %s:%d is not up (%s); trying again",
+                             self.member_id, self.settings.address, self.settings.port,
+                             str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+                    self._closed.wait(1.0)
+                    continue
+            try:
+                self._member(_Rendezvous(store))
+            except Exception as exc:  # the learner went away, a peer died, a timeout: join again
+                self.failures += 1
+                self.in_group = False
+                store = None
+                if not self._closed.is_set():
+                    log.warning("%s: weights broadcast: %s; joining again (what is missed comes from the store)",
+                                self.member_id, str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+                self._closed.wait(1.0)
+
+    def _member(self, rv: _Rendezvous) -> None:
+        """One generation: join, build the group, receive until the generation is retired."""
+        stop = self._closed.is_set
+        t = self.settings.timeout_s
+        g = rv.generation()
+        rank = int(rv.store.add(f"g{g}/joined", 1))
+        rv.store.set(f"g{g}/name/{rank}", self.member_id)
+
+        def moved_on() -> bool:
+            return stop() or rv.generation() != g
+
+        rv.wait_for(lambda: rv.has(f"g{g}/world"), float("inf"), moved_on)
+        if moved_on():
+            return
+        world = int(rv.get(f"g{g}/world"))
+        if rank >= world:  # came after the freeze: the learner starts the next generation for us
+            rv.wait_for(lambda: False, float("inf"), moved_on)
+            return
+        group = _group(rv.store, g, rank, world, self.settings.backend, t)
+        self.in_group = True
+        try:
+            seq = 0
+            while True:
+                seq += 1
+                if not rv.wait_any([f"g{g}/send/{seq}"], float("inf"), moved_on):
+                    return
+                header = json.loads(rv.get(f"g{g}/send/{seq}"))
+                rv.store.set(f"g{g}/ready/{seq}/{rank}", "1")
+                rv.wait_any([f"g{g}/go/{seq}", f"g{g}/abort/{seq}"], t, moved_on)
+                if not rv.has(f"g{g}/go/{seq}"):
+                    return  # aborted or retired: the version comes through the store
+                shards: dict[str, bytes] = {}
+                device = _device(self.settings.backend)
+                for key, size in header["shards"]:
+                    buf = torch.empty(int(size), dtype=torch.uint8, device=device)
+                    group.broadcast(buf, 0).wait()  # type: ignore[attr-defined]
+                    shards[key] = buf.cpu().numpy().tobytes()
+                self.deliver(int(header["version"]), shards)
+                self.received += 1
+                self.bytes += sum(len(d) for d in shards.values())
+                rv.store.set(f"g{g}/done/{seq}/{rank}", "1")
+        finally:
+            self.in_group = False

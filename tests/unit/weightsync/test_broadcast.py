@@ -1,0 +1,161 @@
+"""The broadcast path (scalerl.weightsync.broadcast) over real torch.distributed (gloo on loopback).
+
+Generators whose readers take the learner's pushed shards build every version bit-identical to the
+learner's weights without downloading a shard; a pushed shard that does not match the store's manifest is
+downloaded instead; a generator that stops responding (SIGSTOP, in a process of its own) is named by the
+learner, which does not wait past its timeouts, and it recovers through the store and rejoins the group."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from scalerl.store.local import LocalStore
+from scalerl.weightsync.broadcast import BroadcastHub, BroadcastReceiver, BroadcastSettings
+from scalerl.weightsync.publisher import WeightPublisher
+from scalerl.weightsync.reader import WeightReader
+
+from broadcast_member import bits_digest
+from test_weightsync import FakeLearner, assert_bits_equal
+from waiting import wait_for
+
+MEMBER = Path(__file__).with_name("broadcast_member.py")
+START_S = 240.0  # a process importing torch on a loaded 2-core machine: 30 s seen
+
+
+@pytest.fixture
+def hub():
+    h = BroadcastHub(BroadcastSettings("127.0.0.1", 0, timeout_s=3.0))
+    yield h
+    h.close()
+
+
+def test_members_build_every_version_from_the_pushed_shards_and_a_bad_one_is_downloaded(tmp_path, hub) -> None:
+    store = LocalStore(tmp_path / "store")
+    pub = WeightPublisher(store, torch.bfloat16, shard_bytes=8192, keep_shards=True)
+    learner = FakeLearner()
+    readers = [WeightReader(store) for _ in range(2)]
+    settings = BroadcastSettings("127.0.0.1", hub.port, timeout_s=3.0)
+    tamper = {"on": False}
+
+    def deliver(reader: WeightReader):
+        def put(version: int, shards: dict[str, bytes]) -> None:
+            if tamper["on"] and reader is readers[1]:  # one member's copy of one shard arrives wrong
+                key = next(iter(shards))
+                shards[key] = bytes([shards[key][0] ^ 1]) + shards[key][1:]
+            reader.offer_shards(version, shards)
+        return put
+
+    receivers = [BroadcastReceiver(settings, f"gen-{i}", deliver(r)) for i, r in enumerate(readers)]
+    try:
+        wait_for("both generators in the group", lambda: hub.members == 2, timeout_s=30)
+        for v in range(1, 5):
+            if v > 1:
+                learner.step()
+            tamper["on"] = v == 1  # a snapshot: several shards
+            pv = pub.publish(v, learner.state())
+            assert pub.last_shards and hub.send(v, pub.last_shards), f"version {v} not sent to the group"
+            for i, reader in enumerate(readers):
+                assert_bits_equal(reader.fetch(pv), learner.expected(torch.bfloat16))
+                shard_bytes = sum(s.bytes for s in reader.held.shards)  # type: ignore[union-attr]
+                if v == 1 and i == 1:  # the tampered shard was downloaded, the others pushed
+                    assert 0 < reader.stats.bytes < shard_bytes and reader.stats.pushed == shard_bytes - reader.stats.bytes
+                else:
+                    assert (reader.stats.bytes, reader.stats.pushed) == (0, shard_bytes), (v, i)
+        assert (hub.sent, hub.failed, hub.skipped) == (4, 0, 0)
+        assert [r.received for r in receivers] == [4, 4]
+    finally:
+        for r in receivers:
+            r.close()
+
+
+class Member:
+    """A generator process (broadcast_member.py): fetch(pv) -> what it built and from where."""
+
+    def __init__(self, store_dir: Path, port: int, member_id: str, timeout_s: float) -> None:
+        self.id = member_id
+        self.proc = subprocess.Popen([sys.executable, str(MEMBER), str(store_dir), str(port), member_id,
+                                      str(timeout_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [self.lines.put(x) for x in self.proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+
+    def fetch(self, pv) -> dict:
+        self.proc.stdin.write(json.dumps(asdict(pv)) + "\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        return json.loads(self.lines.get(timeout=START_S))
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def test_a_stopped_generator_is_named_the_learner_does_not_wait_past_its_timeout_and_it_recovers(
+        tmp_path, hub, caplog) -> None:
+    timeout_s = 3.0
+    store = LocalStore(tmp_path / "store")
+    pub = WeightPublisher(store, torch.bfloat16, shard_bytes=8192, keep_shards=True)
+    learner = FakeLearner()
+    members = [Member(tmp_path / "store", hub.port, f"gen-{c}", timeout_s) for c in "ab"]
+    a, b = members
+
+    def version(v: int):
+        if v > 1:
+            learner.step()
+        pv = pub.publish(v, learner.state())
+        return pv, bits_digest(learner.expected(torch.bfloat16))
+
+    try:
+        wait_for("both generators in the group", lambda: hub.members == 2, timeout_s=START_S)
+        pv, want = version(1)
+        assert hub.send(1, pub.last_shards)
+        for m in members:
+            got = m.fetch(pv)
+            assert got["digest"] == want and got["downloaded"] == 0 and got["pushed"] > 0, (m.id, got)
+
+        os.kill(b.proc.pid, signal.SIGSTOP)  # gen-b stops responding
+        pv, want = version(2)
+        t0 = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="scalerl.weightsync.broadcast"):
+            assert not hub.send(2, pub.last_shards)
+        took = time.monotonic() - t0
+        assert took < 3 * timeout_s + 2, f"the learner waited {took:.1f} s"
+        assert dict(hub.stuck) == {"gen-b": 1}
+        assert any("stuck: gen-b" in r.getMessage() for r in caplog.records), caplog.text
+        got = a.fetch(pv)  # the version the group missed: from the store
+        assert got["digest"] == want and got["downloaded"] > 0 and got["pushed"] == 0, got
+
+        wait_for("the group rebuilt with gen-a", lambda: hub.members == 1, timeout_s=30)
+        pv, want = version(3)
+        assert hub.send(3, pub.last_shards)
+        got = a.fetch(pv)
+        assert got["digest"] == want and got["downloaded"] == 0, got
+
+        os.kill(b.proc.pid, signal.SIGCONT)  # gen-b is back: it builds what it missed from the store
+        got = b.fetch(pv)
+        assert got["digest"] == want and got["downloaded"] > 0, got
+        wait_for("gen-b back in the group", lambda: hub.members == 2, timeout_s=60)
+        pv, want = version(4)
+        assert hub.send(4, pub.last_shards)
+        for m in members:
+            got = m.fetch(pv)
+            assert got["digest"] == want and got["downloaded"] == 0 and got["pushed"] > 0, (m.id, got)
+        # what came by broadcast: gen-a every version but 2, gen-b versions 1 and 4
+        assert [m.fetch(pv)["received"] for m in members] == [3, 2]
+        assert (hub.sent, hub.failed) == (3, 1)
+    finally:
+        for m in members:
+            m.close()
