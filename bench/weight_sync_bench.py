@@ -11,13 +11,18 @@ in one run, each a median over `--repeats`:
   per-step move (|m / sqrt(v)| <= 1), so the delta measured is an upper bound of a real step's;
 - one_object: what weight sync was before (a whole safetensors object per version, SHA-256 over it,
   one PUT, one GET, `safetensors.load`), for the ratio the issue asks for;
-- broadcast: a learner process broadcasts the state over gloo (`scalerl.model.weight_broadcast`) and this
-  process loads each tensor as it arrives;
+- broadcast: the runtimes' broadcast path (`runtime.weight_sync.broadcast`, deltas on): the version is
+  published to MinIO, then pushed over gloo from a `BroadcastHub` to a `BroadcastReceiver` (loopback, one
+  member), and the reader builds it from the pushed shards (the manifest still read from MinIO);
+  broadcast_full: the same with every version a snapshot;
+- state_broadcast: the vLLM weight-transfer backend's raw state-dict broadcast (`scalerl.model.weight_broadcast`,
+  a learner process, each tensor loaded as it arrives), no store;
 - loopback_copy_s: the physical limit: one full version's bytes sent over a 127.0.0.1 TCP socket into a
   preallocated buffer; minio_object_copy_s: the same bytes as one MinIO object, one PUT then one GET
   (the store's own limit for one connection each way).
 
-`bytes` is what crosses the network per version (stored shard bytes; the state's bytes for broadcast).
+`bytes` is what crosses the network per version to a generator (stored shard bytes; the state's bytes for
+state_broadcast).
 `swap_peak_extra_mb`: the generator's peak resident memory during a fetch + swap above its resident memory
 before it (Linux VmHWM after clear_refs), against the model's size in the published dtype.
 
@@ -56,6 +61,7 @@ from scalerl.model.weight_broadcast import (
     update_info,
 )
 from scalerl.store.s3 import S3Store
+from scalerl.weightsync.broadcast import BroadcastHub, BroadcastReceiver, BroadcastSettings
 from scalerl.weightsync.publisher import WeightPublisher, untie
 from scalerl.weightsync.reader import WeightReader
 
@@ -148,9 +154,19 @@ class Learner:
 
 
 def bench_store_path(name: str, learner: Learner, engine: TorchEngine, store: S3Store, dtype: torch.dtype,
-                     delta: bool, repeats: int) -> dict[str, Any]:
-    publisher = WeightPublisher(store, dtype, delta=delta, snapshot_every=10_000, keep_last=2)
+                     delta: bool, repeats: int, broadcast: bool = False) -> dict[str, Any]:
+    publisher = WeightPublisher(store, dtype, delta=delta, snapshot_every=10_000, keep_last=2, keep_shards=broadcast)
     reader = WeightReader(store)
+    hub = receiver = None
+    if broadcast:
+        hub = BroadcastHub(BroadcastSettings("127.0.0.1", 0, timeout_s=60))
+        receiver = BroadcastReceiver(BroadcastSettings("127.0.0.1", hub.port, timeout_s=60), "bench",
+                                     reader.offer_shards)
+        deadline = time.monotonic() + 120
+        while hub.members < 1:
+            assert time.monotonic() < deadline, "the bench's receiver did not join the broadcast group"
+            time.sleep(0.05)
+    pushed: list[int] = []
     times, sizes, peaks = [], [], []
     for i in range(repeats + 1):
         learner.step()
@@ -158,6 +174,8 @@ def bench_store_path(name: str, learner: Learner, engine: TorchEngine, store: S3
         holder: dict[str, Any] = {}
         t0 = time.perf_counter()
         pv = publisher.publish(version, learner.master)
+        if hub is not None:
+            assert hub.send(version, publisher.last_shards), "the broadcast failed"
         t_pub = time.perf_counter()
 
         def swap(pv: Any = pv, holder: dict[str, Any] = holder) -> None:
@@ -170,10 +188,16 @@ def bench_store_path(name: str, learner: Learner, engine: TorchEngine, store: S3
             times.append(holder["t"] - t0)
             sizes.append(publisher.last.stored_bytes)
             peaks.append(peak)
-            print(f"  {name} {'delta' if delta else 'full'} v{version}: {publisher.last.kind}, "
+            pushed.append(reader.stats.pushed)
+            how = f"{'delta' if delta else 'full'}{' broadcast' if broadcast else ''}"
+            print(f"  {name} {how} v{version}: {publisher.last.kind}, "
                   f"{publisher.last.stored_bytes / 1e6:.1f} MB, publish {t_pub - t0:.2f} s, "
                   f"fetch+swap {holder['t'] - t_pub:.2f} s, peak +{peak:.0f} MB", file=sys.stderr)
     assert publisher.last is not None
+    if hub is not None and receiver is not None:
+        receiver.close()
+        hub.close()
+        assert all(p == b for p, b in zip(pushed, sizes, strict=True)), "a shard was downloaded, not pushed"
     changed = sum(c.changed for c in publisher.last.chunks) / sum(t.numel for t in publisher.last.tensors)
     return {"bytes": int(statistics.median(sizes)), "publish_to_swap_s": median_of(times),
             "swap_peak_extra_mb": round(statistics.median(peaks), 1), "swap_peak_extra_mb_max": round(max(peaks), 1),
@@ -206,7 +230,7 @@ def bench_one_object(learner: Learner, engine: TorchEngine, store: S3Store, dtyp
     return {"bytes": size, "publish_to_swap_s": median_of(times[1:])}
 
 
-def bench_broadcast(learner: Learner, engine: TorchEngine, dtype: torch.dtype, repeats: int,
+def bench_state_broadcast(learner: Learner, engine: TorchEngine, dtype: torch.dtype, repeats: int,
                     work: Path) -> dict[str, Any]:
     state = learner.published(dtype)
     path = work / "state.pt"
@@ -246,7 +270,9 @@ def bench_model(key: str, spec_path: str, dtype: torch.dtype, repeats: int, work
     row["full"] = bench_store_path(key, learner, engine, store, dtype, False, repeats)
     row["delta"] = bench_store_path(key, learner, engine, store, dtype, True, repeats)
     row["one_object"] = bench_one_object(learner, engine, store, dtype, repeats)
-    row["broadcast"] = bench_broadcast(learner, engine, dtype, repeats, work)
+    row["broadcast"] = bench_store_path(key, learner, engine, store, dtype, True, repeats, broadcast=True)
+    row["broadcast_full"] = bench_store_path(key, learner, engine, store, dtype, False, repeats, broadcast=True)
+    row["state_broadcast"] = bench_state_broadcast(learner, engine, dtype, repeats, work)
     full_bytes = row["full"]["bytes"]
     row["loopback_copy_s"] = loopback_copy_s(full_bytes, repeats)
     row["minio_object_copy_s"] = minio_object_copy_s(store, full_bytes, repeats)
@@ -259,6 +285,8 @@ def bench_model(key: str, spec_path: str, dtype: torch.dtype, repeats: int, work
         "full_over_loopback_copy": round(row["full"]["publish_to_swap_s"] / row["loopback_copy_s"], 2),
         "full_over_minio_object_copy": round(row["full"]["publish_to_swap_s"] / row["minio_object_copy_s"], 2),
         "broadcast_over_delta_s": round(row["broadcast"]["publish_to_swap_s"] / row["delta"]["publish_to_swap_s"], 2),
+        "broadcast_full_over_full_s": round(row["broadcast_full"]["publish_to_swap_s"]
+                                            / row["full"]["publish_to_swap_s"], 2),
     }
     return row
 
@@ -277,7 +305,8 @@ def main() -> int:
     quiet_third_party_bars()
     specs = {"tiny": "examples/quickstart.yaml", "smollm2": "examples/smollm2-addition.yaml"}
     section: dict[str, Any] = {"units": {
-        "bytes": "bytes crossing the network per version (stored shards; the state for broadcast)",
+        "bytes": "bytes crossing the network per version to each generator (stored shards; the state for "
+                 "state_broadcast); broadcast and broadcast_full also write them to the store",
         "publish_to_swap_s": "seconds from the learner's publish call until the generator's engine holds the "
                              "version (median)",
         "loopback_copy_s": "seconds to copy one full version's bytes over a 127.0.0.1 TCP socket (median)",
@@ -291,7 +320,8 @@ def main() -> int:
             r = section[key]
             print(f"{key}: full {r['full']['publish_to_swap_s']} s ({r['model_mb']} MB), delta "
                   f"{r['delta']['publish_to_swap_s']} s ({r['delta']['bytes'] / 1e6:.1f} MB), one object "
-                  f"{r['one_object']['publish_to_swap_s']} s, broadcast {r['broadcast']['publish_to_swap_s']} s, "
+                  f"{r['one_object']['publish_to_swap_s']} s, broadcast {r['broadcast']['publish_to_swap_s']} s (full "
+                  f"{r['broadcast_full']['publish_to_swap_s']} s), "
                   f"loopback {r['loopback_copy_s']} s, MinIO object {r['minio_object_copy_s']} s")
     print(f"wrote the weight_sync section of {merge_sections(args.out, {'weight_sync': section})}")
     return 0

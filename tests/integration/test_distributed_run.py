@@ -41,9 +41,11 @@ STEPS = 10
 
 
 # PipelineRL-2 over two partitions, a checkpoint every 4 steps (the learner is killed after step 4); weights
-# published in bf16 as deltas with a snapshot every 3 versions, so the kills meet chains of deltas
+# published in bf16 as deltas with a snapshot every 3 versions, so the kills meet chains of deltas, and also
+# pushed to the generators' broadcast group (a killed generator holds one transfer up for at most 5 s)
 RUN = {"steps": STEPS, "off_policy": {"mode": "pipeline", "k": 2}, "checkpoint_every": 4, "eval_every": 5,
-       "partitions": 2, "weight_sync": {"dtype": "bfloat16", "snapshot_every": 3}}
+       "partitions": 2, "weight_sync": {"dtype": "bfloat16", "snapshot_every": 3,
+                                        "broadcast": {"enabled": True, "timeout_s": 5}}}
 
 
 @pytest.fixture
@@ -76,7 +78,7 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, s3_env, unique
         restart_kafka()
         assert cluster.wait_learner(timeout_s=480) == 0, cluster.tail("learner-0")
         # (checked at the end: waiting for it mid-run could let the learner finish before it is killed)
-        _check_side_port(cluster, "generator-1", f"{unique}.prompts")
+        _check_side_port(cluster, "generator-1", f"{unique}.prompts", broadcast=True)
         _check_grpc_is_mutual_tls(cluster, "generator-1")
         codes = cluster.stop_all()
     finally:
@@ -84,7 +86,12 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, s3_env, unique
     assert codes["generator-0"] == -signal.SIGKILL
     assert {rid: rc for rid, rc in codes.items() if rid != "generator-0"} == {
         "learner-0": 0, "curriculum-0": 0, "verifier-0": 0, "verifier-1": 0, "generator-1": 0}
-    assert "learner resumed from step_000004" in cluster.procs["learner-0"].log_path.read_text()
+    learner_log = cluster.procs["learner-0"].log_path.read_text()
+    assert "learner resumed from step_000004" in learner_log
+    # the broadcast group: the killed generator was named, the group was formed again by the restarted learner
+    assert "stuck: generator-0" in learner_log, learner_log[-3000:]
+    resumed = learner_log[learner_log.index("learner resumed from step_000004"):]
+    assert "weights broadcast: generation" in resumed and "formed with" in resumed
 
     summary = json.loads((out / "summary.json").read_text())
     steps = steps_of(out)
@@ -148,7 +155,8 @@ def _check_grpc_is_mutual_tls(cluster: LocalCluster, role_id: str) -> None:
     assert "PLAIN TEXT" not in cluster.procs[role_id].log_path.read_text()
 
 
-def _check_side_port(cluster: LocalCluster, role_id: str, input_topic: str, timeout_s: float = 120) -> None:
+def _check_side_port(cluster: LocalCluster, role_id: str, input_topic: str, timeout_s: float = 120,
+                     broadcast: bool = False) -> None:
     """The role's side port: ready (it holds a policy), and /metrics counts its tokens (once it has had a
     partition: it may have joined the group after the other generator took both) and its input lag."""
     ports = json.loads(next(line for line in cluster.procs[role_id].log_path.read_text().splitlines()
@@ -170,6 +178,10 @@ def _check_side_port(cluster: LocalCluster, role_id: str, input_topic: str, time
         time.sleep(0.5)
     assert tokens[0] > 0, f"{role_id} generated no tokens within {timeout_s:.0f} s"
     assert f'scalerl_generator_queue_lag_messages{{topic="{input_topic}"}}' in text
+    if broadcast:  # shards came by the learner's broadcast, not only by download
+        pushed = [float(line.split()[-1]) for line in text.splitlines()
+                  if line.startswith("scalerl_generator_weights_broadcast_bytes_total ")]
+        assert pushed and pushed[0] > 0, f"{role_id}: no shard bytes taken from the broadcast"
 
 
 def _announced(bus: KafkaBus, unique: str) -> list[tuple[int, str, int]]:

@@ -17,6 +17,11 @@ SecretField = Annotated[str, StringConstraints(min_length=1, max_length=253)]
 """A Secret's name or key (Kubernetes: at most 253 characters)."""
 
 
+GRPC_PORT = 50051
+"""Every role's gRPC port in its Pod."""
+TORCH_PORT = 29500
+"""The learner ranks' torchrun rendezvous port."""
+
 class KafkaSecretRef(K8sModel):
     name: SecretField = Field(
         description="Secret in the RLJob's namespace.")

@@ -28,9 +28,17 @@ from pydantic import (
     model_validator,
 )
 
-from scalerl.config import JobSpec, RuntimeConfig, SpecError, StopPolicyConfig, WeightSyncConfig, spec_from_dict
+from scalerl.config import (
+    JobSpec,
+    RuntimeConfig,
+    SpecError,
+    StopPolicyConfig,
+    WeightBroadcastConfig,
+    WeightSyncConfig,
+    spec_from_dict,
+)
 from scalerl_operator.api.autoscaling import GeneratorAutoscaling, VerifierAutoscaling
-from scalerl_operator.api.infra import BusSpec, RpcSpec, StoreSpec, TelemetrySpec
+from scalerl_operator.api.infra import GRPC_PORT, TORCH_PORT, BusSpec, RpcSpec, StoreSpec, TelemetrySpec
 from scalerl_operator.api.k8s_model import (
     MAX_CONDITIONS,
     MAX_IMAGE_LENGTH,
@@ -181,9 +189,30 @@ def _ws(field: str) -> str | None:
     return WeightSyncConfig.model_fields[field].description
 
 
+def _wb(field: str) -> str | None:
+    return WeightBroadcastConfig.model_fields[field].description
+
+
+class WeightBroadcast(K8sModel):
+    """The broadcast path (`JobSpec.runtime.weight_sync.broadcast`): the learner also pushes each version to the
+    generators over torch.distributed. The address is rendered: learner rank 0's Pod name through its headless
+    Service; the job's NetworkPolicy already lets its role Pods reach each other on any port (gloo's too)."""
+
+    enabled: bool = Field(False, description=_wb("enabled"))
+    port: int = Field(29650, ge=1, le=65535, description=_wb("port"))
+    generators: int = Field(0, ge=0, le=4096, description=_wb("generators"))
+    timeout_s: float = Field(30.0, gt=0, le=3600, description=_wb("timeout_s"))
+    backend: Literal["gloo", "nccl"] = Field("gloo", description=_wb("backend"))
+
+    def to_config(self, address: str) -> WeightBroadcastConfig:
+        return WeightBroadcastConfig(enabled=self.enabled, address=address, port=self.port,
+                                     generators=self.generators, timeout_s=self.timeout_s, backend=self.backend)
+
+
 class WeightSync(K8sModel):
     """How policy versions reach the generators through the job's store (`JobSpec.runtime.weight_sync`, whose
-    fields these are in the RLJob's casing): a snapshot every snapshotEvery versions, deltas between."""
+    fields these are in the RLJob's casing): a snapshot every snapshotEvery versions, deltas between, and
+    optionally a broadcast to the generators beside the store."""
 
     dtype: Literal["model", "bfloat16", "float16", "float32"] = Field("model", description=_ws("dtype"))
     delta: bool = Field(True, description=_ws("delta"))
@@ -192,11 +221,13 @@ class WeightSync(K8sModel):
     parallel: int = Field(4, ge=1, le=64, description=_ws("parallel"))
     keep_last: int = Field(3, ge=1, le=1000, description=_ws("keep_last"))
     prefetch: bool = Field(True, description=_ws("prefetch"))
+    broadcast: WeightBroadcast = Field(default_factory=WeightBroadcast, description=_ws("broadcast"))
 
-    def to_config(self) -> WeightSyncConfig:
+    def to_config(self, broadcast_address: str) -> WeightSyncConfig:
+        """The JobSpec's tree; `broadcast_address`: where the generators reach the learner (rendered)."""
         return WeightSyncConfig(dtype=self.dtype, delta=self.delta, snapshot_every=self.snapshot_every,
                                 shard_mb=self.shard_mb, parallel=self.parallel, keep_last=self.keep_last,
-                                prefetch=self.prefetch)
+                                prefetch=self.prefetch, broadcast=self.broadcast.to_config(broadcast_address))
 
 
 class RLJobSpec(K8sModel):
@@ -241,6 +272,16 @@ class RLJobSpec(K8sModel):
         except SpecError as exc:
             raise ValueError(str(exc)) from None
         return job
+
+    @model_validator(mode="after")
+    def _broadcast_port_is_free(self) -> RLJobSpec:
+        taken = {GRPC_PORT: "gRPC", TORCH_PORT: "the learner ranks' rendezvous",
+                 self.telemetry.metrics_port: "telemetry.metricsPort"}
+        port = self.weight_sync.broadcast.port
+        if self.weight_sync.broadcast.enabled and port in taken:
+            raise ValueError(f"weightSync.broadcast.port: {port} is {taken[port]}'s port in the role Pods; "
+                             f"choose another (not {', '.join(map(str, sorted(taken)))})")
+        return self
 
     @model_validator(mode="after")
     def _mounts_name_volumes(self) -> RLJobSpec:

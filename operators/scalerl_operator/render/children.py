@@ -56,6 +56,7 @@ import yaml
 
 from scalerl.config import JobSpec, RuntimeConfig, dump_spec
 from scalerl.scaling.devices import POOL_FILE
+from scalerl_operator.api.infra import GRPC_PORT, TORCH_PORT
 from scalerl_operator.api.spec import PodPlacement, RLJobSpec
 from scalerl_operator.api.spec import RoleName as Role
 from scalerl_operator.render.devices import device_pool, pool_json
@@ -73,8 +74,6 @@ from scalerl_operator.render.names import (
 )
 from scalerl_operator.render.secure import add_secure_volumes, secure_env
 
-GRPC_PORT = 50051
-TORCH_PORT = 29500
 CONFIG_DIR = "/etc/scalerl"
 JOB_FILE = f"{CONFIG_DIR}/job.yaml"
 POOL_PATH = f"{CONFIG_DIR}/{POOL_FILE}"  # the job's device pool; kubelet refreshes it in the pods
@@ -90,7 +89,7 @@ def full_job_spec(name: str, namespace: str, spec: RLJobSpec) -> JobSpec:
     """The JobSpec the role processes run: spec.job + name + the runtime the cluster provides."""
     runtime = RuntimeConfig(bus=f"kafka://{spec.bus.bootstrap}", store=spec.store.uri, partitions=partitions(spec),
                             bus_prefix=bus_prefix(name, namespace), pool_file=POOL_PATH,
-                            weight_sync=spec.weight_sync.to_config())
+                            weight_sync=spec.weight_sync.to_config(master_addr(name, namespace)))
     return spec.job_spec(name, runtime)
 
 
@@ -289,6 +288,8 @@ def _learner(job: str, ns: str, spec: RLJobSpec, replicas: int, hashed: str, ima
     c["env"].insert(0, {"name": "NODE_RANK", "valueFrom": {
         "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}})
     c["ports"].append({"name": "torch", "containerPort": TORCH_PORT, "protocol": "TCP"})
+    if spec.weight_sync.broadcast.enabled:  # the weights' rendezvous (scalerl.weightsync.broadcast)
+        c["ports"].append({"name": "weights", "containerPort": spec.weight_sync.broadcast.port, "protocol": "TCP"})
     name = child_name(job, "learner")
     return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _workload_meta(job, ns, "learner", images),
             "spec": {"replicas": replicas, "serviceName": name, "podManagementPolicy": "Parallel",

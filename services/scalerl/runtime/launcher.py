@@ -6,6 +6,9 @@ its steps; the other roles are then stopped with SIGTERM (they hand back in-flig
 A role that dies is reported (and, within `max_restarts`, started again: a learner resumes from its
 last checkpoint, a generator's uncommitted prompts go to the others).
 
+With `runtime.weight_sync.broadcast` on, the learner's rendezvous is on 127.0.0.1 at a port the launcher
+finds free (the spec's address and port are for a cluster).
+
 Compute: the launcher keeps `<out>/pool.json` (`runtime.devices`) current — every role process that is
 running, with the devices `runtime.role_devices` gives its role (a learner: per rank × its ranks) — and
 points the job's `runtime.pool_file` at it, so the learner integrates what the job holds over time.
@@ -75,13 +78,28 @@ class LocalCluster:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "logs").mkdir(exist_ok=True)
         self.pool_file = (self.out / POOL_FILE).resolve()
-        runtime = self.spec.runtime.model_copy(update={"pool_file": str(self.pool_file)})
+        runtime = self.spec.runtime.model_copy(update={"pool_file": str(self.pool_file),
+                                                       "weight_sync": self._weight_sync()})
         self.spec = self.spec.model_copy(update={"runtime": runtime})
         self.job_file = self.out / "job.yaml"
         self.job_file.write_text(dump_spec(self.spec))
         self._pool: DevicePool | None = None
         self.update_pool()
         self.rpc_env = self.issue_certificates()
+
+    def _weight_sync(self) -> Any:
+        """`runtime.weight_sync` for these processes: with broadcast on, the learner's rendezvous on this host
+        at a port free now (the spec's may be another local run's)."""
+        ws = self.spec.runtime.weight_sync
+        if not ws.broadcast.enabled:
+            return ws
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return ws.model_copy(update={"broadcast": ws.broadcast.model_copy(update={"address": "127.0.0.1",
+                                                                                 "port": port})})
 
     def issue_certificates(self) -> dict[str, dict[str, str]]:
         """A CA for this run and a certificate per role and for `client` (see the module docstring)."""

@@ -12,10 +12,10 @@ import pytest
 
 from scalerl.bus.base import TopicNames
 from scalerl.config import spec_from_dict
+from scalerl_operator.api.infra import GRPC_PORT
 from scalerl_operator.api.spec import RLJobSpec, parse_spec
 from scalerl_operator.control.reconcile import unrealisable
 from scalerl_operator.render.children import (
-    GRPC_PORT,
     JOB_FILE,
     PRESTOP_S,
     SPEC_HASH_ANNOTATION,
@@ -254,3 +254,20 @@ def test_spec_weight_sync_reaches_the_roles_job_yaml_and_bad_values_are_refused_
         make_spec(weightSync={"snapshotEvery": 0})
     with pytest.raises(Exception, match=r"spec\.job\.runtime|runtime: not allowed"):
         make_spec(job={"runtime": {"weight_sync": {"dtype": "bfloat16"}}})
+
+
+def test_weight_broadcast_points_the_generators_at_learner_rank_0_and_a_taken_port_is_refused() -> None:
+    spec = make_spec(weightSync={"broadcast": {"enabled": True, "port": 29700, "timeoutS": 12}})
+    objs = by_kind_name(render(JOB, NS, spec, desired_replicas(spec, live={}, remembered={})))
+    ws = spec_from_dict(parse_job_yaml(objs[("ConfigMap", "j1-spec")]["data"]["job.yaml"])).runtime.weight_sync
+    b = ws.broadcast
+    assert (b.enabled, b.address, b.port, b.timeout_s, b.generators) == (True, f"j1-learner-0.j1-learner.{NS}.svc",
+                                                                          29700, 12.0, 0)
+    learner = objs[("StatefulSet", "j1-learner")]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "weights", "containerPort": 29700, "protocol": "TCP"} in learner["ports"]
+    off = by_kind_name(render(JOB, NS, make_spec(), desired_replicas(make_spec(), live={}, remembered={})))
+    assert "weights" not in {p["name"] for p in off[("StatefulSet", "j1-learner")]["spec"]["template"]["spec"]
+                             ["containers"][0]["ports"]}
+    for taken in (GRPC_PORT, 29500, 9091):  # gRPC, torchrun's rendezvous, this spec's metrics port
+        with pytest.raises(Exception, match=rf"weightSync\.broadcast\.port: {taken} is"):
+            make_spec(weightSync={"broadcast": {"enabled": True, "port": taken}})

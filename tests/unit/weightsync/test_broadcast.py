@@ -21,14 +21,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from broadcast_member import bits_digest
+from test_weightsync import FakeLearner, assert_bits_equal
 
 from scalerl.store.local import LocalStore
 from scalerl.weightsync.broadcast import BroadcastHub, BroadcastReceiver, BroadcastSettings
 from scalerl.weightsync.publisher import WeightPublisher
 from scalerl.weightsync.reader import WeightReader
-
-from broadcast_member import bits_digest
-from test_weightsync import FakeLearner, assert_bits_equal
 from waiting import wait_for
 
 MEMBER = Path(__file__).with_name("broadcast_member.py")
@@ -71,7 +70,8 @@ def test_members_build_every_version_from_the_pushed_shards_and_a_bad_one_is_dow
                 assert_bits_equal(reader.fetch(pv), learner.expected(torch.bfloat16))
                 shard_bytes = sum(s.bytes for s in reader.held.shards)  # type: ignore[union-attr]
                 if v == 1 and i == 1:  # the tampered shard was downloaded, the others pushed
-                    assert 0 < reader.stats.bytes < shard_bytes and reader.stats.pushed == shard_bytes - reader.stats.bytes
+                    got = reader.stats
+                    assert 0 < got.bytes < shard_bytes and got.pushed == shard_bytes - got.bytes
                 else:
                     assert (reader.stats.bytes, reader.stats.pushed) == (0, shard_bytes), (v, i)
         assert (hub.sent, hub.failed, hub.skipped) == (4, 0, 0)
