@@ -30,6 +30,7 @@ Keep the port inside the job's network policy.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -49,6 +50,8 @@ SETTLE_S = 1.0
 """With `generators` 0: a generation is frozen once no generator has joined it for this long (seconds)."""
 POLL_S = 0.05
 """How often a waiting party looks at the rendezvous (seconds)."""
+CLOSE_WAIT_S = 2.0
+"""How long `close` waits for a background thread (seconds)."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,16 @@ class BroadcastHub:
         """Broadcast one version's shards (key, bytes), in order, to the group; True when every member has
         them. Bounded: each of ready, transfer and done waits at most `timeout_s`. Never raises for a
         member's fault: it is named and counted, and the version goes through the store."""
+        try:
+            return self._send(version, shards)
+        except Exception as exc:  # the rendezvous itself failed: the store path still serves every generator
+            log.warning("weights broadcast: version %d not sent: %s", version, exc)
+            with self._lock, contextlib.suppress(Exception):
+                self.failed += 1
+                self._retire(f"the send failed: {exc}")
+            return False
+
+    def _send(self, version: int, shards: Sequence[tuple[str, bytes]]) -> bool:
         with self._lock:
             f = self._formed
             if f is None:
@@ -268,8 +281,10 @@ class BroadcastHub:
         return False
 
     def close(self) -> None:
+        """Stop forming groups (a formation in progress is left to its daemon thread: never a wait of a
+        whole timeout at shutdown) and drop the group."""
         self._closed.set()
-        self._thread.join(timeout=self.settings.timeout_s + 5)
+        self._thread.join(timeout=CLOSE_WAIT_S)
         with self._lock:
             self._formed = None
 
@@ -295,8 +310,10 @@ class BroadcastReceiver:
         self._thread.start()
 
     def close(self) -> None:
+        """Stop receiving. The thread is a daemon: one blocked in a transfer is not waited for past
+        CLOSE_WAIT_S (a generator's SIGTERM drain stays short); nothing it holds needs saving."""
         self._closed.set()
-        self._thread.join(timeout=self.settings.timeout_s + 5)
+        self._thread.join(timeout=CLOSE_WAIT_S)
 
     def _run(self) -> None:
         store: TCPStore | None = None
