@@ -26,7 +26,7 @@ import pytest
 
 from distributed_checks import assert_committed_have_output, steps_of, wait_step
 from scalerl.bus.kafka import KafkaBus
-from scalerl.messages import PolicyVersion, ScoredGroup
+from scalerl.messages import PolicyVersion, RolloutGroup, ScoredGroup
 from scalerl.model.factory import model_vocab_size
 from scalerl.rpc.convert import decode_envelope
 from scalerl.runtime.launcher import LocalCluster
@@ -34,6 +34,7 @@ from scalerl.store.factory import open_store
 from scalerl.weightsync.manifest import parse_key
 from scalerl.weightsync.reader import highest_version
 from sideport_client import side_get
+from waiting import wait_for
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 
@@ -231,6 +232,14 @@ BAD_RUN = {"steps": 6, "off_policy": {"mode": "pipeline", "k": 2}, "checkpoint_e
            "partitions": 1}
 
 
+def _first_rollout(bus: KafkaBus, topic: str) -> RolloutGroup | None:
+    """The first rollout group on `topic` (None: none yet, or the topic is not created yet)."""
+    try:
+        return next((decode_envelope(r.value, RolloutGroup) for r in bus.read_raw(topic, timeout_s=2.0)), None)
+    except Exception:
+        return None
+
+
 def _bad_records(template: ScoredGroup, vocab: int) -> dict[str, tuple[str, object, str]]:
     """key -> (topic kind, well-typed record with a bad value, what its reason must contain). Each uses a
     known prompt id under its own epoch (900+), so its group id is unlike any the curriculum issues, and no
@@ -280,16 +289,21 @@ def test_bad_values_are_dead_lettered_once_and_the_run_finishes(infra, unique, s
                            generators=1, verifiers=1, env=infra.s3_env())
     bus = KafkaBus(infra.kafka_bootstrap)
     try:
-        cluster.start_all()
-        wait_step(cluster, out, 1)  # (in-flight cap 2B: the learner must read past the bad records to finish)
-        template = next(decode_envelope(r.value, ScoredGroup) for r in bus.read_raw(f"{unique}.scored"))
-        bad = _bad_records(template, model_vocab_size(spec.model))
+        # The verifier starts only after the bad records are in: every scored record the learner trains on
+        # comes after the bad ones (one partition), and at most the in-flight cap (2B) of rollouts before them,
+        # so the run cannot finish without reading past every bad record, however fast or loaded the machine.
+        for role, role_id in (("learner", "learner-0"), ("curriculum", "curriculum-0"), ("generator", "generator-0")):
+            cluster.start(role, role_id)
+        rollout = wait_for("a first rollout group", lambda: _first_rollout(bus, f"{unique}.rollouts"), timeout_s=480)
+        n = len(rollout.completions)
+        bad = _bad_records(ScoredGroup(rollout, [1.0] * n, [True] * n), model_vocab_size(spec.model))
         for key, (kind, value, _) in bad.items():
             if isinstance(value, bytes):
                 bus.publish_raw(f"{unique}.{kind}", value, key=key.encode())
             else:
                 bus.publish(f"{unique}.{kind}", value, key=key)
         bus.flush()
+        cluster.start("verifier", "verifier-0")
         assert cluster.wait_learner(timeout_s=480) == 0, cluster.tail("learner-0")
         codes = cluster.stop_all()
     finally:
