@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 SETTLE_S = 1.0
 """With `generators` 0: a generation is frozen once no generator has joined it for this long (seconds)."""
 POLL_S = 0.05
-"""How often a waiting party looks at the rendezvous (seconds)."""
+"""How often a waiting party looks at the rendezvous once it has waited a while (seconds; at first every
+few milliseconds). Polling, not TCPStore.wait: its timeouts print c10d warnings on stderr."""
 CLOSE_WAIT_S = 2.0
 """How long `close` waits for a background thread (seconds)."""
 
@@ -100,10 +101,12 @@ class _Rendezvous:
     def wait_for(self, ready: Callable[[], bool], timeout_s: float, stop: Callable[[], bool] = lambda: False) -> bool:
         """Poll `ready` until it holds (True), `timeout_s` passes or `stop` holds (False)."""
         deadline = time.monotonic() + timeout_s
+        delay = 0.002  # the steps of a transfer follow each other within milliseconds: look often at first
         while not ready():
             if stop() or time.monotonic() >= deadline:
                 return False
-            time.sleep(POLL_S)
+            time.sleep(delay)
+            delay = min(POLL_S, delay * 1.5)
         return True
 
 
