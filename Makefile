@@ -89,7 +89,8 @@ run: install
 # the background, Kafka and MinIO first; at once, side by side, the tests that need servers (each waits for
 # its own; they fail, never skip, when CI is set and the servers cannot start) and the tests that need none
 # (the main suite's, the vLLM environment's, and the tests that train again on other kernels, ALT_KERNELS
-# above). Each pass writes JUnit XML into build/; pytest's exit 5 (no tests collected) fails the run.
+# above), followed in that stream by the vLLM test that needs the servers, beside the end of the other.
+# Each pass writes JUnit XML into build/; pytest's exit 5 (no tests collected) fails the run.
 test:
 	bash scripts/test_suite.sh --prebuild
 	$(MAKE) --no-print-directory install-dev install-vllm

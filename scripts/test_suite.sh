@@ -8,15 +8,15 @@
 #   2. At once, two streams side by side (the servers' tests mostly wait on servers, Pods and the bus, so
 #      they fill the CPU the others leave idle):
 #      a. the tests that need servers (SCALERL_INFRA_UP_PID: a session fixture whose servers are not up
-#         yet waits for the background up.sh instead of failing), then the vLLM environment's, once all
-#         servers are up:
+#         yet waits for the background up.sh instead of failing):
 #           the main suite's                         -m infra                build/junit-infra.xml
-#           the vLLM environment's                   -m "vllm and infra"     build/junit-vllm-infra.xml
 #      b. the tests that need no server (SCALERL_INFRA_AUTOSTART=0, so a test that needs one and is not
-#         marked `infra` fails in CI instead of starting servers of its own):
+#         marked `infra` fails in CI instead of starting servers of its own), then, once every server is up,
+#         the vLLM environment's test that needs them (beside the end of stream a, not after it):
 #           the main suite's                           -m "not infra"          build/junit.xml
 #           the vLLM environment's                     -m "vllm and not infra" build/junit-vllm.xml
 #           the tests that train, on other CPU kernels  ATEN_CPU_CAPABILITY     build/junit-<kernels>.xml
+#           the vLLM environment's                     -m "vllm and infra"     build/junit-vllm-infra.xml
 #   3. The servers stop.
 # Every pass runs whatever the others did; the exit status is the first non-zero one (pytest's 5, no
 # tests collected, included), or 1 when the servers could not be built or started.
@@ -88,21 +88,6 @@ note "building (where the cache lacks them) and starting the servers in the back
         --junitxml=build/junit-infra.xml "${extra[@]}" >build/infra-tests.log 2>&1
     keep $?
     tail -n 15 build/infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
-    note "the vLLM tests that need the servers, once all are up: build/vllm-infra-tests.log"
-    while [[ ! -s build/infra-up.rc ]]; do sleep 5; done
-    if [[ "$(cat build/infra-up.rc)" == 0 ]]; then
-        set -a
-        # shellcheck source=/dev/null
-        source build/infra.env
-        set +a
-        SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and infra" --junitxml=build/junit-vllm-infra.xml \
-            >build/vllm-infra-tests.log 2>&1
-        keep $?
-        tail -n 5 build/vllm-infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
-    else
-        note "the servers could not be built or started (build/infra-up.log): the vLLM tests that need them did not run"
-        keep 1
-    fi
     echo "$rc" >build/infra-stream.rc
 ) &
 stream_pid=$!
@@ -119,6 +104,25 @@ note "the tests that train, again with ATEN_CPU_CAPABILITY=$ALT_KERNELS"
 ATEN_CPU_CAPABILITY="$ALT_KERNELS" SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -p no:cacheprovider \
     -m "not gpu and not infra and not slow and not vllm" --junitxml="build/junit-$ALT_KERNELS.xml" "${retrain[@]}"
 keep $?
+
+# the vLLM test that needs the servers: here, once they are all up, beside the end of stream a (which holds
+# the real node's long tests) rather than after it
+note "the vLLM tests that need the servers, once all are up: build/vllm-infra-tests.log"
+while [[ ! -s build/infra-up.rc ]]; do sleep 5; done
+if [[ "$(cat build/infra-up.rc)" == 0 ]]; then
+    (
+        set -a
+        # shellcheck source=/dev/null
+        source build/infra.env
+        set +a
+        SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and infra" --junitxml=build/junit-vllm-infra.xml \
+            >build/vllm-infra-tests.log 2>&1
+    )
+    keep $?
+    tail -n 5 build/vllm-infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
+else
+    note "the servers could not be built or started (build/infra-up.log): the vLLM tests that need them did not run"
+fi
 
 note "waiting for the tests that need the servers"
 wait "$stream_pid"
