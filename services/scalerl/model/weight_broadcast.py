@@ -65,11 +65,11 @@ def open_store(endpoint: BroadcastEndpoint) -> TCPStore:
                     timeout=datetime.timedelta(seconds=endpoint.timeout_s), wait_for_workers=False)
 
 
-def join_group(endpoint: BroadcastEndpoint, store: TCPStore) -> Any:
-    """This process's member of the broadcast group over `store` (keep the store alive with it). Blocks
-    until all `world_size` ranks have joined, at most `timeout_s`."""
+def join_group(endpoint: BroadcastEndpoint, store: TCPStore, prefix: str = STORE_PREFIX) -> Any:
+    """This process's member of the broadcast group over `store` (keep the store alive with it), its keys
+    under `prefix`. Blocks until all `world_size` ranks have joined, at most `timeout_s`."""
     timeout = datetime.timedelta(seconds=endpoint.timeout_s)
-    prefixed = PrefixStore(STORE_PREFIX, store)
+    prefixed = PrefixStore(prefix, store)
     if endpoint.backend == "gloo":
         return ProcessGroupGloo(prefixed, endpoint.rank, endpoint.world_size, timeout)
     from torch._C._distributed_c10d import ProcessGroupNCCL  # only in CUDA builds of torch

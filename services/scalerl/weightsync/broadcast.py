@@ -42,7 +42,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, TCPStore
+from torch._C._distributed_c10d import TCPStore
+
+from scalerl.model.weight_broadcast import BroadcastEndpoint, join_group
 
 log = logging.getLogger(__name__)
 
@@ -110,17 +112,10 @@ class _Rendezvous:
         return True
 
 
-def _group(store: TCPStore, generation: int, rank: int, world: int, backend: str, timeout_s: float) -> object:
+def _group(store: TCPStore, generation: int, rank: int, world: int, settings: BroadcastSettings) -> object:
     """This process's member of generation `generation`'s group (blocks until all `world` ranks join)."""
-    prefixed = PrefixStore(f"scalerl-weights/g{generation}", store)
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if backend == "gloo":
-        return ProcessGroupGloo(prefixed, rank, world, timeout)
-    from torch._C._distributed_c10d import ProcessGroupNCCL  # only in CUDA builds of torch
-
-    options = ProcessGroupNCCL.Options()
-    options._timeout = timeout
-    return ProcessGroupNCCL(prefixed, rank, world, options)
+    endpoint = BroadcastEndpoint(settings.address, store.port, world, rank, settings.backend, settings.timeout_s)
+    return join_group(endpoint, store, prefix=f"scalerl-weights/g{generation}")
 
 
 def _device(backend: str) -> torch.device:
@@ -204,7 +199,7 @@ class BroadcastHub:
         names = {r: rv.get(f"g{g}/name/{r}") if rv.has(f"g{g}/name/{r}") else f"rank {r}"
                  for r in range(1, n + 1)}
         try:
-            group = _group(rv.store, g, 0, n + 1, self.settings.backend, self.settings.timeout_s)
+            group = _group(rv.store, g, 0, n + 1, self.settings)
         except Exception as exc:  # a member did not come within the timeout
             log.warning("weights broadcast: generation %d (%s) did not form within %.0f s: %s", g,
                         ", ".join(names.values()), self.settings.timeout_s, exc)
@@ -360,7 +355,7 @@ class BroadcastReceiver:
         if rank >= world:  # came after the freeze: the learner starts the next generation for us
             rv.wait_for(lambda: False, float("inf"), moved_on)
             return
-        group = _group(rv.store, g, rank, world, self.settings.backend, t)
+        group = _group(rv.store, g, rank, world, self.settings)
         self.in_group = True
         try:
             seq = 0
