@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -207,7 +208,25 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.verbose:  # ours at INFO; third-party INFO chatter stays off the terminal
         logging.getLogger("scalerl").setLevel(logging.INFO)
-    return int(args.func(args))
+    code = int(args.func(args))
+    if argv is None:  # the process's own command line (not a caller's in-process call)
+        _leave_past_stranded_threads(code)
+    return code
+
+
+def _leave_past_stranded_threads(code: int) -> None:
+    """End the process without the interpreter's finalization when a weights-broadcast thread is still in
+    a native call (`scalerl.weightsync.broadcast.stranded_threads`): finalizing under it aborts the
+    process. Everything of ours is flushed first; the exit code is the command's."""
+    broadcast = sys.modules.get("scalerl.weightsync.broadcast")  # imported only where broadcast was on
+    stranded = broadcast.stranded_threads() if broadcast is not None else []
+    if not stranded:
+        return
+    logging.getLogger("scalerl").warning("leaving without finalization: %s still in a transfer", ", ".join(stranded))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,26 @@ POLL_S = 0.05
 few milliseconds). Polling, not TCPStore.wait: its timeouts print c10d warnings on stderr."""
 CLOSE_WAIT_S = 2.0
 """How long `close` waits for a background thread (seconds)."""
+CONNECT_SLICE_S = 0.5
+"""A receiver tries to reach the learner's rendezvous for at most this long at a time (seconds), so that
+`close` finds it between tries rather than inside torch's native connect loop."""
+
+_STRANDED: list[threading.Thread] = []
+
+
+def stranded_threads() -> list[str]:
+    """Names of this module's background threads that `close` could not join: each is inside a native call
+    (a gloo transfer, the group's rendezvous) bounded by `timeout_s`. While one is, the process must not
+    run the interpreter's finalization: a daemon thread that returns from native code during it is ended
+    by a forced unwind that aborts the process (SIGABRT, "terminate called without an active exception").
+    The CLI ends such a process with `os._exit` once its own work is flushed."""
+    return [t.name for t in _STRANDED if t.is_alive()]
+
+
+def _join(thread: threading.Thread) -> None:
+    thread.join(timeout=CLOSE_WAIT_S)
+    if thread.is_alive():
+        _STRANDED.append(thread)
 
 
 @dataclass(frozen=True)
@@ -282,7 +302,7 @@ class BroadcastHub:
         """Stop forming groups (a formation in progress is left to its daemon thread: never a wait of a
         whole timeout at shutdown) and drop the group."""
         self._closed.set()
-        self._thread.join(timeout=CLOSE_WAIT_S)
+        _join(self._thread)
         with self._lock:
             self._formed = None
 
@@ -311,15 +331,22 @@ class BroadcastReceiver:
         """Stop receiving. The thread is a daemon: one blocked in a transfer is not waited for past
         CLOSE_WAIT_S (a generator's SIGTERM drain stays short); nothing it holds needs saving."""
         self._closed.set()
-        self._thread.join(timeout=CLOSE_WAIT_S)
+        _join(self._thread)
+
+    def _connect(self) -> TCPStore:
+        """A client of the learner's rendezvous: reached within `CONNECT_SLICE_S` (else the caller tries
+        again), then every wait on it bounded by `timeout_s`."""
+        slice_s = min(self.settings.timeout_s, CONNECT_SLICE_S)
+        store = TCPStore(self.settings.address, self.settings.port, None, False, datetime.timedelta(seconds=slice_s))
+        store.set_timeout(datetime.timedelta(seconds=self.settings.timeout_s))
+        return store
 
     def _run(self) -> None:
         store: TCPStore | None = None
         while not self._closed.is_set():
             if store is None:
                 try:
-                    store = TCPStore(self.settings.address, self.settings.port, None, False,
-                                     datetime.timedelta(seconds=self.settings.timeout_s))
+                    store = self._connect()
                 except Exception as exc:  # no learner (yet): not a failure; the store path serves meanwhile
                     log.info("%s: weights broadcast: the learner's rendezvous %s:%d is not up (%s); trying again",
                              self.member_id, self.settings.address, self.settings.port,

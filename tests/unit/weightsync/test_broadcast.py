@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -159,3 +160,58 @@ def test_a_stopped_generator_is_named_the_learner_does_not_wait_past_its_timeout
     finally:
         for m in members:
             m.close()
+
+
+def test_a_receiver_whose_learner_is_gone_closes_promptly_between_tries() -> None:
+    """With no learner at its port (gone at the end of a run), a receiver retries the connect in short
+    slices, so `close` joins its thread instead of leaving it inside torch's native connect loop, where
+    the interpreter's finalization would abort the process (SIGABRT) when the call returns."""
+    from scalerl.weightsync import broadcast
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    receiver = BroadcastReceiver(BroadcastSettings("127.0.0.1", port, timeout_s=60.0), "gen-gone",
+                                 lambda v, shards: None)
+    time.sleep(1.5)  # inside a try, or between two
+    t0 = time.monotonic()
+    receiver.close()
+    took = time.monotonic() - t0
+    assert not receiver._thread.is_alive() and broadcast.stranded_threads() == [], f"close took {took:.1f} s"
+    assert took < broadcast.CLOSE_WAIT_S
+
+
+STRANDED_CHILD = """
+import datetime, sys, threading, time
+from torch._C._distributed_c10d import TCPStore
+from scalerl import cli
+from scalerl.weightsync import broadcast
+
+def connect_forever():  # in native code for 0.2 s at a time, many returns during finalization
+    while True:
+        try:
+            TCPStore("127.0.0.1", int(sys.argv[1]), None, False, datetime.timedelta(seconds=0.2))
+        except Exception:
+            pass
+
+t = threading.Thread(target=connect_forever, name="stuck-transfer", daemon=True)
+t.start()
+broadcast._STRANDED.append(t)
+time.sleep(0.5)
+print("flushed before leaving", flush=False)
+cli._leave_past_stranded_threads(3)
+"""
+
+
+def test_the_cli_leaves_without_finalization_while_a_broadcast_thread_is_stranded() -> None:
+    """A thread that `close` could not join: the CLI flushes and exits with the command's code, without
+    the interpreter's finalization (under which such a thread aborts the process)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for _ in range(3):  # the abort it avoids depends on timing: a few tries
+        proc = subprocess.run([sys.executable, "-c", STRANDED_CHILD, str(port)], capture_output=True, text=True,
+                              timeout=START_S)
+        assert proc.returncode == 3, proc.stderr[-2000:]
+        assert "flushed before leaving" in proc.stdout
+        assert "leaving without finalization: stuck-transfer still in a transfer" in proc.stderr
