@@ -24,7 +24,7 @@ UV := $(VENV)/bin/uv
 UV_VERSION := 0.13.9
 # The stamps change with the lock files and the build inputs, so an edited lock reinstalls.
 lockhash = $(shell cat pyproject.toml setup.py requirements/$(1).lock | cksum | cut -d' ' -f1)
-RUNTIME_STAMP := $(VENV)/.installed-runtime-$(call lockhash,runtime)
+RUNTIME_STAMP := $(VENV)/.installed-runtime-$(call lockhash,runtime)-$(call lockhash,datasets)
 DEV_STAMP := $(VENV)/.installed-dev-$(call lockhash,dev)-$(call lockhash,models)
 # Servers' scripts and tests find the environment's python3 first.
 VENV_PATH = PATH="$(CURDIR)/$(VENV)/bin:$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)"
@@ -54,8 +54,9 @@ $(UV):
 # libraries (libcudart), so the CPU-only machine gets them too (~4 GB; downloaded once into uv's cache).
 # not `python -m scalerl.rpc.codegen`: importing the package imports the module first, and runpy warns
 CODEGEN = $(PY) -c 'import sys; from scalerl.rpc.codegen import main; sys.exit(main(sys.argv[1:]))'
-$(RUNTIME_STAMP): $(UV) pyproject.toml setup.py requirements/runtime.lock
+$(RUNTIME_STAMP): $(UV) pyproject.toml setup.py requirements/runtime.lock requirements/datasets.lock
 	$(UV) pip install --python $(PY) -r requirements/runtime.lock
+	$(UV) pip install --python $(PY) --no-deps -r requirements/datasets.lock
 	$(UV) pip install --python $(PY) --no-deps -e .
 	$(CODEGEN)
 	@rm -f $(VENV)/.installed-runtime-*; touch $@

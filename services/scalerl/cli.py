@@ -196,9 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from scalerl.evaluation.commands import register as register_eval
     from scalerl.report.commands import register as register_scaling
+    from scalerl.runtime.score_command import register as register_score
 
     register_scaling(sub)
     register_eval(sub)
+    register_score(sub)
     return p
 
 

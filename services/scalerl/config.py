@@ -77,12 +77,13 @@ class ModelConfig(_Strict):
 
 
 # Task kinds built into scalerl (tasks/registry.py builds them); any other kind is a plugin's (plugins.py).
-TASK_KINDS: tuple[str, ...] = ("addition", "multiplication", "countdown", "jsonl")
+TASK_KINDS: tuple[str, ...] = ("addition", "multiplication", "countdown", "jsonl", "code")
 
 
 class TaskConfig(_Strict):
     kind: str = Field("addition", min_length=1, max_length=100, description=(
-        "Verifiable task family: addition, multiplication, countdown, jsonl (a JSON Lines dataset), or the "
+        "Verifiable task family: addition, multiplication, countdown, jsonl (a JSON Lines dataset), code (Python "
+        "functions graded by their tests in the sandbox; evaluated on HumanEval), or the "
         "name of a task an installed package registers in the `scalerl.tasks` entry-point group "
         "(docs/guides/own-task.md)."))
     options: dict[str, Any] = Field({}, description=(  # pydantic copies the {} per instance
@@ -91,10 +92,13 @@ class TaskConfig(_Strict):
     digits: int = Field(3, ge=1, le=12, description="Operand digits (addition, multiplication).")
     countdown_numbers: int = Field(4, ge=3, le=6, description="Numbers given in a Countdown problem.")
     countdown_max_number: int = Field(25, ge=2, le=1000, description="Largest small number in Countdown.")
-    train_path: str | None = Field(None, description="JSONL training set (kind=jsonl).")
-    eval_path: str | None = Field(None, description="JSONL held-out set (kind=jsonl); default holds out.")
+    train_path: str | None = Field(None, description=(
+        "JSONL training set (kind=jsonl; kind=code: optional, default generated problems)."))
+    eval_path: str | None = Field(None, description=(
+        "JSONL held-out set (kind=jsonl: default holds out of train_path; kind=code: default HumanEval)."))
     train_size: int = Field(20000, ge=1, le=10_000_000, description="Generated training prompts.")
-    eval_size: int = Field(200, ge=1, le=100_000, description="Held-out eval prompts.")
+    eval_size: int = Field(200, ge=1, le=100_000, description=(
+        "Held-out eval prompts. kind=code: a seeded subset of the eval set; unset, all of it (HumanEval: 164)."))
     data_seed: int = Field(0, ge=0, le=2**31 - 1, description=(
         "Seed of the data alone: which prompts are generated and which are held out (an integer ≥ 0; default "
         "0, the split every run had before this field, when `seed` was 0). Apart from `seed` so that runs "
@@ -103,6 +107,11 @@ class TaskConfig(_Strict):
         "Prompt style: symbolic = the compact prompts the tiny model learns from scratch (357+468=); chat = "
         "natural-language questions for an instruct model, answers read from free text (Answer:, \\boxed{}, "
         "else the last number or expression; see each task's docstring). Default: the quickstart's."))
+    code_wall_s: float = Field(10.0, ge=0.1, le=600, description=(
+        "kind=code: the wall-clock limit of one completion's tests in the sandbox (seconds); its CPU limit is "
+        "the same, rounded down to whole seconds (at least 1)."))
+    code_memory_mb: int = Field(512, ge=16, le=65536, description=(
+        "kind=code: the address-space limit of one completion's tests in the sandbox (MiB)."))
     reward_correct: float = Field(1.0, description="Reward of a correct completion (ScaleRL: +1).")
     reward_incorrect: float = Field(-1.0, description="Reward of an incorrect completion (ScaleRL: −1).")
 

@@ -38,6 +38,4 @@ def make_task(spec: JobSpec) -> Task:
 
 
 def make_verifier(spec: JobSpec, task: Task) -> Verifier:
-    g = spec.generation
-    return Verifier(task, reward_correct=spec.task.reward_correct, reward_incorrect=spec.task.reward_incorrect,
-                    penalty=g.length_penalty if g.length_control == "length_penalty" else None)
+    return Verifier.from_spec(spec, task)

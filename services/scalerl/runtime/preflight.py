@@ -42,6 +42,20 @@ def _dataset_problems(spec: JobSpec) -> list[str]:
     return problems
 
 
+def _code_task_problems(spec: JobSpec) -> list[str]:
+    """A code task's datasets and eval set, read and checked (one line, naming the field)."""
+    from scalerl.tasks.jsonl import DatasetError
+
+    try:
+        task_from_config(spec.task)
+    except DatasetError as exc:
+        in_eval = bool(spec.task.eval_path) and str(exc).startswith(str(spec.task.eval_path))
+        return [f"{'task.eval_path' if in_eval else 'task.train_path'}: {exc}"]
+    except ValueError as exc:
+        return [f"task: {exc}"]
+    return []
+
+
 def _sft_problem(spec: JobSpec) -> str | None:
     """SFT asked for, with no `model.init_checkpoint` to start from, on a task without gold chains of thought
     (`Task.has_solutions`): a JSONL dataset, a built-in task in chat phrasing, a plugin's task that has none."""
@@ -50,6 +64,8 @@ def _sft_problem(spec: JobSpec) -> str | None:
         return None
     if kind == "jsonl":
         why = "its records hold a prompt and an answer"
+    elif kind == "code" and spec.task.train_path:
+        why = "task.train_path's records hold tests, not solutions; the generated problems have them"
     else:
         try:
             task = task_from_config(spec.task)
@@ -127,12 +143,22 @@ def _model_problems(spec: JobSpec) -> list[str]:
     return problems
 
 
-def spec_problems(spec: JobSpec) -> list[str]:
-    """Every reason this valid spec cannot run here (one line each, naming the field), in field order."""
-    problems = _model_problems(spec)
+def task_problems(spec: JobSpec) -> list[str]:
+    """Why the spec's task cannot be built here: its datasets, HumanEval for code, a plugin's settings."""
+    problems = []
     if spec.task.kind == "jsonl":
         problems += _dataset_problems(spec)
-    for problem in (plugin_task_problem(spec.task), _sft_problem(spec), _budget_problem(spec), engine_problem(spec)):
+    if spec.task.kind == "code":
+        problems += _code_task_problems(spec)
+    if (problem := plugin_task_problem(spec.task)) is not None:
+        problems.append(problem)
+    return problems
+
+
+def spec_problems(spec: JobSpec) -> list[str]:
+    """Every reason this valid spec cannot run here (one line each, naming the field), in field order."""
+    problems = _model_problems(spec) + task_problems(spec)
+    for problem in (_sft_problem(spec), _budget_problem(spec), engine_problem(spec)):
         if problem is not None:
             problems.append(problem)
     return problems

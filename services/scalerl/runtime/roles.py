@@ -239,8 +239,10 @@ class VerifierService:
 
     def status(self) -> dict[str, Any]:
         rpc = self.rpc_scored()
+        v = self.verifier
         return {"role": "verifier", "id": self.ctx.role_id, "ready": True, "groups_scored": self.role.scored + rpc,
                 "rollouts_consumed": self.rollouts_consumed + rpc, "dead_lettered": dict(self.role.dead.counts),
+                "verdicts": dict(v.verdicts), "grading_s": v.grading_seconds, "tests_passed": v.tests_passed_sum,
                 "lag": input_lag(self.bus, self.role.group, self.topics.rollouts)}
 
     def _once(self) -> int:

@@ -20,7 +20,8 @@ _COUNTERS = {
     "generator": {"tokens_generated": "tokens", "groups_generated": "groups_out", "prompts_consumed": "groups_in",
                   "weights_bytes": "weights_bytes", "weights_unbuildable": "weights_unbuildable",
                   "weights_broadcast_bytes": "weights_broadcast_bytes", "broadcast_failures": "broadcast_failures"},
-    "verifier": {"groups_scored": "groups_out", "rollouts_consumed": "groups_in"},
+    "verifier": {"groups_scored": "groups_out", "rollouts_consumed": "groups_in", "grading_s": "grading_seconds",
+                 "tests_passed": "tests_passed"},
     "learner": {"tokens_trained": "tokens", "groups_consumed": "groups_in", "versions_published": "groups_out",
                 "broadcast_sent": "broadcast_sent", "broadcast_skipped": "broadcast_skipped"},
     "curriculum": {"prompts_issued": "groups_out", "scored_consumed": "groups_in"},
@@ -63,6 +64,8 @@ class StatusMetrics(RoleMetrics):
             if "broadcast_stuck" in s:
                 self._labelled(self.broadcast_stuck, "generator", s["broadcast_stuck"], "broadcast_stuck")
             self._labelled(self.dead_lettered, "reason", s.get("dead_lettered", {}), "dead_lettered")
+            if "verdicts" in s:
+                self._labelled(self.verdicts, "verdict", s["verdicts"], "verdicts")
             for topic, lag in s.get("lag", {}).items():
                 self.queue_lag.labels(topic=topic).set(float(lag))
             self.ready.set(1.0 if s.get("ready") else 0.0)

@@ -62,10 +62,28 @@ class Problem:
     """Gold completion for SFT: `"<think>...</think>" + final answer` (no `<eos>`); `""` if none."""
 
 
+@dataclass(frozen=True, slots=True)
+class Grade:
+    """A verifier's decision on one completion, with what a person checking a task wants to see."""
+
+    correct: bool
+    verdict: str
+    """Why: `correct`/`wrong`/`no_answer` for answer tasks; code tasks add `pass`, `fail`, `error`, `timeout`,
+    `memory`, `forbidden`, ... (tasks/code_grading.py)."""
+    seconds: float = 0.0
+    """Time spent deciding (for code: the sandboxed execution's wall time)."""
+    metrics: dict[str, float] | None = None
+    """Task-specific numbers, e.g. code's `tests_passed` (fraction of asserts passed)."""
+    detail: str = ""
+
+
 class Task(ABC):
     """A family of verifiable problems. Subclasses are cheap to build and pure after construction."""
 
     name: str
+    concurrent_grading: int = 1
+    """How many completions the verifier may grade at once (a task whose grading waits on a subprocess,
+    such as code in the sandbox, sets more)."""
 
     @abstractmethod
     def problems(self, split: Split) -> list[Problem]:
@@ -86,6 +104,13 @@ class Task(ABC):
     @abstractmethod
     def is_correct(self, completion: str, answer: str) -> bool:
         """The verifier's decision for `completion` against the reference `answer`. Never raises."""
+
+    def grade(self, completion: str, answer: str) -> Grade:
+        """`is_correct` with its verdict: `correct`, `wrong`, or `no_answer` when `extract_answer` finds none.
+        Tasks with more to say (code: the tests' verdict and the fraction passed) override it."""
+        if self.is_correct(completion, answer):
+            return Grade(True, "correct")
+        return Grade(False, "wrong" if self.extract_answer(completion) is not None else "no_answer")
 
 
 def answer_after_think(completion: str) -> str | None:

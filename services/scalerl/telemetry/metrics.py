@@ -135,6 +135,16 @@ class RoleMetrics:
                                               "what it missed came from the store.", registry=r)
             self.broadcast_in_group = Gauge(f"{p}_broadcast_in_group", "1 while this generator is a member of "
                                             "the learner's broadcast group, else 0.", registry=r)
+        if role == "verifier":  # what grading found and cost (Task.grade)
+            self.verdicts = Counter(f"{p}_verdicts", "Completions graded, by verdict (correct, wrong, no_answer, "
+                                    "truncated; code tasks: pass, fail, error, timeout, memory, forbidden, ...).",
+                                    ["verdict"], registry=r)
+            self.grading_seconds = Counter(f"{p}_grading_seconds", "Seconds spent grading (code tasks: the "
+                                           "sandboxed executions' wall time); rate() gives busy seconds/s.",
+                                           registry=r)
+            self.tests_passed = Counter(f"{p}_tests_passed", "Code tasks: the fraction of a completion's asserts "
+                                        "that passed, summed over completions (divide by the verdicts' total for "
+                                        "the mean).", registry=r)
         if role == "learner":  # the broadcast path (runtime.weight_sync.broadcast)
             self.broadcast_sent = Counter(f"{p}_broadcast_versions", "Policy versions every member of the "
                                           "broadcast group received.", registry=r)

@@ -19,7 +19,7 @@ from scalerl.config import TASK_KINDS, SpecError, spec_from_dict
 from scalerl.plugins import task_plugin_names
 from scalerl.tasks import Task, build_task
 
-BUILTIN = "addition, multiplication, countdown, jsonl (built in)"
+BUILTIN = "addition, multiplication, countdown, jsonl, code (built in)"
 
 
 @pytest.fixture

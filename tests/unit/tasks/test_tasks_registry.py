@@ -11,7 +11,7 @@ from scalerl.tasks import TASK_KINDS, AdditionTask, CountdownTask, Multiplicatio
 
 
 def test_kinds() -> None:
-    assert TASK_KINDS == ("addition", "multiplication", "countdown", "jsonl") == CONFIG_KINDS
+    assert TASK_KINDS == ("addition", "multiplication", "countdown", "jsonl", "code") == CONFIG_KINDS
     assert isinstance(build_task("addition", train_size=5, eval_size=2), AdditionTask)
     assert isinstance(build_task("multiplication", train_size=5, eval_size=2), MultiplicationTask)
     assert isinstance(build_task("countdown", train_size=5, eval_size=2), CountdownTask)
@@ -24,7 +24,7 @@ def test_kinds() -> None:
     ("kwargs", "message"),
     [
         ({"kind": "subtraction"}, re.escape("kind: unknown task kind; allowed: addition, multiplication, "
-                                            "countdown, jsonl (built in), or a plugin task (")),
+                                            "countdown, jsonl, code (built in), or a plugin task (")),
         ({"kind": "addition", "options": {"digits": 2}}, "options: only plugin tasks take options"),
         ({"kind": "addition", "digits": 0}, r"digits must be an integer in \[1, 12\], got 0"),
         ({"kind": "addition", "digits": 13}, r"digits must be an integer in \[1, 12\]"),
