@@ -151,3 +151,20 @@ def test_spec_fields_of_the_code_task_are_checked() -> None:
     task = task_from_config(JobSpec(name="c", task={"kind": "code", "code_wall_s": 2.5, "code_memory_mb": 256}).task)
     assert isinstance(task, CodeTask)
     assert (task.limits.wall_s, task.limits.cpu_s, task.limits.memory_bytes) == (2.5, 2, 256 << 20)
+
+
+def test_the_example_spec_passes_its_checks_and_a_bad_dataset_is_named(tmp_path) -> None:
+    from pathlib import Path
+
+    from scalerl.config import load_spec
+    from scalerl.runtime.preflight import spec_problems
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "code.yaml"
+    spec = load_spec(str(example), [])
+    assert spec_problems(spec) == []
+    assert len(task_from_config(spec.task).problems("eval")) == 32
+    bad = tmp_path / "train.jsonl"
+    bad.write_text(json.dumps({"prompt": PRELUDE, "tests": "assert True\n", "entry_point": "add"}) + "\n")
+    spec = load_spec(str(example), [f"task.train_path={bad}"])
+    assert [p for p in spec_problems(spec) if p.startswith("task.")] == [
+        f'task.train_path: {bad}:1: "tests" must define check(candidate)']
