@@ -112,6 +112,11 @@ class TaskConfig(_Strict):
         "the same, rounded down to whole seconds (at least 1)."))
     code_memory_mb: int = Field(512, ge=16, le=65536, description=(
         "kind=code: the address-space limit of one completion's tests in the sandbox (MiB)."))
+    grade_time_limit_s: float = Field(10.0, ge=0.1, le=3600, description=(
+        "The longest one completion may take to grade (seconds) for a task whose grading nothing else bounds "
+        "(kind=jsonl: math_verify and sympy on model text; a plugin's task): such tasks grade in a child "
+        "process of the verifier, and a completion that takes longer is wrong with the verdict timeout "
+        "(scalerl/verifier/guard.py). Arithmetic, countdown and code tasks are bounded by construction."))
     reward_correct: float = Field(1.0, description="Reward of a correct completion (ScaleRL: +1).")
     reward_incorrect: float = Field(-1.0, description="Reward of an incorrect completion (ScaleRL: −1).")
 

@@ -258,3 +258,4 @@ class VerifierService:
             retry_io(self._once, stop, what="scoring batch", on_error=self.role.rewind)
         self.role.consumer.close()
         self.bus.close()
+        self.verifier.close()

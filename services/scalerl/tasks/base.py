@@ -81,6 +81,10 @@ class Task(ABC):
     """A family of verifiable problems. Subclasses are cheap to build and pure after construction."""
 
     name: str
+    grading_is_bounded: bool = False
+    """Whether `grade` finishes in a time bounded by the completion's length whatever the text (the built-in
+    arithmetic and Countdown checks; code, under the sandbox's limits). A task that does not say so is
+    graded in a child process with `task.grade_time_limit_s` per completion (scalerl/verifier/guard.py)."""
     concurrent_grading: int = 1
     """How many completions the verifier may grade at once (a task whose grading waits on a subprocess,
     such as code in the sandbox, sets more)."""

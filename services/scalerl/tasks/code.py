@@ -134,6 +134,7 @@ def decontaminate(train: list[CodeReference], held_out: list[CodeReference]) -> 
 class CodeTask(Task):
     """Python functions graded by their tests in the sandbox (module docstring)."""
 
+    grading_is_bounded = True  # the sandbox's wall limit (task.code_wall_s)
     def __init__(self, *, seed: int, train_size: int, eval_size: int | None, train_path: str | Path | None = None,
                  eval_path: str | Path | None = None, phrasing: Phrasing = "symbolic",
                  limits: Limits | None = None) -> None:

@@ -118,6 +118,7 @@ def check_countdown_answer(expression: str, numbers: list[int], target: int) -> 
 class CountdownTask(Task):
     """Countdown with `num_numbers` numbers in [1, max_number]; see the module docstring."""
 
+    grading_is_bounded = True  # an expression over the given numbers, each used at most once
     def __init__(self, *, num_numbers: int, max_number: int, seed: int, train_size: int,
                  eval_size: int, phrasing: Phrasing = "symbolic") -> None:
         self.phrasing = check_phrasing(phrasing)

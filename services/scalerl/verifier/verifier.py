@@ -6,9 +6,11 @@ Decisions:
    it is not graded).
 2. With `length_control: length_penalty` (the loo-lp variant), correct completions get the DAPO
    overlong penalty clip((L_max − |y|)/L_cache − 1, −1, 0) added (App. A.11, Eq. 9).
-3. Each completion is graded by `Task.grade` (its verdict counted in `verdicts`; code tasks' fraction of
-   tests passed summed in `tests_passed_sum`). A task whose grading waits on a process (code: the sandbox)
-   sets `Task.concurrent_grading`: a group's completions are graded that many at a time.
+3. Each completion is graded by `Task.grade`: its verdict counted in `verdicts`, code tasks' fraction of
+   tests passed summed in `tests_passed_sum`. A task whose grading is not bounded by construction
+   (`Task.grading_is_bounded`) grades in a child process with a time limit per completion
+   (`Verifier.from_spec`, verifier/guard.py). A task whose grading waits on a process (code: the
+   sandbox) sets `Task.concurrent_grading`: a group's completions are graded that many at a time.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from scalerl.config import JobSpec, LengthPenaltyConfig
 from scalerl.messages import RolloutGroup, ScoredGroup
 from scalerl.tasks import Task
 from scalerl.tasks.base import Grade
+from scalerl.verifier.guard import GuardedGrader
 
 TRUNCATED = Grade(False, "truncated")
 
@@ -32,8 +35,9 @@ def length_penalty(n_tokens: int, cfg: LengthPenaltyConfig) -> float:
 
 class Verifier:
     def __init__(self, task: Task, *, reward_correct: float = 1.0, reward_incorrect: float = -1.0,
-                 penalty: LengthPenaltyConfig | None = None) -> None:
+                 penalty: LengthPenaltyConfig | None = None, guard: GuardedGrader | None = None) -> None:
         self.task = task
+        self.guard = guard
         self.reward_correct = reward_correct
         self.reward_incorrect = reward_incorrect
         self.penalty = penalty
@@ -48,16 +52,26 @@ class Verifier:
     def from_spec(cls, spec: JobSpec, task: Task) -> Verifier:
         """The verifier of a job: its task's rewards and, with length_control: length_penalty, the penalty."""
         g = spec.generation
+        guard = None if task.grading_is_bounded else GuardedGrader(spec.task.model_dump(mode="json"),
+                                                                   spec.task.grade_time_limit_s)
         return cls(task, reward_correct=spec.task.reward_correct, reward_incorrect=spec.task.reward_incorrect,
-                   penalty=g.length_penalty if g.length_control == "length_penalty" else None)
+                   penalty=g.length_penalty if g.length_control == "length_penalty" else None, guard=guard)
 
     def grade(self, text: str, answer: str, finish_reason: str = "stop") -> Grade:
-        g = TRUNCATED if finish_reason == "length" else self.task.grade(text, answer)
+        if finish_reason == "length":
+            g = TRUNCATED
+        else:
+            g = self.guard.grade(text, answer) if self.guard is not None else self.task.grade(text, answer)
         with self._lock:
             self.verdicts[g.verdict] += 1
             self.grading_seconds += g.seconds
             self.tests_passed_sum += (g.metrics or {}).get("tests_passed", 0.0)
         return g
+
+    def close(self) -> None:
+        """End the guarded grader's child process, if any (it also ends with this process)."""
+        if self.guard is not None:
+            self.guard.close()
 
     def is_correct(self, text: str, answer: str, finish_reason: str = "stop") -> bool:
         return self.grade(text, answer, finish_reason).correct

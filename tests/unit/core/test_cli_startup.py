@@ -13,7 +13,7 @@ import scalerl
 from scalerl.cli import build_parser
 
 HEAVY = ("torch", "transformers", "numpy", "scipy", "pydantic", "kafka", "grpc", "matplotlib")
-COMMANDS = ("run", "serve", "fetch-run", "dlq", "sft", "fit", "compare", "eval")
+COMMANDS = ("run", "serve", "fetch-run", "dlq", "sft", "fit", "compare", "eval", "score")
 
 _PROBE = """
 import contextlib, io, json, sys
