@@ -38,7 +38,7 @@ from scalerl.sandbox import Limits
 from scalerl.tasks import code_problems
 from scalerl.tasks.base import Grade, Phrasing, Problem, Split, Task, check_phrasing, check_split, sample_disjoint
 from scalerl.tasks.code_grading import CodeReference, grade_code
-from scalerl.tasks.jsonl import DatasetError
+from scalerl.tasks.jsonl import DatasetError, json_lines
 
 HUMANEVAL_SIZE = 164
 CHAT_PREFIX = ("Complete the following Python function. Answer with the whole function, imports included, in "
@@ -88,24 +88,7 @@ def _check_problem(obj: Any, where: str) -> tuple[str | None, CodeReference]:
 
 def read_code_jsonl(path: str | Path) -> list[tuple[str | None, CodeReference]]:
     """(id or None, reference) of every line of a code dataset, validated; `DatasetError` on the first problem."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{path}: cannot read: {exc}") from None
-    out = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path}:{number}: not JSON ({exc.msg} at column {exc.colno})") from None
-            out.append(_check_problem(obj, f"{path}:{number}"))
-    if not out:
-        raise DatasetError(f"{path}: no records")
-    return out
+    return [_check_problem(obj, f"{path}:{number}") for number, obj in json_lines(path)]
 
 
 def _words(text: str) -> list[str]:

@@ -73,8 +73,9 @@ def _parse_record(obj: Any, where: str, line: int) -> _Record:
     return _Record(line=line, id=record_id, prompt=obj["prompt"], answer=str(answer).strip())
 
 
-def read_jsonl(path: str | Path) -> list[_Record]:
-    """All records of `path`, validated; raises `DatasetError` on the first problem."""
+def json_lines(path: str | Path) -> list[tuple[int, Any]]:
+    """(1-based line number, decoded JSON) of every non-blank line of `path`; `DatasetError` naming the file
+    (and line) when it cannot be read, a line is not JSON, or there are none."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -82,19 +83,22 @@ def read_jsonl(path: str | Path) -> list[_Record]:
         raise DatasetError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise DatasetError(f"{path}: cannot read: {e}") from None
-    records = []
+    out = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        where = f"{path}:{number}"
         try:
-            obj = json.loads(line)
+            out.append((number, json.loads(line)))
         except json.JSONDecodeError as e:
-            raise DatasetError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
-        records.append(_parse_record(obj, where, number))
-    if not records:
+            raise DatasetError(f"{path}:{number}: not JSON ({e.msg} at column {e.colno})") from None
+    if not out:
         raise DatasetError(f"{path}: no records")
-    return records
+    return out
+
+
+def read_jsonl(path: str | Path) -> list[_Record]:
+    """All records of `path`, validated; raises `DatasetError` on the first problem."""
+    return [_parse_record(obj, f"{path}:{number}", number) for number, obj in json_lines(path)]
 
 
 def validate_jsonl(path: str | Path) -> int:
