@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from scalerl.tasks import build_task
+from scalerl.tasks import build_task, code_problems
 from scalerl.tasks.code import CodeTask, humaneval_records
+from scalerl.tasks.code_grading import CodeReference
 from scalerl.verifier.verifier import Verifier
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux-only")
@@ -61,11 +62,18 @@ def test_a_wrong_solution_fails_with_the_fraction_of_asserts_it_passed(task) -> 
 
 
 def test_the_generated_training_problems_gold_solutions_pass(task) -> None:
-    problems = {p.prompt: p for p in task.problems("train")}  # the distinct ones
-    assert len(problems) > 250
+    assert len({p.prompt for p in task.problems("train")}) > 250
+    # each family with its first and its last parameter values, through the sandbox
+    sample = []
+    for i, family in enumerate(code_problems._FAMILIES):
+        for pick in (0, -1):
+            g = code_problems.build((i, tuple(values[pick] for values in family.params.values())))
+            sample.append((g.entry_point, CodeReference(g.prelude, g.tests, g.entry_point).to_answer(),
+                           f"```python\n{g.solution}```"))
     with ThreadPoolExecutor(task.concurrent_grading) as pool:
-        grades = list(pool.map(lambda p: task.grade(p.solution, p.answer), problems.values()))
-    assert [p.id for p, g in zip(problems.values(), grades, strict=True) if not g.correct] == []
+        grades = list(pool.map(lambda s: task.grade(s[2], s[1]), sample))
+    assert [name for (name, _, _), g in zip(sample, grades, strict=True) if not g.correct] == []
+    assert len(sample) == 28
 
 
 ATTACKS = {
