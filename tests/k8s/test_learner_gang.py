@@ -72,8 +72,10 @@ def test_one_rank_restarting_restarts_the_group_once_and_counts_one(
         create(kube, namespace, rljob(name, bootstrap, failurePolicy={"maxRestarts": 1},
                                       roles={"learner": {"nodes": 3}}))
         wait_for("children", lambda: len(children(kube, namespace, name)) == 8, timeout_s=60)
-        pdb = kube.get("policy/v1", "PodDisruptionBudget", namespace, f"{name}-learner")
-        assert pdb is not None and pdb["spec"]["minAvailable"] == 3
+        # (the PDB is applied after the 8 children the contract names: waited for, not sampled once)
+        pdb = wait_for("the learner's PodDisruptionBudget",
+                       lambda: kube.get("policy/v1", "PodDisruptionBudget", namespace, f"{name}-learner"), timeout_s=60)
+        assert pdb["spec"]["minAvailable"] == 3
         assert pdb["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/instance": name,
                                                           "app.kubernetes.io/component": "learner"}
         # rank 1's container restarted (its node rebooted): every rank goes, one restart is counted
