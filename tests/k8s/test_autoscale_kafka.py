@@ -53,13 +53,17 @@ def annotate(kube: Kube, namespace: str, name: str, value: str | None) -> None:
                  content_type="application/merge-patch+json")
 
 
-def drain(bus: KafkaBus, consumer: Any, topic: str, group: str) -> None:
-    """Consume and commit until the group's lag on `topic` is 0 (what the verifiers would do)."""
+def drain(bus: KafkaBus, consumer: Any, topic: str, group: str) -> float:
+    """Consume and commit until the group's lag on `topic` is 0 (what the verifiers would do); the monotonic
+    time of the last commit, from when the operator can see the lag at 0 (the lag checks after it take time)."""
     deadline = time.monotonic() + 30
+    committed_at = time.monotonic()
     while bus.lag(group, topic) > 0 and time.monotonic() < deadline:
         consumer.poll(timeout_s=0.5, max_records=500)
         consumer.commit()
+        committed_at = time.monotonic()
     assert bus.lag(group, topic) == 0
+    return committed_at
 
 
 def test_verifiers_scale_up_on_a_backlog_and_down_after_the_window(
@@ -92,8 +96,7 @@ def test_verifiers_scale_up_on_a_backlog_and_down_after_the_window(
             time.sleep(1.0)
             assert replicas(kube, namespace, name)["verifier"] == 3  # held: still 199 behind
 
-            drain(bus, consumer, topic, group)
-            drained_at = time.monotonic()
+            drained_at = drain(bus, consumer, topic, group)  # (the last commit: lag 0 from then on)
             wait_for("verifiers back at 1", lambda: replicas(kube, namespace, name)["verifier"] == 1, timeout_s=20)
             waited = time.monotonic() - drained_at
             # the recommendations of 3 made before the drain keep the pool for the window, no longer
