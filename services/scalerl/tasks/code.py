@@ -138,7 +138,8 @@ class CodeTask(Task):
         if eval_size is not None and eval_size > len(held):
             raise ValueError(f"eval_size: at most {len(held)} (the problems of {source}), got {eval_size}")
         if eval_size is not None and eval_size < len(held):
-            held = sorted(random.Random(f"code/{seed}/eval").sample(held, eval_size), key=lambda h: held.index(h))
+            picked = sorted(random.Random(f"code/{seed}/eval").sample(range(len(held)), eval_size))
+            held = [held[i] for i in picked]
         self._eval = [self._problem(pid or f"{source}-{i:04d}", ref, "") for i, (pid, ref) in enumerate(held)]
         self._held_refs = [ref for _, ref in held]
         self._train: list[Problem] | None = None
@@ -165,7 +166,8 @@ class CodeTask(Task):
         built = {k: code_problems.build(k) for k in dict.fromkeys(keys)}
         refs = {k: CodeReference(g.prelude, g.tests, g.entry_point) for k, g in built.items()}
         kept, self.dropped_as_contaminated = decontaminate(list(refs.values()), self._held_refs)
-        clean = {list(refs)[i] for i in kept}
+        keys_in_order = list(refs)
+        clean = {keys_in_order[i] for i in kept}
         out = []
         for n, k in enumerate(keys):
             if k in clean:

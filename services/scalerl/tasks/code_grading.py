@@ -169,10 +169,6 @@ def harness_input(ref: CodeReference, code: str) -> tuple[str, str, int]:
     return nonce, nonce + "\n" + json.dumps(files), n_asserts
 
 
-def harness_source() -> str:
-    return _HARNESS
-
-
 def read_summary(stdout: str, nonce: str, n_asserts: int) -> tuple[str, float, str]:
     """(verdict, tests_passed, detail) from the harness's marked line in `stdout`; ("error", 0, ...) when
     there is none (the process ended before the harness could say anything)."""
