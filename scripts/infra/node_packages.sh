@@ -3,7 +3,7 @@
 # one is missing (root and apt: a fresh CI machine). About 30 s; nothing is started.
 set -euo pipefail
 PACKAGES=(podman buildah runc containerd containernetworking-plugins mmdebstrap iptables conntrack uidmap
-    fuse-overlayfs slirp4netns)
+    fuse-overlayfs slirp4netns skopeo)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f '${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
