@@ -28,7 +28,9 @@ def main(layout_dir: str, name: str, have_file: str) -> int:
         if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == name
     ]
     if len(mine) != 1:
-        print(f"oci_import.py: {layout}/index.json has {len(mine)} manifests named {name} (expected 1)", file=sys.stderr)
+        print(
+            f"oci_import.py: {layout}/index.json has {len(mine)} manifests named {name} (expected 1)", file=sys.stderr
+        )
         return 1
     entry = mine[0]
     entry["annotations"]["io.containerd.image.name"] = name
