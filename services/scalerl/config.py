@@ -193,6 +193,26 @@ class GenerationConfig(_Strict):
         return self
 
 
+class EnvironmentConfig(_Strict):
+    """Tools the model may call while it thinks, in multi-turn episodes (`scalerl.environment`)."""
+
+    tools: list[Literal["python", "calculator"]] = Field([], max_length=2, description=(
+        "Tools of every episode: python (a program run in the sandbox; the observation is what it prints) and "
+        "calculator (one exact integer expression). Empty (the default): single-turn completions."))
+    max_turns: int = Field(4, ge=1, le=64, description="Tool calls an episode may make (then its next call ends it).")
+    max_observation_tokens: int = Field(256, ge=16, le=65_536, description=(
+        "Tokens of one observation, <result>...</result> included (longer output is cut)."))
+    tool_wall_s: float = Field(5.0, ge=0.1, le=600, description=(
+        "Wall-clock limit of one python call (seconds); its CPU limit is the same in whole seconds (at least 1)."))
+    tool_memory_mb: int = Field(256, ge=16, le=65_536, description="Address-space limit of one python call (MiB).")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> EnvironmentConfig:
+        if len(set(self.tools)) != len(self.tools):
+            raise ValueError(f"tools: {self.tools} names a tool twice")
+        return self
+
+
 class LossConfig(_Strict):
     type: Literal["cispo", "grpo", "dapo", "gspo"] = Field("cispo", description="Policy loss (ScaleRL: CISPO).")
     cispo_eps_max: float = Field(5.0, gt=0.0, description="Absolute cap on ρ for CISPO (paper: 4–8 equivalent).")
@@ -417,6 +437,9 @@ class JobSpec(_Strict):
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description=(
         "Sampling: the engine, G completions per prompt, temperature, the thinking and answer budgets and the "
         "length control (interruption or length penalty)."))
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description=(
+        "Multi-turn tool use: the tools an episode may call while the model thinks, its turn and observation "
+        "budgets and the python tool's limits (off by default)."))
     loss: LossConfig = Field(default_factory=LossConfig, description=(
         "The policy loss (CISPO by default) with its aggregation, advantage normalisation and zero-variance "
         "filtering (ScaleRL §2.2, §2.4–2.6)."))

@@ -115,6 +115,9 @@ def scenarios(model: Any, tok: Any, ps: list[list[int]]) -> dict[str, LengthCont
         "budget_truncates": base,
         "interruption": replace(base, interruption_ids=phrase, window=(6, 12)),
         "stop_ids": replace(base, stop_ids=(paths[2][4],)),
+        # a tool call's closing tag: one token, and two (matched as tokens stream in, as `</think>` is)
+        "stop_sequence_one": replace(base, stop_sequences=((paths[2][4],),)),
+        "stop_sequence_two": replace(base, stop_sequences=((paths[2][3], paths[2][4]),)),
         "forcing_max": budget_forcing(base, max_thinking=8, answer_prefix_ids=tuple(tok.encode("A:"))),
         "forcing_min": budget_forcing(base, min_thinking=10, wait_ids=wait, max_waits=2),
         "forcing_both": budget_forcing(base, max_thinking=12, min_thinking=6, wait_ids=wait, max_waits=1),
@@ -146,6 +149,39 @@ def test_length_rules_equal_torch_engine(engine: Any, policy: tuple[Any, Any, Pa
         if name.startswith(("interruption", "forcing")):
             assert any(forced), f"{name}: no forced token recorded"
     assert {"stop", "length"} <= reasons  # interrupted rows are checked by their forced tokens above
+
+
+def test_resumed_turns_and_episodes_equal_torch_engine(engine: Any, policy: tuple[Any, Any, Path]) -> None:
+    """`resume` (the thinking count and cut carried into a later turn) and whole multi-turn episodes
+    (`EpisodeRunner`: stop on the call's closing tokens, an observation, the next turn) give the torch
+    engine's tokens, masks, finish reasons and thinking counts, greedy on the same weights."""
+    from scalerl.environment.tools import Toolbox
+    from scalerl.generator.engine import Resume
+    from scalerl.generator.episode import EpisodeRunner
+
+    model, tok, _ = policy
+    ps = prompts(tok)
+    paths = greedy_paths(model, tok, ps, 30)
+    base = replace(scenarios(model, tok, ps)["interruption"], thinking_budget=20)
+    resume = [Resume(thinking_used=u, cut=c) for u, c in ((0, 9), (4, 10), (7, 20), (2, 8))]
+    ref = TorchEngine(model, tok, seed=5).generate(ps, SamplingParams(0.0), base, resume=resume)
+    got = engine.generate(ps, SamplingParams(0.0), base, resume=resume)
+    for r, g in zip(ref, got, strict=True):
+        assert (g.token_ids, g.loss_mask, g.finish_reason, g.thinking_tokens) == \
+            (r.token_ids, r.loss_mask, r.finish_reason, r.thinking_tokens)
+    # row 3 (neither </think> nor EOS in its first 16 tokens) resumes at 2 thinking tokens and is cut at 8
+    assert got[3].thinking_tokens == 8 and not all(got[3].loss_mask)
+    runs = []
+    for eng in (TorchEngine(model, tok, seed=5), engine):
+        runner = EpisodeRunner(eng, tok, Toolbox(("calculator",)), max_turns=2, max_observation_tokens=40)
+        runner.stop_sequences = ((paths[0][2], paths[0][3]),)  # row 0 "calls" where its greedy path has these
+        no_close = replace(base, interruption_ids=None, think_close_ids=(len(tok) + 7,))  # every turn thinks
+        runs.append(runner.generate(ps, SamplingParams(0.0), no_close))
+        assert runner.calls >= 1
+    for r, g in zip(*runs, strict=True):
+        assert (g.token_ids, g.loss_mask, g.finish_reason, g.thinking_tokens) == \
+            (r.token_ids, r.loss_mask, r.finish_reason, r.thinking_tokens)
+        assert max(abs(a - b) for a, b, m in zip(g.logprobs, r.logprobs, g.loss_mask, strict=True) if m) <= TOL
 
 
 def kept_cache_logprobs(old: Any, new: Any, prompt: list[int], toks: list[int], k: int, T: float) -> torch.Tensor:

@@ -47,7 +47,8 @@ class InvalidRecord(ValueError):
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What a valid record must fit. vocab_size: token ids allowed, [0, vocab_size); group_size: G;
-    max_completion_tokens: thinking + answer budget + the injected interruption phrase (tokens);
+    max_completion_tokens: thinking + answer budget + the injected interruption phrase + (with tools) the
+    observations of `environment.max_turns` calls (tokens);
     prompt_ids: the known prompt ids (None = not checked)."""
 
     vocab_size: int
@@ -59,10 +60,11 @@ class Limits:
     def from_spec(cls, spec: Any, vocab_size: int, prompt_ids: Collection[str] | None = None) -> Limits:
         """The job's limits. The interruption phrase is bounded by its UTF-8 byte count (no tokenizer
         makes more tokens than bytes, byte-level BPE included)."""
-        g = spec.generation
+        g, env = spec.generation, spec.environment
         phrase = len(g.interruption.phrase.encode("utf-8"))
+        observations = env.max_turns * env.max_observation_tokens if env.tools else 0  # multi-turn episodes
         return cls(vocab_size=vocab_size, group_size=g.group_size,
-                   max_completion_tokens=g.thinking_budget_tokens + g.answer_budget_tokens + phrase,
+                   max_completion_tokens=g.thinking_budget_tokens + g.answer_budget_tokens + phrase + observations,
                    prompt_ids=frozenset(prompt_ids) if prompt_ids is not None else None)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
+from scalerl.generator.episode import EpisodeRunner
 from scalerl.generator.role import encode_prompt
 from scalerl.tasks import Problem
 from scalerl.verifier.verifier import Verifier
@@ -29,16 +30,19 @@ class EvalResult:
 
 def evaluate_mean_at_k(engine: GenerationEngine, tokenizer: Any, problems: list[Problem], verifier: Verifier,
                        *, k: int, sampling: SamplingParams, length: LengthControl, prompts_per_batch: int,
-                       on_batch: Callable[[int], None] | None = None, keep_samples: int = 0) -> EvalResult:
-    """Sample k completions per problem and score them. `on_batch(n_prompts)` reports progress."""
+                       on_batch: Callable[[int], None] | None = None, keep_samples: int = 0,
+                       episodes: EpisodeRunner | None = None) -> EvalResult:
+    """Sample k completions per problem and score them. `on_batch(n_prompts)` reports progress.
+    `episodes`: the job's tools (`environment`): multi-turn episodes on prompts with the tools' instructions."""
+    generate = engine.generate if episodes is None else episodes.generate
     per_prompt: list[float] = []
     gen_tokens = 0
     truncated = 0
     samples: list[tuple[str, str, bool]] = []
     for start in range(0, len(problems), prompts_per_batch):
         chunk = problems[start:start + prompts_per_batch]
-        ids = [encode_prompt(tokenizer, p.prompt) for p in chunk]
-        comps = engine.generate([i for i in ids for _ in range(k)], sampling, length)
+        ids = [encode_prompt(tokenizer, p.prompt if episodes is None else episodes.prompt(p.prompt)) for p in chunk]
+        comps = generate([i for i in ids for _ in range(k)], sampling, length)
         for j, p in enumerate(chunk):
             group = comps[j * k:(j + 1) * k]
             ok = [verifier.is_correct(c.text, p.answer, c.finish_reason) for c in group]

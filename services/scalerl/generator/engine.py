@@ -51,6 +51,9 @@ class LengthControl:
     max_waits: m, the most suppressions per sequence (0 = the minimum is off).
     stop_ids: thinking tokens that end a sequence (finish "stop"), e.g. the step separator when a
         tree search samples one reasoning step at a time.
+    stop_sequences: token sequences that end a sequence in thinking (finish "stop") on the token that
+        completes one, matched like a multi-token `</think>`: the spellings of a tool call's closing tag
+        (`scalerl.environment`: the episode runs the call and continues the sequence with `Resume`).
 
     Thinking tokens count every token before the answer phase, forced "Wait" tokens included (the
     `</think>` that closes thinking is counted too, as before). Budget forcing's minimum with a
@@ -69,6 +72,7 @@ class LengthControl:
     wait_ids: tuple[int, ...] = ()
     max_waits: int = 0
     stop_ids: tuple[int, ...] = ()
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         lo, hi = self.window
@@ -80,6 +84,8 @@ class LengthControl:
             raise ValueError("max_waits > 0 needs wait_ids (the tokens forced in place of an early </think>)")
         if not self.think_close_ids or any(not alt for alt in self.think_close_alts):
             raise ValueError("think_close_ids and every think_close_alts entry need at least one token id")
+        if any(not seq for seq in self.stop_sequences):
+            raise ValueError("every stop_sequences entry needs at least one token id")
 
     @property
     def close_sequences(self) -> tuple[tuple[int, ...], ...]:
@@ -94,6 +100,26 @@ class LengthControl:
     @property
     def forces_minimum(self) -> bool:
         return self.min_thinking > 0 and self.max_waits > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Where a sequence continues from (an episode's next turn, `scalerl.generator.episode`): the
+    thinking tokens its earlier turns counted and the cut point drawn for it at its first turn (the
+    thinking token at which it is interrupted, or truncated without interruption). The engine's own
+    draw of the cut is still made, so the sampling stream does not depend on it."""
+
+    thinking_used: int
+    cut: int
+
+    def __post_init__(self) -> None:
+        if self.thinking_used < 0 or self.cut < 0:
+            raise ValueError(f"need thinking_used >= 0 and cut >= 0, got {self.thinking_used}, {self.cut}")
+
+
+def ends_with_any(token_ids: Sequence[int], sequences: Sequence[Sequence[int]]) -> bool:
+    """`token_ids` ends with one of `sequences`."""
+    return any(0 < len(seq) <= len(token_ids) and tuple(token_ids[-len(seq):]) == tuple(seq) for seq in sequences)
 
 
 def close_end(token_ids: Sequence[int], length: LengthControl) -> int | None:
@@ -164,8 +190,10 @@ class GenerationEngine(ABC):
 
     @abstractmethod
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
-                 *, policy_source: PolicySource | None = None) -> list[Completion]:
-        """One completion per prompt (repeat a prompt G times for a group)."""
+                 *, policy_source: PolicySource | None = None,
+                 resume: Sequence[Resume] | None = None) -> list[Completion]:
+        """One completion per prompt (repeat a prompt G times for a group). `resume`, one per prompt:
+        each prompt ends with earlier turns of its sequence, whose thinking count and cut carry on."""
 
     @abstractmethod
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:

@@ -35,6 +35,7 @@ from scalerl.bus.validate import Limits, reason_for
 from scalerl.config import JobSpec
 from scalerl.faults.points import crash_point
 from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
+from scalerl.generator.episode import episode_runner
 from scalerl.messages import Completion, PolicyVersion, PromptTask, RolloutGroup
 from scalerl.model.text import encode_prompt, end_ids, text_ids, think_close_spellings
 from scalerl.store import Store
@@ -98,6 +99,8 @@ class GeneratorRole:
         self.fence = FenceFilter()  # announcements of a learner epoch older than the newest seen are ignored
         self.sampling = SamplingParams(spec.generation.temperature, spec.generation.top_p)
         self.length = length_control(spec, tokenizer)
+        # `environment.tools`: multi-turn episodes with tool calls in place of single turns
+        self.episodes = episode_runner(spec, engine, tokenizer)
         self.paused = threading.Event()  # set -> stop taking new work (evaluation in progress)
         self.gen_tokens = 0
         self.groups_out = 0
@@ -180,7 +183,7 @@ class GeneratorRole:
         tasks: list[tuple[Any, PromptTask, list[int]]] = []
         for rec in records:
             reason = reason_for(rec.value, PromptTask, self.limits)
-            ids = encode_prompt(self.tokenizer, rec.value.prompt) if reason is None else []
+            ids = encode_prompt(self.tokenizer, self._prompt(rec.value.prompt)) if reason is None else []
             reason = reason or self._room_reason(len(ids))
             if reason is None:
                 tasks.append((rec, rec.value, ids))
@@ -194,6 +197,10 @@ class GeneratorRole:
             self.prompts.commit()
         return len(records)
 
+    def _prompt(self, text: str) -> str:
+        """The prompt text the model sees: the task's, with the tools' instructions when it has tools."""
+        return text if self.episodes is None else self.episodes.prompt(text)
+
     def _room_reason(self, n: int) -> str | None:
         """Why the engine cannot complete a prompt of `n` tokens ("too_long: ..."), or None."""
         room = self.engine.max_positions
@@ -203,8 +210,8 @@ class GeneratorRole:
 
     def _generate(self, tasks: list[tuple[Any, PromptTask, list[int]]], in_flight: bool) -> None:
         flat = [ids for _, t, ids in tasks for _ in range(t.group_size)]
-        comps = self.engine.generate(flat, self.sampling, self.length,
-                                     policy_source=self.poll_policy if in_flight else None)
+        generate = self.engine.generate if self.episodes is None else self.episodes.generate
+        comps = generate(flat, self.sampling, self.length, policy_source=self.poll_policy if in_flight else None)
         crash_point("generator.batch")
         i = 0
         for rec, task, pids in tasks:

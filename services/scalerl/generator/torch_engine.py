@@ -24,11 +24,12 @@ Departures / choices:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from scalerl.generator.engine import GenerationEngine, LengthControl, PolicySource, SamplingParams
+from scalerl.generator.engine import GenerationEngine, LengthControl, PolicySource, Resume, SamplingParams
 from scalerl.messages import Completion, FinishReason
 from scalerl.model.factory import lm_head_logits, trunk_of
 
@@ -157,9 +158,12 @@ class TorchEngine(GenerationEngine):
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
-                 *, policy_source: PolicySource | None = None) -> list[Completion]:
+                 *, policy_source: PolicySource | None = None,
+                 resume: Sequence[Resume] | None = None) -> list[Completion]:
         if not prompt_ids:
             return []
+        if resume is not None and len(resume) != len(prompt_ids):
+            raise ValueError(f"resume: {len(resume)} entries for {len(prompt_ids)} prompts")
         B = len(prompt_ids)
         dev = self.device
         ids_BP, mask_BP = self._left_pad(prompt_ids)
@@ -170,6 +174,7 @@ class TorchEngine(GenerationEngine):
         stop_ids = torch.tensor(length.stop_ids, dtype=torch.long, device=dev) if length.stop_ids else None
         end_ids = torch.tensor(length.all_end_ids, dtype=torch.long, device=dev)
         closer = CloseMatcher(length.close_sequences, B, dev)
+        stopper = CloseMatcher(length.stop_sequences, B, dev) if length.stop_sequences else None
         max_steps = length.thinking_budget + wait_len + phrase_len + length.answer_budget
         max_steps = min(max_steps, max_pos - ids_BP.shape[1])
         if max_steps <= 0:
@@ -190,6 +195,9 @@ class TorchEngine(GenerationEngine):
         cut_at = torch.randint(lo, hi + 1, (B,), generator=self.rng, device=dev)
         if not length.interruption_ids:
             cut_at = torch.full((B,), length.thinking_budget, dtype=torch.long, device=dev)
+        if resume is not None:
+            cut_at = torch.tensor([r.cut for r in resume], dtype=torch.long, device=dev)
+            n_think = torch.tensor([r.thinking_used for r in resume], dtype=torch.long, device=dev)
 
         steps_tok, steps_logp, steps_forced, steps_live, steps_version = [], [], [], [], []
         trunk = trunk_of(self.model)
@@ -219,8 +227,11 @@ class TorchEngine(GenerationEngine):
             steps_version.append(self.version)
             self._advance(phase, tok_B, live_B, forced_B, n_think, n_answer, forced_pos, cut_at,
                           interrupted, truncated, length, phrase_len, forced_kind=forced_kind, wait_len=wait_len,
-                          stop_ids=stop_ids, closing=closer.completes(tok_B), end_ids=end_ids)
+                          stop_ids=stop_ids, closing=closer.completes(tok_B), end_ids=end_ids,
+                          stopping=None if stopper is None else stopper.completes(tok_B))
             closer.push(tok_B)
+            if stopper is not None:
+                stopper.push(tok_B)
             if not bool((phase != DONE).any()):
                 break
             # Hot-swap between decode steps, keeping the KV cache.
@@ -269,14 +280,14 @@ class TorchEngine(GenerationEngine):
                  cut_at: torch.Tensor, interrupted: torch.Tensor, truncated: torch.Tensor,
                  length: LengthControl, phrase_len: int, *, forced_kind: torch.Tensor | None = None,
                  wait_len: int = 0, stop_ids: torch.Tensor | None = None, closing: torch.Tensor | None = None,
-                 end_ids: torch.Tensor | None = None) -> None:
+                 end_ids: torch.Tensor | None = None, stopping: torch.Tensor | None = None) -> None:
         """Move each row's state machine by the token it just emitted (all in place, vectorised).
 
         `wait_len` > 0 (budget forcing's minimum) needs `forced_kind` [B], which phrase a FORCED row is
         in; otherwise every FORCED row is in the interruption phrase. `stop_ids`: `length.stop_ids` as a
         tensor (built once per generate call, not per step). `closing` [B]: the token completes `</think>`
         (`CloseMatcher`; default: it equals a one-token spelling). `end_ids`: `length.all_end_ids` as a
-        tensor (default built here)."""
+        tensor (default built here). `stopping` [B]: the token completes one of `length.stop_sequences`."""
         thinking = live & (phase == THINKING)
         answering = live & (phase == ANSWER)
         if end_ids is None:
@@ -291,6 +302,8 @@ class TorchEngine(GenerationEngine):
         stops = thinking & is_eos
         if stop_ids is not None:
             stops |= thinking & torch.isin(tok, stop_ids)
+        if stopping is not None:
+            stops |= thinking & stopping & ~closes
         phase[closes] = ANSWER
         phase[stops] = DONE
         may_cut = thinking & ~closes & ~stops

@@ -41,13 +41,21 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from scalerl.generator.engine import GenerationEngine, LengthControl, PolicySource, SamplingParams
+from scalerl.generator.engine import (
+    GenerationEngine,
+    LengthControl,
+    PolicySource,
+    Resume,
+    SamplingParams,
+    ends_with_any,
+)
 from scalerl.messages import Completion, FinishReason
 
 THINKING, ANSWER, DONE = "thinking", "answer", "done"
@@ -213,9 +221,12 @@ class VLLMEngine(GenerationEngine):
         return self.max_pos
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
-                 *, policy_source: PolicySource | None = None) -> list[Completion]:
+                 *, policy_source: PolicySource | None = None,
+                 resume: Sequence[Resume] | None = None) -> list[Completion]:
         if not prompt_ids:
             return []
+        if resume is not None and len(resume) != len(prompt_ids):
+            raise ValueError(f"resume: {len(resume)} entries for {len(prompt_ids)} prompts")
         B, P = len(prompt_ids), max(len(p) for p in prompt_ids)
         phrase_len = len(length.interruption_ids or ())
         wait_len = len(length.wait_ids) if length.forces_minimum else 0
@@ -227,6 +238,8 @@ class VLLMEngine(GenerationEngine):
         if not length.interruption_ids:
             cuts = [length.thinking_budget] * B
         rows = [_Row(prompt=list(p), cut=c, steps_left=steps) for p, c in zip(prompt_ids, cuts, strict=True)]
+        for row, r in zip(rows, resume or (), strict=False):
+            row.cut, row.n_think = r.cut, r.thinking_used
         self._set_temperature(sampling.temperature)
         self._in_flight = True
         try:
@@ -242,7 +255,8 @@ class VLLMEngine(GenerationEngine):
         live: dict[str, tuple[_Row, bool]] = {}  # request id -> (row, score only: its sample is dropped)
         for r in rows:
             self._submit(r, sampling, length, live)
-        multi_close = tuple(seq for seq in length.close_sequences if len(seq) > 1)
+        # multi-token `</think>` spellings and stop sequences: matched as the tokens stream in
+        multi_close = tuple(seq for seq in (*length.close_sequences, *length.stop_sequences) if len(seq) > 1)
         while live:
             for out in self.core.step():
                 if out.request_id not in live:  # aborted below on a multi-token </think>
@@ -282,7 +296,8 @@ class VLLMEngine(GenerationEngine):
             return
         if row.phase == THINKING:
             budget = row.cut - row.n_think
-            stop = [*length.all_end_ids, *_close_ids(length), *length.stop_ids]
+            stop = [*length.all_end_ids, *_close_ids(length), *length.stop_ids,
+                    *(seq[0] for seq in length.stop_sequences if len(seq) == 1)]
         else:
             budget = length.answer_budget - row.n_answer
             stop = list(length.all_end_ids)
@@ -334,7 +349,7 @@ class VLLMEngine(GenerationEngine):
             else:
                 row.phase = ANSWER
                 return
-        elif last in length.all_end_ids or last in length.stop_ids:
+        elif last in length.all_end_ids or last in length.stop_ids or _ends_with(row.ids, length.stop_sequences):
             row.phase = DONE
             return
         if row.steps_left <= 0:
@@ -375,6 +390,4 @@ def _close_ids(length: LengthControl) -> tuple[int, ...]:
     return tuple(seq[0] for seq in length.close_sequences if len(seq) == 1)
 
 
-def _ends_with(ids: list[int], sequences: tuple[tuple[int, ...], ...]) -> bool:
-    """`ids` ends with one of `sequences` (the torch engine's CloseMatcher, for one row)."""
-    return any(len(ids) >= len(seq) and tuple(ids[-len(seq):]) == seq for seq in sequences)
+_ends_with = ends_with_any  # (the torch engine's CloseMatcher, for one row)

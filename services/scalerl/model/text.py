@@ -73,16 +73,22 @@ def end_ids(tokenizer: Any) -> tuple[int, ...]:
 
 def think_close_spellings(tokenizer: Any) -> tuple[tuple[int, ...], ...]:
     """Token sequences of `</think>`, the canonical one first (rule 3)."""
-    single = token_id(tokenizer, THINK_CLOSE)
+    return tag_spellings(tokenizer, THINK_CLOSE)
+
+
+def tag_spellings(tokenizer: Any, tag: str) -> tuple[tuple[int, ...], ...]:
+    """Token sequences of a closing tag such as `</think>` or `</tool>`, the canonical one first: its
+    special token where the tokenizer has one, else its own spelling and those after a space or newline."""
+    single = token_id(tokenizer, tag)
     if single is not None:
         return ((single,),)
-    spellings = [text_ids(tokenizer, THINK_CLOSE)]
+    spellings = [text_ids(tokenizer, tag)]
     for before in _CLOSE_CONTEXTS:
-        ctx, both = text_ids(tokenizer, before), text_ids(tokenizer, before + THINK_CLOSE)
+        ctx, both = text_ids(tokenizer, before), text_ids(tokenizer, before + tag)
         # The context's own tokens are dropped when they stand apart; a merged one (" </") is kept.
         seq = both[len(ctx):] if both[:len(ctx)] == ctx else both
         if seq and seq not in spellings:
             spellings.append(seq)
     if not spellings[0]:
-        raise ValueError(f"the tokenizer encodes {THINK_CLOSE!r} as no tokens")
+        raise ValueError(f"the tokenizer encodes {tag!r} as no tokens")
     return tuple(spellings)

@@ -22,6 +22,7 @@ from scalerl.console import Progress
 from scalerl.evaluation import evaluate_mean_at_k, paired_gain
 from scalerl.faults.points import crash_point
 from scalerl.generator.engine import SamplingParams
+from scalerl.generator.episode import episode_runner
 from scalerl.generator.role import length_control
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.learner.learner import world
@@ -180,6 +181,7 @@ class TrainerHost:
         self.ledger = DeviceLedger(self.current_devices())
         self.eval_engine = TorchEngine(self.eval_copy if self.eval_copy is not None else model, tok,
                                        fp32_head=spec.model.fp32_lm_head, seed=spec.seed + 2)
+        self.eval_episodes = episode_runner(spec, self.eval_engine, tok)  # None without environment.tools
 
     # -- per step ----------------------------------------------------------------------------------
     def current_devices(self) -> int:
@@ -303,7 +305,7 @@ class TrainerHost:
             self.eval_engine, self.tokenizer, self.eval_problems, self.verifier, k=spec.eval.samples_per_prompt,
             sampling=SamplingParams(spec.eval.temperature, spec.generation.top_p),
             length=length_control(spec, self.tokenizer), prompts_per_batch=spec.eval_prompts_per_batch,
-            on_batch=bar.update)
+            on_batch=bar.update, episodes=self.eval_episodes)
         bar.close()
         rec = {"step": self.learner.version, **self._compute_fields(),
                "gen_tokens": self.counters["gen_tokens"], "train_tokens": self.counters["train_tokens"],

@@ -1,0 +1,168 @@
+"""Multi-turn rollouts: model turns and tool observations in one sequence.
+
+`EpisodeRunner.generate` has the engine's signature and returns one `Completion` per prompt, as the
+engine does, so the generator role, the held-out evaluation and the learner take an episode where they
+took a single turn:
+
+1. Every row generates a turn (`GenerationEngine.generate` with `</tool>`'s spellings as stop sequences).
+2. A row whose turn ended on `</tool>` gets the call's observation (`Toolbox.run_many`: the rows' calls
+   side by side), tokenized as `<result>\\n...\\n</result>\\n` and cut to `max_observation_tokens`.
+3. Those rows generate their next turn from prompt + everything so far, until no row calls a tool, a
+   row has made `max_turns` calls, or its positions run out.
+
+The completion's tokens are the turns and observations in order. Model tokens keep their sampling
+log-prob and the policy version that sampled them (weights swapped in flight, within a turn or between
+turns, are stamped token by token by the engine); observation tokens have loss mask False, log-prob 0
+(never read: the learner and every metric take masked tokens out) and the version of the token before
+them.
+
+Length rules apply per episode: the thinking tokens of all turns count against one thinking budget and
+one cut point, drawn once per episode at its first turn (`Resume`); observation tokens are not thinking.
+The answer phase (after `</think>`, or after the interruption phrase at the cut) takes no tool calls.
+Finish reason: the last turn's; "length" when the episode ends on a call it may not make (its `max_turns`
+used, or no positions left for the observation and another turn).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from scalerl.config import JobSpec
+from scalerl.environment.tools import RESULT_CLOSE, RESULT_OPEN, TOOL_CLOSE, Toolbox, parse_call
+from scalerl.generator.engine import (
+    GenerationEngine,
+    LengthControl,
+    PolicySource,
+    Resume,
+    SamplingParams,
+    ends_with_any,
+)
+from scalerl.messages import Completion, FinishReason
+from scalerl.model.text import tag_spellings, text_ids
+from scalerl.sandbox import Limits
+
+MIN_TURN_ROOM = 8
+"""Positions a row must have left after an observation to be given another turn (tokens)."""
+
+
+@dataclass
+class _Episode:
+    prompt: list[int]
+    cut: int
+    ids: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    vers: list[int] = field(default_factory=list)
+    mask: list[bool] = field(default_factory=list)
+    thinking: int = 0
+    calls: int = 0
+    finish: FinishReason = "stop"
+    turn_start: int = 0  # where the last turn's tokens start in `ids`
+
+    def add(self, c: Completion) -> None:
+        self.turn_start = len(self.ids)
+        self.ids += c.token_ids
+        self.lps += c.logprobs
+        self.vers += c.versions
+        self.mask += c.loss_mask
+        self.thinking = c.thinking_tokens
+        self.finish = c.finish_reason
+
+    def observe(self, tokens: list[int], version: int) -> None:
+        self.ids += tokens
+        self.lps += [0.0] * len(tokens)
+        self.vers += [self.vers[-1] if self.vers else version] * len(tokens)
+        self.mask += [False] * len(tokens)
+        self.calls += 1
+
+
+class EpisodeRunner:
+    """Generates episodes of up to `max_turns` tool calls with `engine`; `observation_tokens` counts the
+    observation tokens of the episodes generated so far (a metric)."""
+
+    def __init__(self, engine: GenerationEngine, tokenizer: Any, tools: Toolbox, *, max_turns: int,
+                 max_observation_tokens: int, seed: int = 0) -> None:
+        if max_turns < 1 or max_observation_tokens < 1:
+            raise ValueError(f"need max_turns >= 1 and max_observation_tokens >= 1, got {max_turns}, "
+                             f"{max_observation_tokens}")
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.max_turns = max_turns
+        self.max_observation_tokens = max_observation_tokens
+        self.stop_sequences = tag_spellings(tokenizer, TOOL_CLOSE)
+        self._open = list(text_ids(tokenizer, RESULT_OPEN))
+        self._close = list(text_ids(tokenizer, RESULT_CLOSE))
+        if len(self._open) + len(self._close) >= max_observation_tokens:
+            raise ValueError(f"max_observation_tokens: {max_observation_tokens} leaves no room inside "
+                             f"<result>...</result> ({len(self._open) + len(self._close)} tokens)")
+        self.rng = torch.Generator().manual_seed(seed)
+        self.calls = 0
+        self.observation_tokens = 0
+
+    @property
+    def max_positions(self) -> int:
+        return self.engine.max_positions
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.engine.decode(token_ids)
+
+    def prompt(self, text: str) -> str:
+        """A task's prompt with the tools' instructions appended (what the model is conditioned on)."""
+        return text + self.tools.instructions()
+
+    def observation(self, text: str, room: int) -> list[int]:
+        """`text` as observation tokens, its content cut so the whole fits `min(room, max_observation_tokens)`."""
+        keep = min(room, self.max_observation_tokens) - len(self._open) - len(self._close)
+        content = list(text_ids(self.tokenizer, text)) if text else []
+        if len(content) > keep:
+            marker = list(text_ids(self.tokenizer, "\n[cut]"))
+            content = content[:max(0, keep - len(marker))] + marker[:keep]
+        return [*self._open, *content, *self._close]
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
+                 *, policy_source: PolicySource | None = None) -> list[Completion]:
+        rules = replace(length, stop_sequences=(*length.stop_sequences, *self.stop_sequences))
+        lo, hi = length.window
+        cuts = torch.randint(lo, hi + 1, (len(prompt_ids),), generator=self.rng).tolist()
+        if not length.interruption_ids:
+            cuts = [length.thinking_budget] * len(prompt_ids)
+        episodes = [_Episode(prompt=list(p), cut=c) for p, c in zip(prompt_ids, cuts, strict=True)]
+        active = episodes
+        room = self.engine.max_positions
+        while active:
+            turns = self.engine.generate([e.prompt + e.ids for e in active], sampling, rules,
+                                         policy_source=policy_source,
+                                         resume=[Resume(e.thinking, e.cut) for e in active])
+            calling: list[_Episode] = []
+            for e, c in zip(active, turns, strict=True):
+                e.add(c)
+                if c.finish_reason == "stop" and ends_with_any(c.token_ids, self.stop_sequences):
+                    left = room - len(e.prompt) - len(e.ids)
+                    if e.calls < self.max_turns and left >= len(self._open) + len(self._close) + MIN_TURN_ROOM:
+                        calling.append(e)
+                    else:
+                        e.finish = "length"  # a call it may not make
+            texts = self.tools.run_many([parse_call(self.engine.decode(e.ids[e.turn_start:])) for e in calling])
+            for e, text in zip(calling, texts, strict=True):
+                obs = self.observation(text, room - len(e.prompt) - len(e.ids) - MIN_TURN_ROOM)
+                e.observe(obs, self.engine.version)
+                self.calls += 1
+                self.observation_tokens += len(obs)
+            active = calling
+        return [Completion(token_ids=e.ids, logprobs=e.lps, versions=e.vers, loss_mask=e.mask, finish_reason=e.finish,
+                           text=self.engine.completion_text(e.ids, length.all_end_ids), thinking_tokens=e.thinking)
+                for e in episodes]
+
+
+def episode_runner(spec: JobSpec, engine: GenerationEngine, tokenizer: Any) -> EpisodeRunner | None:
+    """The job's episode runner (`environment`), or None when it has no tools (single-turn completions)."""
+    env = spec.environment
+    if not env.tools:
+        return None
+    limits = Limits(wall_s=env.tool_wall_s, cpu_s=max(1, int(env.tool_wall_s)), memory_bytes=env.tool_memory_mb << 20,
+                    output_bytes=64 << 10)
+    return EpisodeRunner(engine, tokenizer, Toolbox(tuple(env.tools), limits), max_turns=env.max_turns,
+                         max_observation_tokens=env.max_observation_tokens, seed=spec.seed)
