@@ -35,13 +35,19 @@ THIRD_PARTY_MODULES = r"(transformers|torch\.nn\.modules\.module)(\..*)?$"
 def quiet_third_party_bars() -> None:
     """Hide transformers' own bars ("Loading weights", "Writing model shards") and its notices: ours say
     what runs. Only FutureWarning/DeprecationWarning attributed to transformers or torch's Module call
-    are dropped, and transformers' logger keeps its errors; every other warning (ours included) shows."""
+    are dropped, and transformers' logger keeps its errors; every other warning (ours included) shows.
+    transformers is not imported for this (a role that never loads a model starts seconds sooner): its
+    settings go into the environment it reads at import, and are applied directly when it is loaded."""
+    import os
     import warnings
 
-    from transformers.utils import logging as hf_logging
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # "[transformers] `past_key_values`... deprecated"
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # its tqdm bars follow huggingface_hub's switch
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()  # "[transformers] `past_key_values`/`cache_params` are deprecated..."
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
     for category in (FutureWarning, DeprecationWarning):
         warnings.filterwarnings("ignore", message=THIRD_PARTY_DEPRECATIONS, category=category,
                                 module=THIRD_PARTY_MODULES)

@@ -12,7 +12,6 @@ import os
 import random
 
 import numpy as np
-import torch
 
 from scalerl.config import JobSpec
 from scalerl.tasks import Task
@@ -20,13 +19,22 @@ from scalerl.tasks.registry import task_from_config
 from scalerl.verifier.verifier import Verifier
 
 
-def seed_everything(seed: int) -> None:
+def seed_python(seed: int) -> None:
+    """Python's and NumPy's generators (what a role that never imports torch draws from)."""
     random.seed(seed)
     np.random.seed(seed)
+
+
+def seed_everything(seed: int) -> None:
+    seed_python(seed)
+    import torch
+
     torch.manual_seed(seed)
 
 
 def configure_threads(spec: JobSpec) -> int:
+    import torch
+
     n = spec.runtime.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(n)
     return n

@@ -48,7 +48,8 @@ def test_prompts_logprobs_and_interruption_with_the_real_tokenizer(spec, policy)
     from scalerl.generator.engine import SamplingParams
     from scalerl.generator.role import encode_prompt, length_control
     from scalerl.generator.torch_engine import TorchEngine
-    from scalerl.model.factory import embedding_rows, heads_tied, model_vocab_size, sequence_logprobs
+    from scalerl.model.factory import embedding_rows, heads_tied, sequence_logprobs
+    from scalerl.model.sources import model_vocab_size
     from scalerl.parts import make_task
 
     model, tok = policy

@@ -27,7 +27,7 @@ import pytest
 from distributed_checks import assert_committed_have_output, steps_of, wait_step
 from scalerl.bus.kafka import KafkaBus
 from scalerl.messages import PolicyVersion, RolloutGroup, ScoredGroup
-from scalerl.model.factory import model_vocab_size
+from scalerl.model.sources import model_vocab_size
 from scalerl.rpc.convert import decode_envelope
 from scalerl.runtime.launcher import LocalCluster
 from scalerl.store.factory import open_store

@@ -94,18 +94,6 @@ def embedding_rows(model: Any) -> int:
     return int(model.get_input_embeddings().num_embeddings)
 
 
-def model_vocab_size(cfg: ModelConfig) -> int:
-    """Rows of the policy's embedding (valid token ids are [0, this)) without loading its weights: the
-    config of `init_checkpoint` (else of the folder `path` resolves to: a .gguf or package file is
-    converted once, as for every role), else the tiny model's (the char tokenizer's size)."""
-    from transformers import AutoConfig
-
-    src = cfg.init_checkpoint or (model_folder(cfg.path, cfg.dtype) if cfg.path is not None else None)
-    if src is not None:
-        return int(AutoConfig.from_pretrained(str(src)).vocab_size)
-    return len(build_char_tokenizer())
-
-
 def save_model_and_tokenizer(model: torch.nn.Module, tokenizer: Tokenizer, folder: str | Path) -> None:
     Path(folder).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(folder))  # type: ignore[operator]

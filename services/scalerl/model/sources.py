@@ -24,11 +24,16 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scalerl.config import ModelConfig
 
 PACKAGE_SCHEME = "package:"
 _GGUF_DEPS = ("gguf", "accelerate")
@@ -151,3 +156,23 @@ def convert_gguf(gguf: Path, target: Path, dtype: str) -> float:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return time.perf_counter() - t0
+
+
+def model_vocab_size(cfg: ModelConfig) -> int:
+    """Rows of the policy's embedding (valid token ids are [0, this)) without loading its weights: the
+    config of `init_checkpoint` (else of the folder `path` resolves to: a .gguf or package file is
+    converted once, as for every role), else the tiny model's (the char tokenizer's size). Read from
+    config.json (`vocab_size`, or its `text_config`'s) without importing transformers where it is there,
+    so the CPU roles that validate records start in a second."""
+    src = cfg.init_checkpoint or (model_folder(cfg.path, cfg.dtype) if cfg.path is not None else None)
+    if src is None:
+        from scalerl.model.tokenizer import char_vocab
+
+        return len(char_vocab())
+    config = json.loads((Path(src) / "config.json").read_text())
+    vocab = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
+        return vocab
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(str(src)).vocab_size)

@@ -17,8 +17,9 @@ from scalerl.curriculum.curriculum import Curriculum, CurriculumExhausted, task_
 from scalerl.faults.points import crash_point
 from scalerl.messages import PolicyVersion, PromptTask, ScoredGroup, task_of
 from scalerl.parts import make_task, seed_everything
+from scalerl.runtime.limits import job_limits
 from scalerl.runtime.roles import POLL_S, ServiceContext, input_lag, retry_io
-from scalerl.runtime.setup import job_limits, make_curriculum
+from scalerl.runtime.setup import make_curriculum
 from scalerl.telemetry.hops import hop
 from scalerl.telemetry.steps import StepTimes
 

@@ -1,4 +1,5 @@
-"""Building a training run's parts from its spec: curriculum, model (with SFT warm start), records' limits.
+"""Building a training run's parts from its spec: curriculum, model (with SFT warm start); records' limits are
+in `runtime/limits.py`.
 The parts `scalerl eval` builds too (seeds, threads, task, verifier) are in `scalerl/parts.py`.
 
 What the spec points at (datasets, model files, budgets against the model's positions, the engine) is
@@ -12,11 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scalerl.bus.validate import Limits
 from scalerl.config import JobSpec
 from scalerl.curriculum.curriculum import Curriculum
-from scalerl.learner.sft import run_sft
-from scalerl.model.factory import load_model_and_tokenizer, resolve_device, save_model_and_tokenizer
 from scalerl.tasks import Problem, Task
 
 log = logging.getLogger(__name__)
@@ -37,6 +35,10 @@ def initial_model(spec: JobSpec, task: Task, out_dir: Path,
 
     SFT results are saved to `<out>/sft` and reused when present. Returns (model, tokenizer, info).
     """
+    # here, not at the top: the curriculum service imports this module and never loads a model
+    from scalerl.learner.sft import run_sft
+    from scalerl.model.factory import load_model_and_tokenizer, resolve_device, save_model_and_tokenizer
+
     device = resolve_device(spec.model.device)
     info: dict[str, Any] = {}
     if spec.model.init_checkpoint is not None:
@@ -61,12 +63,3 @@ def initial_model(spec: JobSpec, task: Task, out_dir: Path,
         log.warning("task %s has no gold solutions: skipping SFT", spec.task.kind)
     return model, tok, info
 
-
-def job_limits(spec: JobSpec, task: Task, vocab_size: int | None = None) -> Limits:
-    """What every consumer's records must fit (`scalerl.bus.validate`): the job's G and budgets, the
-    policy's vocabulary (`vocab_size`, else read from the model's config) and the task's training
-    prompt ids (the only ones the curriculum issues)."""
-    from scalerl.model.factory import model_vocab_size
-
-    vocab = vocab_size if vocab_size is not None else model_vocab_size(spec.model)
-    return Limits.from_spec(spec, vocab, [p.id for p in task.problems("train")])

@@ -32,8 +32,9 @@ from scalerl.parts import configure_threads, make_task, make_verifier, seed_ever
 from scalerl.recipe import age_stats, merge_age_counts
 from scalerl.runtime.devices import DeviceLedger, DevicePool, read_pool_file
 from scalerl.runtime.learner_ranks import Ranks, start_learner
+from scalerl.runtime.limits import job_limits
 from scalerl.runtime.outputs import RunOutputs
-from scalerl.runtime.setup import initial_model, job_limits
+from scalerl.runtime.setup import initial_model
 from scalerl.scaling.compute import rl_flops
 from scalerl.store import Store
 from scalerl.tasks import problem_set_fingerprint

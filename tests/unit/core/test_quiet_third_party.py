@@ -34,4 +34,9 @@ def test_only_third_party_deprecations_are_silenced():
         assert _shown("a real problem", UserWarning, "transformers.modeling_utils")
         assert _shown("`y` is deprecated", FutureWarning, "numpy.core")
         assert _shown("`z` is deprecated", FutureWarning, "torch.optim.lr_scheduler")
+    # transformers, imported before or after (a role that never loads a model never imports it), keeps
+    # its errors only and shows no bars
+    from transformers.utils import logging as hf_logging
+
     assert logging.getLogger("transformers").getEffectiveLevel() == logging.ERROR
+    assert not hf_logging.is_progress_bar_enabled()
