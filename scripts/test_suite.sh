@@ -8,13 +8,14 @@
 #   2. At once, two streams side by side (the servers' tests mostly wait on servers, Pods and the bus, so
 #      they fill the CPU the others leave idle):
 #      a. the tests that need servers (SCALERL_INFRA_UP_PID: a session fixture whose servers are not up
-#         yet waits for the background up.sh instead of failing):
+#         yet waits for the background up.sh instead of failing), then the vLLM environment's tests that
+#         need none (the streams end together that way):
 #           the main suite's                         -m infra                build/junit-infra.xml
+#           the vLLM environment's                   -m "vllm and not infra" build/junit-vllm.xml
 #      b. the tests that need no server (SCALERL_INFRA_AUTOSTART=0, so a test that needs one and is not
 #         marked `infra` fails in CI instead of starting servers of its own), then, once every server is up,
 #         the vLLM environment's test that needs them (beside the end of stream a, not after it):
 #           the main suite's                           -m "not infra"          build/junit.xml
-#           the vLLM environment's                     -m "vllm and not infra" build/junit-vllm.xml
 #           the tests that train, on other CPU kernels  ATEN_CPU_CAPABILITY     build/junit-<kernels>.xml
 #           the vLLM environment's                     -m "vllm and infra"     build/junit-vllm-infra.xml
 #   3. The servers stop.
@@ -88,6 +89,13 @@ note "building (where the cache lacks them) and starting the servers in the back
         --junitxml=build/junit-infra.xml "${extra[@]}" >build/infra-tests.log 2>&1
     keep $?
     tail -n 15 build/infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
+    # then the vLLM environment's tests that need no server: here, not after the main suite's, because this
+    # stream ends first since the CPU roles start without torch (the warm run of 67d974e: 23 min against 26)
+    note "the vLLM tests that need no server, in $VLLM_PY: build/vllm-tests.log"
+    SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and not infra" --junitxml=build/junit-vllm.xml \
+        >build/vllm-tests.log 2>&1
+    keep $?
+    tail -n 5 build/vllm-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
     echo "$rc" >build/infra-stream.rc
 ) &
 stream_pid=$!
@@ -96,9 +104,6 @@ stream_pid=$!
 note "the tests that need no server"
 SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -m "not gpu and not vllm and not infra" \
     --junitxml=build/junit.xml "${extra[@]}"
-keep $?
-note "the vLLM tests that need no server, in $VLLM_PY"
-SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and not infra" --junitxml=build/junit-vllm.xml
 keep $?
 note "the tests that train, again with ATEN_CPU_CAPABILITY=$ALT_KERNELS"
 ATEN_CPU_CAPABILITY="$ALT_KERNELS" SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -p no:cacheprovider \
@@ -136,10 +141,12 @@ else
     note "the servers could not be built or started (build/infra-up.log above)"
     keep 1
 fi
-if ((rc != 0)) && [[ -s build/infra-tests.log ]]; then
-    note "the failures of the tests that need the servers (build/infra-tests.log):"
-    sed -n '/= FAILURES =\|= ERRORS =/,$p' build/infra-tests.log | tail -n 300
-fi
+for log in infra-tests vllm-tests; do # the background stream's logs: their failures here
+    if ((rc != 0)) && grep -q "= FAILURES =\|= ERRORS =" "build/$log.log" 2>/dev/null; then
+        note "the failures in build/$log.log:"
+        sed -n '/= FAILURES =\|= ERRORS =/,$p' "build/$log.log" | tail -n 300
+    fi
+done
 bash scripts/infra/down.sh >/dev/null 2>&1 || true
 note "done, exit $rc"
 exit "$rc"

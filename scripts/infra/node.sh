@@ -282,7 +282,15 @@ node_import_image() {
     fi
     t0="$(now)"
     log "node: importing $tag into containerd (the layers it lacks: seconds after a code change, minutes cold)"
-    _node_import_layers "$tag" || die "node: could not import $tag into containerd"
+    # a try can fail to unpack ("parent snapshot ... does not exist", seen once just after containerd had
+    # started, then gone on the next try): tried three times
+    local try
+    for try in 1 2 3; do
+        _node_import_layers "$tag" && break
+        ((try < 3)) || die "node: could not import $tag into containerd"
+        log "node: import try $try failed; trying again"
+        sleep 2
+    done
     echo "$id" >"$stamp"
     log "node: $tag imported in $(elapsed "$t0")"
 }

@@ -19,7 +19,9 @@ pytestmark = [pytest.mark.infra]
 STEPS = 80
 TIMEOUT_S = 900.0
 OPERATOR = "app.kubernetes.io/component=operator"
-OOM_LIMIT = "80Mi"  # the verifier's Python with torch and the package imported needs several times this
+# the verifier peaks at ~80 MB (81 MB maximum RSS measured on its own, 2026-12-06: it no longer imports torch);
+# numpy alone is 30 MB, so it is killed while importing, with runc's own few MB well inside
+OOM_LIMIT = "40Mi"
 
 
 def _step(job: dict[str, Any]) -> int:
