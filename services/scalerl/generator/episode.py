@@ -79,8 +79,8 @@ class _Episode:
 
 
 class EpisodeRunner:
-    """Generates episodes of up to `max_turns` tool calls with `engine`; `observation_tokens` counts the
-    observation tokens of the episodes generated so far (a metric)."""
+    """Generates episodes of up to `max_turns` tool calls with `engine`; `calls` counts the tool calls
+    answered so far."""
 
     def __init__(self, engine: GenerationEngine, tokenizer: Any, tools: Toolbox, *, max_turns: int,
                  max_observation_tokens: int, seed: int = 0) -> None:
@@ -98,16 +98,9 @@ class EpisodeRunner:
         if len(self._open) + len(self._close) >= max_observation_tokens:
             raise ValueError(f"max_observation_tokens: {max_observation_tokens} leaves no room inside "
                              f"<result>...</result> ({len(self._open) + len(self._close)} tokens)")
+        self._marker = list(text_ids(tokenizer, "\n[cut]"))  # ends an observation whose content was cut
         self.rng = torch.Generator().manual_seed(seed)
         self.calls = 0
-        self.observation_tokens = 0
-
-    @property
-    def max_positions(self) -> int:
-        return self.engine.max_positions
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.engine.decode(token_ids)
 
     def prompt(self, text: str) -> str:
         """A task's prompt with the tools' instructions appended (what the model is conditioned on)."""
@@ -118,8 +111,7 @@ class EpisodeRunner:
         keep = min(room, self.max_observation_tokens) - len(self._open) - len(self._close)
         content = list(text_ids(self.tokenizer, text)) if text else []
         if len(content) > keep:
-            marker = list(text_ids(self.tokenizer, "\n[cut]"))
-            content = content[:max(0, keep - len(marker))] + marker[:keep]
+            content = content[:max(0, keep - len(self._marker))] + self._marker[:keep]
         return [*self._open, *content, *self._close]
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
@@ -150,7 +142,6 @@ class EpisodeRunner:
                 obs = self.observation(text, room - len(e.prompt) - len(e.ids) - MIN_TURN_ROOM)
                 e.observe(obs, self.engine.version)
                 self.calls += 1
-                self.observation_tokens += len(obs)
             active = calling
         return [Completion(token_ids=e.ids, logprobs=e.lps, versions=e.vers, loss_mask=e.mask, finish_reason=e.finish,
                            text=self.engine.completion_text(e.ids, length.all_end_ids), thinking_tokens=e.thinking)

@@ -270,7 +270,7 @@ class VLLMEngine(GenerationEngine):
                     watch = multi_close if row.phase == THINKING else ()
                     for tok, lp in zip(comp.token_ids, comp.logprobs or [], strict=True):
                         self._record(row, int(tok), float(lp[int(tok)].logprob), forced=False)
-                        closed = _ends_with(row.ids, watch)
+                        closed = ends_with_any(row.ids, watch)
                         if closed:
                             break
                 if closed and not out.finished:
@@ -343,13 +343,13 @@ class VLLMEngine(GenerationEngine):
             row.phase = DONE
             return
         row.n_think += n
-        if n and _ends_with(row.ids, length.close_sequences):
+        if n and ends_with_any(row.ids, length.close_sequences):
             if length.forces_minimum and row.n_think - 1 < length.min_thinking and row.n_waits < length.max_waits:
                 self._replace_close_by_wait(row, length)
             else:
                 row.phase = ANSWER
                 return
-        elif last in length.all_end_ids or last in length.stop_ids or _ends_with(row.ids, length.stop_sequences):
+        elif last in length.all_end_ids or last in length.stop_ids or ends_with_any(row.ids, length.stop_sequences):
             row.phase = DONE
             return
         if row.steps_left <= 0:
@@ -386,8 +386,6 @@ class VLLMEngine(GenerationEngine):
 
 def _close_ids(length: LengthControl) -> tuple[int, ...]:
     """The one-token spellings of `</think>` (a special token, as in Qwen3-style tokenizers, or the char
-    tokenizer): vLLM stops on them itself. Longer spellings are matched by `_ends_with` as tokens stream."""
+    tokenizer): vLLM stops on them itself. Longer spellings are matched by `ends_with_any` as tokens stream."""
     return tuple(seq[0] for seq in length.close_sequences if len(seq) == 1)
 
-
-_ends_with = ends_with_any  # (the torch engine's CloseMatcher, for one row)
