@@ -205,12 +205,29 @@ class EnvironmentConfig(_Strict):
     tool_wall_s: float = Field(5.0, ge=0.1, le=600, description=(
         "Wall-clock limit of one python call (seconds); its CPU limit is the same in whole seconds (at least 1)."))
     tool_memory_mb: int = Field(256, ge=16, le=65_536, description="Address-space limit of one python call (MiB).")
+    service: str = Field("", max_length=4096, description=(
+        "The environment service that executes the tool calls (gRPC `scalerl.v1.Environment`, served by the "
+        "verifier processes): dns:///HOST:PORT (every address the name resolves to), ipv4:HOST:PORT[,HOST:PORT...] "
+        "or HOST:PORT; calls are spread over the replicas and retried on another one. Empty: each generator runs "
+        "its calls in its own sandbox. `scalerl run --distributed` and the operator set it to the job's verifiers."))
 
     @model_validator(mode="after")
     def _distinct(self) -> EnvironmentConfig:
         if len(set(self.tools)) != len(self.tools):
             raise ValueError(f"tools: {self.tools} names a tool twice")
+        if self.service and not self.tools:
+            raise ValueError(f"service: {self.service!r} set, but tools is empty (no episode would call it)")
         return self
+
+    @field_validator("service")
+    @classmethod
+    def _target(cls, value: str) -> str:
+        from scalerl.endpoints import grpc_target_problem
+
+        why = value and grpc_target_problem("", value)
+        if why:
+            raise ValueError(why.strip())
+        return value
 
 
 class LossConfig(_Strict):

@@ -30,6 +30,27 @@ def host_port_problem(text: str) -> str | None:
     return None
 
 
+GRPC_TARGET_FORMS = "dns:///HOST:PORT, ipv4:HOST:PORT[,HOST:PORT...] or HOST:PORT"
+
+
+def grpc_target_problem(option: str, target: str) -> str | None:
+    """`target` as a gRPC target naming one or more replicas: dns:///HOST:PORT (every address the name
+    resolves to), ipv4:HOST:PORT[,HOST:PORT...] or HOST:PORT."""
+    if target.startswith("dns:///"):
+        addresses = [target.removeprefix("dns:///")]
+    elif target.startswith("ipv4:"):
+        addresses = target.removeprefix("ipv4:").split(",")
+    elif "://" in target or target.split(":", 1)[0] in ("dns", "unix", "ipv6", "unix-abstract", "vsock"):
+        return f"{option} {target!r}: unknown scheme; allowed: {GRPC_TARGET_FORMS}"
+    else:
+        addresses = [target]
+    for address in addresses:
+        why = host_port_problem(address.strip())
+        if why:
+            return f"{option} {target!r}: {why}; allowed: {GRPC_TARGET_FORMS}"
+    return None
+
+
 def bus_problem(option: str, url: str, *, allow_memory: bool = True) -> str | None:
     """`url` as a bus address: memory:// or kafka://HOST:PORT[,HOST:PORT...]."""
     forms = BUS_FORMS if allow_memory else "kafka://HOST:PORT[,HOST:PORT...] (memory:// lives in one process)"

@@ -107,11 +107,13 @@ class PolicyVersion:
 
 @dataclass(slots=True)
 class MetricRecord:
-    """A metric record (`kind` is "train" or "eval"); `values` holds unit-suffixed keys."""
+    """A metric record (`kind` is "train" or "eval", ...; "environment" from a verifier serving tool calls);
+    `values` holds unit-suffixed keys; `source`: the role process that wrote it ("" = the learner)."""
 
     kind: str
     step: int
     values: dict[str, float] = field(default_factory=dict)
+    source: str = ""
 
 
 STOP_REASON_CODES = {"ForecastPlateau": 1.0, "ForecastBelowTarget": 2.0}

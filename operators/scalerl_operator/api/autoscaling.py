@@ -79,6 +79,9 @@ class VerifierAutoscaling(_Autoscaling):
     max_replicas: int = Field(8, ge=1, le=MAX_REPLICAS, description="Most replicas the autoscaler sets.")
     target_lag_per_replica: int = Field(50, ge=1, description="Records of lag one verifier is meant to carry.")
     activation_lag: int = Field(0, ge=0, description="Below this total lag: scale to minReplicas.")
+    target_busy_fraction: float = Field(
+        0.6, gt=0.0, le=1.0, description="Jobs with tools: target mean fraction of the verifiers' tool-call "
+        "execution slots in use; the pool takes the larger of this proposal and the lag's.")
     no_offset_policy: Literal["minReplicas", "hold", "lagFromEarliest"] = Field(
         "minReplicas", description="A group with no committed offset: minReplicas, hold the current count, "
                                    "or count lag from the earliest offset.")

@@ -16,6 +16,11 @@ Two metric proposals feed the HPA v2 normaliser of `scalerl_operator.autoscale.h
     * `lagFromEarliest` — count every retained record as lag (KEDA's `offsetResetPolicy:
       earliest`): right when the verifiers will indeed start from the earliest offset, as ours do
       (`auto_offset_reset="earliest"`), so a backlog produced before the first commit scales them.
+- **verifiers serving tool calls** (`environment.tools`: the generators wait on each observation, so their
+  load shows as busy execution slots, not as lag) also on the mean `busy_fraction` the replicas report
+  (`environment_proposal`, an HPA utilisation metric: desired = ceil(current × busy / targetBusyFraction));
+  the pool takes the larger of the two proposals, as an HPA with two metrics does. Reports older than
+  `ENV_REPORT_MAX_AGE_S` (a replica gone) are not counted;
 - **generators** on what the learner reports: *starvation* s (fraction of the learner's step wall
   time spent waiting for a batch) drives desired = ceil(current × s / targetStarvation), as an HPA
   utilisation metric would; *staleness* (policy versions between the samples' generating weights and
@@ -76,12 +81,49 @@ from scalerl_operator.autoscale.hpa import (
 from scalerl_operator.cluster.scheduling import missing_resources, scheduling_block
 
 __all__ = [
-    "BELOW_ACTIVATION", "DEFAULT_SCALE_DOWN", "DEFAULT_SCALE_UP", "DESIRED_WITHIN_RANGE", "FAILED_GET_METRIC",
-    "FALLBACK", "LAG", "NO_COMMITTED_OFFSET", "PARTITION_LIMIT", "PAUSED", "PAUSE_ANNOTATION", "RATE_LIMITED",
-    "SCALING_DISABLED", "STALENESS_AT_BOUND", "STALENESS_HEADROOM", "STARVATION", "TOO_FEW", "TOO_MANY",
-    "WITHIN_TOLERANCE", "Decision", "LagReading", "LagTarget", "LearnerReading", "Proposal", "ScalerConfig",
-    "ScalerState", "ScalingPolicy", "ScalingRules", "StarvationTarget", "Timed", "decide", "direction_changes",
-    "generator_proposal", "scale_down_limit", "scale_up_limit", "stabilize", "verifier_proposal",
+    "BELOW_ACTIVATION",
+    "DEFAULT_SCALE_DOWN",
+    "DEFAULT_SCALE_UP",
+    "DESIRED_WITHIN_RANGE",
+    "ENVIRONMENT_BUSY",
+    "ENV_REPORT_MAX_AGE_S",
+    "FAILED_GET_METRIC",
+    "FALLBACK",
+    "LAG",
+    "NO_COMMITTED_OFFSET",
+    "PARTITION_LIMIT",
+    "PAUSED",
+    "PAUSE_ANNOTATION",
+    "RATE_LIMITED",
+    "SCALING_DISABLED",
+    "STALENESS_AT_BOUND",
+    "STALENESS_HEADROOM",
+    "STARVATION",
+    "TOO_FEW",
+    "TOO_MANY",
+    "WITHIN_TOLERANCE",
+    "BusyReading",
+    "Decision",
+    "LagReading",
+    "LagTarget",
+    "LearnerReading",
+    "Proposal",
+    "ScalerConfig",
+    "ScalerState",
+    "ScalingPolicy",
+    "ScalingRules",
+    "StarvationTarget",
+    "Timed",
+    "busy_reading",
+    "decide",
+    "direction_changes",
+    "environment_proposal",
+    "generator_proposal",
+    "larger",
+    "scale_down_limit",
+    "scale_up_limit",
+    "stabilize",
+    "verifier_proposal",
 ]
 
 NoOffsetPolicy = Literal["minReplicas", "hold", "lagFromEarliest"]
@@ -93,6 +135,8 @@ LAG = "ConsumerLag"
 BELOW_ACTIVATION = "BelowActivation"
 NO_COMMITTED_OFFSET = "NoCommittedOffset"
 STARVATION = "LearnerStarvation"
+ENVIRONMENT_BUSY = "EnvironmentBusy"
+ENV_REPORT_MAX_AGE_S = 30.0
 STALENESS_AT_BOUND = c.REASON_STALENESS_AT_BOUND
 STALENESS_HEADROOM = c.REASON_STALENESS_HOLD
 PARTITION_LIMIT = c.REASON_PARTITION_CAP
@@ -232,6 +276,39 @@ def _verifier_metric(reading: LagReading, *, current: int, target: LagTarget, cf
                         f"{msg}, capped at {reading.partitions} partitions (extra consumers would idle)",
                         limit_reason=PARTITION_LIMIT)
     return Proposal(desired, LAG, msg)
+
+
+@dataclass(frozen=True, slots=True)
+class BusyReading:
+    """`busy`: the mean fraction of execution slots in use over the replicas that reported (0..1);
+    `replicas`: how many reported."""
+
+    busy: float
+    replicas: int
+
+
+def busy_reading(reports: dict[str, tuple[float, float]], now_s: float,
+                 max_age_s: float = ENV_REPORT_MAX_AGE_S) -> BusyReading | None:
+    """The mean of the fresh reports ({replica: (busy fraction, Unix time)}); None when none is fresh."""
+    fresh = [busy for busy, t in reports.values() if now_s - t <= max_age_s]
+    return BusyReading(sum(fresh) / len(fresh), len(fresh)) if fresh else None
+
+
+def environment_proposal(reading: BusyReading, *, current: int, target_busy: float, cfg: ScalerConfig) -> Proposal:
+    """Replicas for the verifier pool from how busy its tool-call slots are (HPA utilisation semantics).
+
+    Example (target 0.6): 2 replicas at a mean 0.9 busy → ceil(2 × 0.9 / 0.6) = 3."""
+    ratio = reading.busy / target_busy
+    what = f"tool calls keep {reading.busy:.0%} of the execution slots busy (mean of {reading.replicas} replica(s))"
+    if current == 0 or abs(ratio - 1.0) <= cfg.tolerance:
+        return Proposal(current, WITHIN_TOLERANCE, f"{what}: within tolerance of the target {target_busy:.0%}")
+    desired = math.ceil(current * ratio)
+    return Proposal(desired, ENVIRONMENT_BUSY, f"{what} / target {target_busy:.0%} x {current} replicas = {desired}")
+
+
+def larger(a: Proposal, b: Proposal | None) -> Proposal:
+    """The proposal asking for more replicas (`a` on a tie): an HPA with several metrics takes the largest."""
+    return b if b is not None and b.replicas > a.replicas else a
 
 
 def generator_proposal(reading: LearnerReading, *, current: int, target: StarvationTarget,

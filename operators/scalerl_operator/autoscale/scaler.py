@@ -37,9 +37,12 @@ from scalerl_operator.autoscale.autoscaler import (
     ScalingRules,
     StarvationTarget,
     Unschedulable,
+    busy_reading,
     cap_unschedulable,
     decide,
+    environment_proposal,
     generator_proposal,
+    larger,
     scale_from_zero,
     unschedulable,
     verifier_proposal,
@@ -84,7 +87,7 @@ def lag_status(bus: KafkaBus, job: str) -> dict[str, Any]:
 
 
 def _proposal(role: str, spec: RLJobSpec, name: str, job: str, current: int, cfg: ScalerConfig, bus: KafkaBus,
-              learner: LearnerStatus | None, pending: Unschedulable) -> Proposal | None:
+              learner: LearnerStatus | None, pending: Unschedulable, now_s: float) -> Proposal | None:
     """`name`: the RLJob's; `job`: its topics' prefix (`render.bus_prefix`); `pending`: the pool's
     pods the scheduler cannot place (not capacity)."""
     if role == "verifier":
@@ -96,6 +99,9 @@ def _proposal(role: str, spec: RLJobSpec, name: str, job: str, current: int, cfg
             log.warning("%s: reading the verifier lag failed: %s", job, exc)
             return None
         p = verifier_proposal(reading, current=current, target=target, cfg=cfg)
+        busy = busy_reading(learner.environment, now_s) if learner is not None else None
+        if busy is not None:  # the replicas serve tool calls: their slots' load counts too
+            p = larger(p, environment_proposal(busy, current=current, target_busy=a.target_busy_fraction, cfg=cfg))
         return cap_unschedulable(p, current=current, role=role, u=pending)
     if current == 0:  # ratio x 0 is 0: the prompts waiting for the generators decide
         try:
@@ -135,7 +141,7 @@ def autoscale(kube: Kube, obj: dict[str, Any], spec: RLJobSpec, *, bus: KafkaBus
         cfg = scaler_config(a)
         pods = kube.list_objects("v1", "Pod", ns, ",".join(f"{k}={v}" for k, v in selector(name, role).items()))
         proposal = None if paused else _proposal(role, spec, name, bus_prefix(name, ns), current, cfg, bus, learner,
-                                                 unschedulable(pods))
+                                                 unschedulable(pods), now_s)
         d = decide(current=current, proposal=proposal, cfg=cfg, state=ScalerState.from_status(scaling.get(role)),
                    now_s=now_s, paused=paused)
         if d.changed:

@@ -15,6 +15,9 @@ Records read (`MetricRecord(kind, step, values)`; unknown kinds and keys are ign
   many run files it uploaded to `<store>/run/` before, `report_html`: 1 when report.html is one of them,
   scalerl.store.run_files; `stop_reason` (`STOP_REASON_CODES`) and `stop_*` when spec.stopPolicy ended
   it, the numbers it acted on);
+- `environment` (from each verifier that serves tool calls, `source` its id, every few seconds): `busy_fraction`
+  (mean fraction of its execution slots in use over its last window) and `time_s` (when it was read): the
+  verifier pool's second autoscaling input (scalerl_operator.autoscale.autoscaler.environment_proposal);
 - `checkpoint`: step of a checkpoint uploaded to `<store>/checkpoints/step_<step:06d>`;
 - `fit`: `A`, `B`, `C_mid`, `compute` (device-hours) and `A_low`/`A_high` (A's bootstrap interval) of the
   run's fit, as the learner computed it once (the numbers of its summary.json and report), and the
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scalerl.bus.security import KafkaSecurity
@@ -54,6 +57,9 @@ class LearnerStatus:
     report_html: bool = False  # report.html among them
     records: int = 0  # how many records were folded in (0: nothing heard from the learner)
     stopped_early: dict[str, Any] | None = None  # status.stoppedEarly: spec.stopPolicy ended the run
+    # the verifiers serving tool calls: source id -> (busy fraction 0-1, Unix time of the reading); not learner
+    # records (they leave `records` alone)
+    environment: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def fold(prev: LearnerStatus, records: list[MetricRecord]) -> LearnerStatus:
@@ -61,6 +67,9 @@ def fold(prev: LearnerStatus, records: list[MetricRecord]) -> LearnerStatus:
     s = prev
     for r in records:
         v = r.values
+        if r.kind == "environment" and r.source and {"busy_fraction", "time_s"} <= v.keys():
+            s = replace(s, environment={**s.environment, r.source: (v["busy_fraction"], v["time_s"])})
+            continue
         if r.kind == "train":
             s = replace(s, step=r.step, staleness=v.get("staleness_max", s.staleness),
                         starvation=v.get("batch_wait_frac", s.starvation))

@@ -17,7 +17,9 @@ For an RLJob named J (labels `app.kubernetes.io/{name,instance,component,managed
   publishes not-ready addresses, so rank 0's name resolves before it is ready). The learner runs with
   `--when-finished wait`: after its last step it stays up (Ready, status `finished`) until the operator
   scales it down, so finishing never reads as a container restart;
-- Services `J-generator`, `J-verifier` (grpc 50051, metrics);
+- Services `J-generator`, `J-verifier` (grpc 50051, metrics) and the headless `J-environment` (the Ready
+  verifier Pods, grpc): with `environment.tools`, `environment.service` points at it when the spec names no
+  other, so the generators send their tool calls to the verifiers (scalerl.environment.service);
 - in every role's Pods, its certificate Secret `J-rpc-<role>` (made by scalerl_operator.control.rpc_tls)
   at RPC_TLS_MOUNT, read-only, group-readable by the Pod's fsGroup: the gRPC port is mutual TLS, the side
   port HTTPS (probes with scheme HTTPS; /metrics behind the scrape token whose hash the Secret holds);
@@ -90,7 +92,19 @@ def full_job_spec(name: str, namespace: str, spec: RLJobSpec) -> JobSpec:
     runtime = RuntimeConfig(bus=f"kafka://{spec.bus.bootstrap}", store=spec.store.uri, partitions=partitions(spec),
                             bus_prefix=bus_prefix(name, namespace), pool_file=POOL_PATH,
                             weight_sync=spec.weight_sync.to_config(master_addr(name, namespace)))
-    return spec.job_spec(name, runtime)
+    job = spec.job_spec(name, runtime)
+    env = job.environment
+    if env.tools and not env.service:  # the verifiers serve the tool calls, found by the headless Service
+        env = env.model_copy(update={"service": environment_target(name, namespace)})
+        job = job.model_copy(update={"environment": env})
+    return job
+
+
+def environment_target(job: str, namespace: str) -> str:
+    """The gRPC target of the job's environment service: every verifier Pod, by the headless Service
+    `J-environment` (`dns:///`: the generators' channel spreads calls over all of them and re-resolves as
+    replicas come and go)."""
+    return f"dns:///{child_name(job, 'environment')}.{namespace}.svc:{GRPC_PORT}"
 
 
 def job_yaml(name: str, namespace: str, spec: RLJobSpec) -> str:
@@ -324,7 +338,17 @@ def render(name: str, namespace: str, spec: RLJobSpec, replicas: dict[str, int],
             _service(name, namespace, "learner", spec, headless=True),
             _learner(name, namespace, spec, replicas["learner"], hashed, images),
             _service(name, namespace, "generator", spec), _service(name, namespace, "verifier", spec),
+            environment_service(name, namespace),
             learner_pdb(name, namespace, spec)]
+
+
+def environment_service(job: str, ns: str) -> dict[str, Any]:
+    """Headless Service `J-environment`: the verifier Pods that are Ready, by address (one DNS record each),
+    for the generators' tool calls (`environment_target`)."""
+    meta = _meta(job, ns, child_name(job, "environment"), "environment")
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+            "spec": {"selector": selector(job, "verifier"), "clusterIP": "None",
+                     "ports": [{"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"}]}}
 
 
 def learner_pdb(job: str, ns: str, spec: RLJobSpec) -> dict[str, Any]:

@@ -34,6 +34,7 @@ import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 from scalerl.sandbox import Limits, Verdict, run_python
 from scalerl.tasks.expression import ExpressionError, evaluate_expression
@@ -63,36 +64,76 @@ def parse_call(turn_text: str) -> ToolCall | None:
     return ToolCall(m.group(1).strip(), m.group(2)) if m else None
 
 
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What one call gives back: the text the model sees and the execution's verdict (`ok`, `error`, a
+    sandbox verdict such as `timeout` or `memory`, or `invalid` for a call to no tool)."""
+
+    text: str
+    verdict: str
+
+
+class Tools(Protocol):
+    """What an episode runner needs of its tools: this module's `Toolbox` (calls run in this process's
+    sandbox) or `scalerl.environment.remote.RemoteToolbox` (calls run by the environment service)."""
+
+    @property
+    def names(self) -> tuple[str, ...]: ...
+
+    def instructions(self) -> str: ...
+    def run_many(self, calls: Sequence[ToolCall | None]) -> list[str]: ...
+
+
+def tool_limits(wall_s: float, memory_mb: int) -> Limits:
+    """A python call's limits from `environment.tool_wall_s` and `tool_memory_mb`."""
+    return Limits.from_spec(wall_s, memory_mb, output_bytes=TOOL_LIMITS.output_bytes)
+
+
+def instructions(names: Sequence[str]) -> str:
+    """What the prompt tells the model about the tools `names` (appended to each prompt)."""
+    about = {"python": "python: runs a Python program and shows what it prints",
+             "calculator": "calculator: evaluates one expression of integers with + - * / and parentheses"}
+    lines = "\n".join(f"- {about[n]}" for n in names)
+    return (f"\n\nWhile thinking you may call a tool:\n{lines}\n"
+            f'Write <tool name="NAME">\nINPUT\n</tool> and its answer follows as <result>...</result>.')
+
+
+def check_names(names: Sequence[str]) -> tuple[str, ...]:
+    unknown = [n for n in names if n not in TOOL_NAMES]
+    if unknown or not names:
+        raise ValueError(f"tools: {unknown or 'none given'}; allowed: {', '.join(TOOL_NAMES)}")
+    return tuple(names)
+
+
 @dataclass(frozen=True)
 class Toolbox:
-    """The tools of a job and the limits of each python execution."""
+    """The tools of a job and the limits of each python execution, run in this process's sandbox."""
 
     names: tuple[str, ...]
     limits: Limits = TOOL_LIMITS
     workers: int = 4
 
     def __post_init__(self) -> None:
-        unknown = [n for n in self.names if n not in TOOL_NAMES]
-        if unknown or not self.names:
-            raise ValueError(f"tools: {unknown or 'none given'}; allowed: {', '.join(TOOL_NAMES)}")
+        check_names(self.names)
 
     def instructions(self) -> str:
-        """What the prompt tells the model about the tools (appended to each prompt)."""
-        about = {"python": "python: runs a Python program and shows what it prints",
-                 "calculator": "calculator: evaluates one expression of integers with + - * / and parentheses"}
-        lines = "\n".join(f"- {about[n]}" for n in self.names)
-        return (f"\n\nWhile thinking you may call a tool:\n{lines}\n"
-                f'Write <tool name="NAME">\nINPUT\n</tool> and its answer follows as <result>...</result>.')
+        return instructions(self.names)
 
-    def run(self, call: ToolCall | None) -> str:
-        """The observation's text for one call (None: the turn ended on `</tool>` without a parsable call)."""
+    def execute(self, call: ToolCall | None, limits: Limits | None = None) -> Observation:
+        """One call's observation (None: the turn ended on `</tool>` without a parsable call); `limits`
+        replaces the toolbox's for a python call."""
         if call is None:
-            return f'error: a call is <tool name="NAME">INPUT</tool>; tools: {", ".join(self.names)}'
+            return Observation(f'error: a call is <tool name="NAME">INPUT</tool>; tools: {", ".join(self.names)}',
+                               "invalid")
         if call.name not in self.names:
-            return f"error: unknown tool {call.name[:40]!r}; tools: {', '.join(self.names)}"
+            return Observation(f"error: unknown tool {call.name[:40]!r}; tools: {', '.join(self.names)}", "invalid")
         if call.name == "calculator":
             return _calculate(call.text)
-        return _python(call.text, self.limits)
+        return _python(call.text, limits or self.limits)
+
+    def run(self, call: ToolCall | None) -> str:
+        """The observation's text for one call."""
+        return self.execute(call).text
 
     def run_many(self, calls: Sequence[ToolCall | None]) -> list[str]:
         """Observations of `calls`, executed side by side (each python call is its own sandboxed process)."""
@@ -102,18 +143,20 @@ class Toolbox:
             return list(pool.map(self.run, calls))
 
 
-def _calculate(text: str) -> str:
+def _calculate(text: str) -> Observation:
     try:
         value = evaluate_expression(text.strip(), integer_steps=False).value
     except ExpressionError as exc:
-        return f"error: {exc}"
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+        return Observation(f"error: {exc}", "error")
+    return Observation(str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}",
+                       "ok")
 
 
-def _python(source: str, limits: Limits) -> str:
+def _python(source: str, limits: Limits) -> Observation:
     ex = run_python(source, limits=limits)
     out = ex.stdout
-    if ex.verdict is not Verdict.OK:
-        tail = "\n".join(ex.stderr.strip().splitlines()[-_STDERR_LINES:])
+    if ex.verdict is not Verdict.OK:  # the private dir's random name left out: the same failure reads the same
+        stderr = ex.stderr.replace(ex.workdir.rstrip("/") + "/", "") if ex.workdir else ex.stderr
+        tail = "\n".join(stderr.strip().splitlines()[-_STDERR_LINES:])
         out = "\n".join(part for part in (out.rstrip("\n"), tail, f"[{ex.verdict.value}]") if part)
-    return out.rstrip("\n")
+    return Observation(out.rstrip("\n"), ex.verdict.value)

@@ -5,8 +5,9 @@ engine does, so the generator role, the held-out evaluation and the learner take
 took a single turn:
 
 1. Every row generates a turn (`GenerationEngine.generate` with `</tool>`'s spellings as stop sequences).
-2. A row whose turn ended on `</tool>` gets the call's observation (`Toolbox.run_many`: the rows' calls
-   side by side), tokenized as `<result>\\n...\\n</result>\\n` and cut to `max_observation_tokens`.
+2. A row whose turn ended on `</tool>` gets the call's observation (`Tools.run_many`: the rows' calls
+   side by side, in this process's sandbox or, with `environment.service`, by the environment service),
+   tokenized as `<result>\\n...\\n</result>\\n` and cut to `max_observation_tokens`.
 3. Those rows generate their next turn from prompt + everything so far, until no row calls a tool, a
    row has made `max_turns` calls, or its positions run out.
 
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 from scalerl.config import JobSpec
-from scalerl.environment.tools import RESULT_CLOSE, RESULT_OPEN, TOOL_CLOSE, Toolbox, parse_call
+from scalerl.environment.tools import RESULT_CLOSE, RESULT_OPEN, TOOL_CLOSE, Toolbox, Tools, parse_call, tool_limits
 from scalerl.generator.engine import (
     GenerationEngine,
     LengthControl,
@@ -42,7 +43,6 @@ from scalerl.generator.engine import (
 )
 from scalerl.messages import Completion, FinishReason
 from scalerl.model.text import tag_spellings, text_ids
-from scalerl.sandbox import Limits
 
 MIN_TURN_ROOM = 8
 """Positions a row must have left after an observation to be given another turn (tokens)."""
@@ -82,7 +82,7 @@ class EpisodeRunner:
     """Generates episodes of up to `max_turns` tool calls with `engine`; `calls` counts the tool calls
     answered so far."""
 
-    def __init__(self, engine: GenerationEngine, tokenizer: Any, tools: Toolbox, *, max_turns: int,
+    def __init__(self, engine: GenerationEngine, tokenizer: Any, tools: Tools, *, max_turns: int,
                  max_observation_tokens: int, seed: int = 0) -> None:
         if max_turns < 1 or max_observation_tokens < 1:
             raise ValueError(f"need max_turns >= 1 and max_observation_tokens >= 1, got {max_turns}, "
@@ -153,7 +153,14 @@ def episode_runner(spec: JobSpec, engine: GenerationEngine, tokenizer: Any) -> E
     env = spec.environment
     if not env.tools:
         return None
-    limits = Limits(wall_s=env.tool_wall_s, cpu_s=max(1, int(env.tool_wall_s)), memory_bytes=env.tool_memory_mb << 20,
-                    output_bytes=64 << 10)
-    return EpisodeRunner(engine, tokenizer, Toolbox(tuple(env.tools), limits), max_turns=env.max_turns,
+    limits = tool_limits(env.tool_wall_s, env.tool_memory_mb)
+    tools: Tools
+    if env.service:  # the calls go to the environment service (the verifiers), retried across its replicas
+        from scalerl.environment.remote import RemoteToolbox
+        from scalerl.rpc.security import RpcSecurity
+
+        tools = RemoteToolbox(tuple(env.tools), env.service, security=RpcSecurity.from_env(), limits=limits)
+    else:
+        tools = Toolbox(tuple(env.tools), limits)
+    return EpisodeRunner(engine, tokenizer, tools, max_turns=env.max_turns,
                          max_observation_tokens=env.max_observation_tokens, seed=spec.seed)

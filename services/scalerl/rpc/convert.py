@@ -90,7 +90,7 @@ def _policy_pb(p: m.PolicyVersion, out: pb.PolicyVersion) -> None:
 
 
 def _metric_pb(r: m.MetricRecord, out: pb.MetricRecord) -> None:
-    out.kind, out.step = r.kind, r.step
+    out.kind, out.step, out.source = r.kind, r.step, r.source
     out.values.extend(pb.MetricValue(name=k, value=v) for k, v in r.values.items())
 
 
@@ -169,7 +169,7 @@ def _metric(p: pb.MetricRecord) -> m.MetricRecord:
     if len(values) != len(p.values):
         names = [v.name for v in p.values]
         raise MessageError(f"MetricRecord.values: repeated names {sorted({n for n in names if names.count(n) > 1})}")
-    return m.MetricRecord(kind=p.kind, step=p.step, values=values)
+    return m.MetricRecord(kind=p.kind, step=p.step, values=values, source=p.source)
 
 
 _FROM_PB: dict[str, Callable[[Any], Any]] = {

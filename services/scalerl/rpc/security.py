@@ -17,7 +17,7 @@ for a client certificate without requiring it, so no call without one ever reach
 
 Authorization (`allowed`), deny by default:
 - `Generator/UpdateWeights`: the learner only.
-- `Generator/Generate`, `Verifier/Score`: the job's roles and the extra identities.
+- `Generator/Generate`, `Verifier/Score`, `Environment/Execute`: the job's roles and the extra identities.
 - every `Status`, health checking and reflection: the roles, the operator and the extra identities.
 - anything else: nobody.
 A refused call ends with PERMISSION_DENIED naming the identity and the method; a verified certificate
@@ -50,9 +50,10 @@ ENV_CLIENTS = "SCALERL_RPC_CLIENTS"
 ROLES = frozenset({"learner", "generator", "verifier", "curriculum"})
 OPERATOR = "operator"
 UPDATE_WEIGHTS = "/scalerl.v1.Generator/UpdateWeights"
-WORK_METHODS = frozenset({"/scalerl.v1.Generator/Generate", "/scalerl.v1.Verifier/Score"})
+WORK_METHODS = frozenset({"/scalerl.v1.Generator/Generate", "/scalerl.v1.Verifier/Score",
+                          "/scalerl.v1.Environment/Execute"})
 READ_METHODS = frozenset({
-    *(f"/scalerl.v1.{s}/Status" for s in ("Generator", "Verifier", "Learner", "Curriculum")),
+    *(f"/scalerl.v1.{s}/Status" for s in ("Generator", "Verifier", "Environment", "Learner", "Curriculum")),
     "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",

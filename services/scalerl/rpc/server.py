@@ -6,8 +6,9 @@ reflection, and the tracing interceptor; a graceful `stop(grace_s)`.
     server.stop(grace_s=5.0)   # health -> NOT_SERVING, refuse new calls, let running ones finish
 
 A servicer is any object with `service_name` (the full proto name, e.g. "scalerl.v1.Generator") and
-`register(server)` (the generated `add_<Service>Servicer_to_server`); the four role servicers live in
-the roles' folders (generator/server.py, ...).
+`register(server)` (the generated `add_<Service>Servicer_to_server`); the role servicers live in the
+roles' folders (generator/server.py, ..., environment/service.py). A servicer with `server_options()`
+adds those gRPC server options (the environment's connection age).
 
 Choices:
 1. The synchronous `grpc.server` with a thread pool, not `grpc.aio`: the handlers call blocking torch
@@ -96,9 +97,10 @@ def serve_grpc(port: int, *servicers: RoleServicer, security: RpcSecurity, host:
     names = [s.service_name for s in servicers]
     if len(set(names)) != len(names):
         raise ValueError(f"serve_grpc: a service is registered twice: {names}")
+    extra = [o for s in servicers for o in (s.server_options() if hasattr(s, "server_options") else [])]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
                          interceptors=[ServerTracingInterceptor(), *security.interceptors(), *interceptors],
-                         options=[*grpc_options(max_message_bytes), ("grpc.so_reuseport", 0)])
+                         options=[*grpc_options(max_message_bytes), ("grpc.so_reuseport", 0), *extra])
     for s in servicers:
         s.register(server)
     health_servicer = health.HealthServicer()

@@ -9,6 +9,11 @@ last checkpoint, a generator's uncommitted prompts go to the others).
 With `runtime.weight_sync.broadcast` on, the learner's rendezvous is on 127.0.0.1 at a port the launcher
 finds free (the spec's address and port are for a cluster).
 
+With `environment.tools` and no `environment.service`, the verifiers serve the tool calls
+(`scalerl.environment.service`): each listens on a port chosen free at the start and kept across its
+restarts, and `environment.service` names them all (`ipv4:127.0.0.1:P0,127.0.0.1:P1`), so a generator's
+call to a killed verifier is retried on another.
+
 Compute: the launcher keeps `<out>/pool.json` (`runtime.devices`) current — every role process that is
 running, with the devices `runtime.role_devices` gives its role (a learner: per rank × its ranks) — and
 points the job's `runtime.pool_file` at it, so the learner integrates what the job holds over time.
@@ -70,6 +75,8 @@ class LocalCluster:
     procs: dict[str, RoleProcess] = field(default_factory=dict)
     rpc_env: dict[str, dict[str, str]] = field(default_factory=dict)
     """Per role: the environment that protects its gRPC port (empty in plain text)."""
+    verifier_ports: list[int] = field(default_factory=list)
+    """The verifiers' gRPC ports when they serve the job's tool calls (`environment.service`), else empty."""
 
     def __post_init__(self) -> None:
         if not self.bus_url.startswith("kafka://"):
@@ -80,7 +87,7 @@ class LocalCluster:
         self.pool_file = (self.out / POOL_FILE).resolve()
         runtime = self.spec.runtime.model_copy(update={"pool_file": str(self.pool_file),
                                                        "weight_sync": self._weight_sync()})
-        self.spec = self.spec.model_copy(update={"runtime": runtime})
+        self.spec = self.spec.model_copy(update={"runtime": runtime, "environment": self._environment()})
         self.job_file = self.out / "job.yaml"
         self.job_file.write_text(dump_spec(self.spec))
         self._pool: DevicePool | None = None
@@ -93,13 +100,18 @@ class LocalCluster:
         ws = self.spec.runtime.weight_sync
         if not ws.broadcast.enabled:
             return ws
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = _free_port()
         return ws.model_copy(update={"broadcast": ws.broadcast.model_copy(update={"address": "127.0.0.1",
                                                                                  "port": port})})
+
+    def _environment(self) -> Any:
+        """`environment` for these processes: with tools and no service given, the verifiers serve the tool
+        calls, each on a port free now (kept across its restarts), and every generator is told all of them."""
+        env = self.spec.environment
+        if not env.tools or env.service or self.verifiers < 1:
+            return env
+        self.verifier_ports = [_free_port() for _ in range(self.verifiers)]
+        return env.model_copy(update={"service": "ipv4:" + ",".join(f"127.0.0.1:{p}" for p in self.verifier_ports)})
 
     def issue_certificates(self) -> dict[str, dict[str, str]]:
         """A CA for this run and a certificate per role and for `client` (see the module docstring)."""
@@ -154,8 +166,11 @@ class LocalCluster:
         launch = [sys.executable]
         if role == "learner" and self.learner_ranks > 1:  # rank 0 serves; the others follow it
             launch += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(self.learner_ranks)]
+        grpc_port = 0
+        if role == "verifier" and self.verifier_ports:  # the environment service's replicas: fixed ports
+            grpc_port = self.verifier_ports[int(role_id.rsplit("-", 1)[1]) % len(self.verifier_ports)]
         cmd = [*launch, "-m", "scalerl.cli", "serve", role, "--job", str(self.job_file), "--bus", self.bus_url,
-               "--store", self.store_url, "--id", role_id, "--out", str(self.out), "--grpc-port", "0",
+               "--store", self.store_url, "--id", role_id, "--out", str(self.out), "--grpc-port", str(grpc_port),
                "--http-port", "0"]
         if role != "learner":
             cmd += ["--set", f"runtime.threads={self.role_threads}"]
@@ -280,3 +295,12 @@ def reset_job(spec: JobSpec, bus_url: str, store_url: str) -> None:
     store = open_store(store_url)
     for key in store.list(""):
         store.delete(key)
+
+
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 free now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from scalerl.bus import Bus, TopicNames, open_bus
 from scalerl.config import JobSpec
 from scalerl.faults.bus import wrap_bus
+from scalerl.messages import MetricRecord
 from scalerl.parts import make_task, make_verifier, seed_python
 from scalerl.runtime.limits import job_limits
 from scalerl.store import Store, open_store
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 POLL_S = 0.2
+ENV_REPORT_S = 5.0
+"""How often a verifier serving tool calls reports its load (`environment` records on the metrics topic,
+the operator's autoscaling input: scalerl_operator.cluster.rlstatus)."""
 
 
 @dataclass
@@ -166,6 +170,9 @@ class VerifierService:
         self.rollouts_consumed = 0
         # groups scored by gRPC Score calls (set by the gRPC server when it runs): counted with the bus's
         self.rpc_scored: Callable[[], int] = lambda: 0
+        # the environment service's counters (scalerl.environment.service) when this process serves tool calls
+        self.env_status: Callable[[], dict[str, Any]] = dict
+        self._env_reported = float("-inf")
 
     def ready(self) -> bool:
         return True
@@ -176,7 +183,7 @@ class VerifierService:
         return {"role": "verifier", "id": self.ctx.role_id, "ready": True, "groups_scored": self.role.scored + rpc,
                 "rollouts_consumed": self.rollouts_consumed + rpc, "dead_lettered": dict(self.role.dead.counts),
                 "verdicts": dict(v.verdicts), "grading_s": v.grading_seconds, "tests_passed": v.tests_passed_sum,
-                "lag": input_lag(self.bus, self.role.group, self.topics.rollouts)}
+                "lag": input_lag(self.bus, self.role.group, self.topics.rollouts), **self.env_status()}
 
     def _once(self) -> int:
         t0 = time.perf_counter()
@@ -186,9 +193,26 @@ class VerifierService:
             self.rollouts_consumed += n
         return n
 
+    def report_environment(self, now: float) -> bool:
+        """Publish this process's environment load when it serves tool calls and ENV_REPORT_S have passed since
+        the last report (busy_fraction 0-1, slots, running, queued, time_s: the Unix time of the reading)."""
+        env = self.env_status()
+        if not env or now - self._env_reported < ENV_REPORT_S:
+            return False
+        self._env_reported = now
+        values = {"busy_fraction": float(env["env_busy_fraction"]), "slots": float(env["env_slots"]),
+                  "running": float(env["env_running"]), "queued": float(env["env_queued"]), "time_s": time.time()}
+        try:
+            self.bus.publish(self.topics.metrics, MetricRecord("environment", 0, values, source=self.ctx.role_id),
+                             key=self.ctx.role_id)
+        except Exception as exc:  # a load report is informative: the next one goes out in ENV_REPORT_S
+            log.warning("environment load report failed: %r", exc)
+        return True
+
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             retry_io(self._once, stop, what="scoring batch", on_error=self.role.rewind)
+            self.report_environment(time.monotonic())
         self.role.consumer.close()
         self.bus.close()
         self.verifier.close()

@@ -128,6 +128,18 @@ def start_grpc(role: str, service: Any, ctx: ServiceContext, port: int,
         servicer = VerifierServicer(service.verifier, verifier_id=ctx.role_id, ready=service.ready, metrics=metrics,
                                     status_fn=_status_fields(service, ("groups_scored",)))
         service.rpc_scored = lambda: servicer.groups_scored  # Status and metrics: bus + Score calls
+        env = ctx.spec.environment
+        if env.tools:  # the job's tool calls are executed here too (scalerl.environment.service)
+            from scalerl.environment.service import EnvironmentServicer
+            from scalerl.environment.tools import Toolbox, tool_limits
+
+            tools = EnvironmentServicer(Toolbox(tuple(env.tools), tool_limits(env.tool_wall_s, env.tool_memory_mb)),
+                                        replica_id=ctx.role_id, ready=service.ready,
+                                        registry=metrics.registry if metrics is not None else None)
+            service.env_status = tools.status
+            server, bound = serve_grpc(port, servicer, tools, security=ctx.rpc_security or RpcSecurity.from_env(),
+                                       max_workers=8 + tools.slots + tools.queue_limit)
+            return bound, lambda: server.stop(grace_s=5.0)
     elif role == "learner":
         from scalerl.learner.server import LearnerServicer
 

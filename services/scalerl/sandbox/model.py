@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class SandboxError(RuntimeError):
@@ -39,6 +40,12 @@ class Limits:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
         if self.open_files < 8:  # stdin, stdout, stderr and what the interpreter opens itself
             raise ValueError(f"open_files must be >= 8, got {self.open_files}")
+
+    @classmethod
+    def from_spec(cls, wall_s: float, memory_mb: int, **others: Any) -> Limits:
+        """Limits from a job spec's wall-clock seconds and MiB: the CPU limit is the wall limit in whole
+        seconds (at least 1); `others` set the remaining fields."""
+        return cls(wall_s=wall_s, cpu_s=max(1, int(wall_s)), memory_bytes=memory_mb << 20, **others)
 
 
 class Verdict(StrEnum):

@@ -53,8 +53,7 @@ def _jsonl(**kw: Any) -> Task:
 def _code(**kw: Any) -> Task:
     from scalerl.sandbox import Limits
 
-    limits = Limits(wall_s=kw["code_wall_s"], cpu_s=max(1, int(kw["code_wall_s"])),
-                    memory_bytes=kw["code_memory_mb"] << 20)
+    limits = Limits.from_spec(kw["code_wall_s"], kw["code_memory_mb"])
     return CodeTask(seed=kw["seed"], train_size=kw["train_size"], eval_size=kw["eval_size_given"],
                     train_path=kw["train_path"] or None, eval_path=kw["eval_path"] or None,
                     phrasing=kw["phrasing"], limits=limits)

@@ -65,3 +65,21 @@ def test_the_spec_names_each_bad_environment_field():
     with pytest.raises(SpecError, match="names a tool twice"):
         spec_from_dict({"environment": {"tools": ["python", "python"]}})
     assert spec_from_dict({"environment": {"tools": ["calculator"]}}).environment.tools == ["calculator"]
+
+
+@pytest.mark.parametrize(("env", "line"), [
+    ({"tools": ["python"], "service": "dns:///env:notaport"},
+     "environment.service: 'dns:///env:notaport': port 'notaport' is not a number 1-65535; allowed: dns:///HOST:PORT"),
+    ({"tools": ["python"], "service": "unix:/run/env.sock"},
+     "environment.service: 'unix:/run/env.sock': unknown scheme"),
+    ({"service": "env:7000"}, "environment: service: 'env:7000' set, but tools is empty"),
+])
+def test_the_environment_service_must_be_a_target_and_needs_tools(env, line):
+    with pytest.raises(SpecError) as err:
+        spec_from_dict({"environment": env})
+    assert line in str(err.value)
+
+
+def test_the_environment_service_takes_every_target_form():
+    for target in ("dns:///j-environment.team.svc:50051", "ipv4:127.0.0.1:5001,127.0.0.1:5002", "env-0:50051"):
+        assert spec_from_dict({"environment": {"tools": ["python"], "service": target}}).environment.service == target

@@ -65,7 +65,7 @@ def test_the_contract_children_and_labels(children: dict[tuple[str, str], dict[s
     assert set(children) == {("ConfigMap", "j1-spec"), ("Deployment", "j1-generator"), ("Deployment", "j1-verifier"),
                              ("Deployment", "j1-curriculum"), ("StatefulSet", "j1-learner"),
                              ("Service", "j1-learner"), ("Service", "j1-generator"), ("Service", "j1-verifier"),
-                             ("PodDisruptionBudget", "j1-learner")}
+                             ("Service", "j1-environment"), ("PodDisruptionBudget", "j1-learner")}
     pdb, sts = children[("PodDisruptionBudget", "j1-learner")], children[("StatefulSet", "j1-learner")]
     assert pdb["spec"]["selector"] == sts["spec"]["selector"]  # the learner group, every rank
     assert pdb["spec"]["minAvailable"] == sts["spec"]["replicas"]  # no voluntary eviction of any rank
@@ -80,7 +80,8 @@ def test_the_contract_children_and_labels(children: dict[tuple[str, str], dict[s
             sel = o["spec"]["selector"]["matchLabels"]
             assert sel.items() <= o["spec"]["template"]["metadata"]["labels"].items()
             assert sel["app.kubernetes.io/component"] == lab["app.kubernetes.io/component"]
-        if kind == "Service":
+        if kind == "Service":  # J-environment: the verifier Pods (they serve the tool calls)
+            name = name.replace("environment", "verifier")
             workload = children[("StatefulSet" if name.endswith("learner") else "Deployment", name)]
             assert o["spec"]["selector"] == workload["spec"]["selector"]["matchLabels"]
 
@@ -88,7 +89,8 @@ def test_the_contract_children_and_labels(children: dict[tuple[str, str], dict[s
 @pytest.mark.parametrize("kind_name", [("ConfigMap", "j1-spec"), ("Deployment", "j1-generator"),
                                        ("Deployment", "j1-verifier"), ("Deployment", "j1-curriculum"),
                                        ("StatefulSet", "j1-learner"), ("Service", "j1-learner"),
-                                       ("Service", "j1-generator"), ("Service", "j1-verifier")])
+                                       ("Service", "j1-generator"), ("Service", "j1-verifier"),
+                                       ("Service", "j1-environment")])
 def test_every_child_is_a_valid_kubernetes_object(children: dict[tuple[str, str], dict[str, Any]],
                                                   kind_name: tuple[str, str]) -> None:
     kubernetes_validate.validate(children[kind_name], "1.34", strict=True)  # raises on any schema error
@@ -254,6 +256,23 @@ def test_spec_weight_sync_reaches_the_roles_job_yaml_and_bad_values_are_refused_
         make_spec(weightSync={"snapshotEvery": 0})
     with pytest.raises(Exception, match=r"spec\.job\.runtime|runtime: not allowed"):
         make_spec(job={"runtime": {"weight_sync": {"dtype": "bfloat16"}}})
+
+
+def test_a_job_with_tools_sends_its_calls_to_the_verifiers_through_a_headless_service() -> None:
+    spec = make_spec(job={"train": {"steps": 5, "prompts_per_step": 4}, "environment": {"tools": ["python"]}})
+    objs = by_kind_name(render(JOB, NS, spec, desired_replicas(spec, live={}, remembered={})))
+    env = spec_from_dict(parse_job_yaml(objs[("ConfigMap", "j1-spec")]["data"]["job.yaml"])).environment
+    assert env.service == f"dns:///j1-environment.{NS}.svc:{GRPC_PORT}"
+    svc = objs[("Service", "j1-environment")]["spec"]
+    assert svc["clusterIP"] == "None" and "publishNotReadyAddresses" not in svc  # one record per Ready verifier
+    assert svc["selector"] == objs[("Deployment", "j1-verifier")]["spec"]["selector"]["matchLabels"]
+    assert svc["ports"] == [{"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"}]
+    own = make_spec(job={"environment": {"tools": ["python"], "service": "env.tools.svc:7000"}})
+    cm = by_kind_name(render(JOB, NS, own, desired_replicas(own, live={}, remembered={})))[("ConfigMap", "j1-spec")]
+    assert spec_from_dict(parse_job_yaml(cm["data"]["job.yaml"])).environment.service == "env.tools.svc:7000"
+    none = make_spec()
+    cm = by_kind_name(render(JOB, NS, none, desired_replicas(none, live={}, remembered={})))[("ConfigMap", "j1-spec")]
+    assert spec_from_dict(parse_job_yaml(cm["data"]["job.yaml"])).environment.service == ""
 
 
 def test_weight_broadcast_points_the_generators_at_learner_rank_0_and_a_taken_port_is_refused() -> None:
