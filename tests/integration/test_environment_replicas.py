@@ -21,6 +21,8 @@ from scalerl.bus.kafka import KafkaBus
 from scalerl.config import spec_from_dict
 from scalerl.environment.remote import RemoteToolbox
 from scalerl.environment.tools import ToolCall, tool_limits
+from scalerl.messages import MetricRecord
+from scalerl.rpc.convert import decode_envelope
 from scalerl.rpc.gen.scalerl.v1 import services_pb2 as spb
 from scalerl.rpc.gen.scalerl.v1 import services_pb2_grpc as sgrpc
 from scalerl.rpc.security import RpcSecurity
@@ -47,12 +49,12 @@ def test_a_killed_environment_replicas_calls_are_retried_on_the_other(infra, s3_
                                                                      addition_run_spec):
     spec = _spec(unique, addition_run_spec)
     out = tmp_path / "run"
-    cluster = LocalCluster(spec, out, f"kafka://{infra.bootstrap}", f"s3://{unique}/job", generators=1, verifiers=2,
-                           env=infra.s3_env())
+    cluster = LocalCluster(spec, out, f"kafka://{infra.kafka_bootstrap}", f"s3://{unique}/job", generators=1,
+                           verifiers=2, env=infra.s3_env())
     target = cluster.spec.environment.service
     assert target == "ipv4:" + ",".join(f"127.0.0.1:{p}" for p in cluster.verifier_ports)
     security = RpcSecurity(str(out / "tls" / "client"))
-    bus = KafkaBus(infra.bootstrap)
+    bus = KafkaBus(infra.kafka_bootstrap)
     try:
         cluster.start_all()
         limits = tool_limits(spec.environment.tool_wall_s, spec.environment.tool_memory_mb)
@@ -90,6 +92,12 @@ def test_a_killed_environment_replicas_calls_are_retried_on_the_other(infra, s3_
     # every rollout the verifiers committed has a score (the killed one's uncommitted ones were scored again)
     assert_committed_have_output(bus, f"{unique}.rollouts", f"{unique}.verifiers", f"{unique}.scored",
                                   lambda m: f"{m.task.prompt_id}@{m.task.epoch}", lambda m: m.group_id)
+    # the verifiers reported their load for the operator's autoscaler (the sleeps kept verifier-0's slots busy)
+    reports = [m for r in bus.read_raw(f"{unique}.metrics")
+               if (m := decode_envelope(r.value, MetricRecord)).kind == "environment"]
+    assert {m.source for m in reports} <= {"verifier-0", "verifier-1"} and reports
+    assert max(m.values["busy_fraction"] for m in reports if m.source == "verifier-0") > 0.1
+    assert all(m.values["slots"] == 4 for m in reports)
     bus.delete_topics([f"{unique}.{k}" for k in ("prompts", "rollouts", "scored", "policy", "metrics", "dlq")])
     bus.close()
 

@@ -155,3 +155,32 @@ def _wait(cond, timeout_s: float = 10.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.01)
+
+
+def test_episodes_through_the_service_equal_episodes_with_local_tools(replicas, tiny_model, tokenizer):
+    """The same greedy episodes, tools run here or by the service: token for token, mask for mask (the tiny
+    model "calls" where it emits a window of its own greedy continuation: a malformed call, answered with
+    the error line, by the replica as by the local toolbox)."""
+    from scalerl.generator.engine import LengthControl, SamplingParams
+    from scalerl.generator.episode import EpisodeRunner
+    from scalerl.generator.role import encode_prompt
+    from scalerl.generator.torch_engine import TorchEngine
+
+    (servicer, _, port, _), = replicas()
+    never, greedy = 10**6, SamplingParams(temperature=0.0)
+    engine = TorchEngine(tiny_model, tokenizer, seed=0)
+    prompts = [encode_prompt(tokenizer, p) for p in ("12+34=", "7+8=", "100+1=")]
+    free = LengthControl(thinking_budget=20, answer_budget=1, think_close_ids=(never,), eos_id=never)
+    stops = tuple(tuple(c.token_ids[5:7]) for c in engine.generate(prompts, greedy, free))
+    length = LengthControl(thinking_budget=40, answer_budget=4, think_close_ids=(never,), eos_id=never)
+    out = {}
+    with RemoteToolbox(("calculator",), f"127.0.0.1:{port}", security=PLAIN, limits=LIMITS) as remote:
+        for name, tools in (("local", Toolbox(("calculator",), LIMITS)), ("remote", remote)):
+            runner = EpisodeRunner(engine, tokenizer, tools, max_turns=3, max_observation_tokens=48)
+            runner.stop_sequences = stops
+            out[name] = (runner.generate(prompts, greedy, length), runner.calls)
+    (local, local_calls), (remote_eps, remote_calls) = out["local"], out["remote"]
+    assert local_calls == remote_calls == servicer.executions >= len(prompts)
+    for a, b in zip(local, remote_eps, strict=True):
+        assert (a.token_ids, a.loss_mask, a.finish_reason) == (b.token_ids, b.loss_mask, b.finish_reason)
+        assert not all(a.loss_mask)  # each has at least one observation
