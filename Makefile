@@ -125,6 +125,7 @@ bench: install-dev install-vllm infra-up
 	$(VLLM_RUN) bench/model_bench.py --out bench/results.json && \
 	$(VLLM_RUN) bench/bf16_head_bench.py --out bench/results.json && \
 	$(PY) bench/sandbox_bench.py --out bench/results.json && \
+	$(PY) bench/environment_bench.py --out bench/results.json && \
 	$(PY) bench/weight_sync_bench.py --out bench/results.json && \
 	$(PY) bench/forecast_calibration.py --runs 200 --jobs 2 --out bench/results.json && \
 	$(PY) bench/chaos_bench.py --out bench/results.json $(CHAOS_ARGS)

@@ -223,9 +223,26 @@ def metrics_page() -> str:
            "RLJob's `spec.telemetry.metricsPort`); `<role>` is `generator`, `verifier`, `learner` or "
            "`curriculum`. A learner progress gauge has no sample until the learner has the value.\n\n",
            "## Roles\n\n", table(["metric", "type", "labels", "roles", "meaning"], rows), "\n"]
+    out += ["## Environment service\n\n", "Served on a verifier's side port when its job has tools "
+            "(`environment.tools`: the verifier executes the generators' tool calls, "
+            "`scalerl.environment.service`).\n\n",
+            table(["metric", "type", "labels", "meaning"], _environment_metric_rows()), "\n"]
     out += ["## Operator\n\n", "Served on the operator's metrics port.\n\n",
             table(["metric", "type", "labels", "meaning"], _operator_metric_rows()), ""]
     return "".join(out)
+
+
+def _environment_metric_rows() -> list[list[str]]:
+    from prometheus_client import CollectorRegistry
+
+    from scalerl.environment.service import EnvironmentServicer
+    from scalerl.environment.tools import Toolbox
+
+    registry = CollectorRegistry()
+    EnvironmentServicer(Toolbox(("python",)), registry=registry)
+    by_name = getattr(registry, "_names_to_collectors", {})
+    return [[code(_exposed(f.name, f.type)), f.type, code(_labels(by_name.get(f.name))) if _labels(
+        by_name.get(f.name)) else "", cell(f.documentation)] for f in sorted(registry.collect(), key=lambda f: f.name)]
 
 
 def _operator_metric_rows() -> list[list[str]]:

@@ -155,3 +155,33 @@ def test_generators_follow_learner_starvation_and_staleness(
         scaled = [e["message"] for e in kube.events(namespace, name) if e["reason"] == "Scaled"]
         assert [m.split(" (")[0] for m in scaled] == ["generator: 1 -> 4 replicas", "generator: 4 -> 3 replicas",
                                                       "generator: 3 -> 2 replicas", "generator: 2 -> 1 replicas"]
+
+
+def test_verifiers_scale_on_the_busy_tool_call_slots_they_report(
+        kube: Kube, namespace: str, bus: KafkaBus, k8s_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No backlog on the bus (the lag asks for minReplicas), but the verifiers' execution slots are busy with
+    tool calls: the `environment` records they publish scale the pool up, and down once they idle."""
+    name = unique_job()
+    verifier = {"replicas": 1, "autoscaling": {
+        "enabled": True, "minReplicas": 1, "maxReplicas": 6, "targetLagPerReplica": 10, "targetBusyFraction": 0.5,
+        "behavior": fast(4, DOWN_WINDOW_S, {"type": "Percent", "value": 100})}}
+    metrics = f"{namespace}.{name}.metrics"
+
+    def busy(**by_replica: float) -> None:
+        for source, fraction in by_replica.items():
+            values = {"busy_fraction": fraction, "slots": 4.0, "running": 4.0 * fraction, "queued": 0.0,
+                      "time_s": time.time()}
+            bus.publish(metrics, MetricRecord("environment", 0, values, source=source), key=source)
+        bus.flush()
+
+    with operator(namespace, k8s_env["KUBECONFIG"], monkeypatch):
+        create(kube, namespace, rljob(name, bus.bootstrap[0], roles={"verifier": verifier}))
+        wait_for("the verifier Deployment", lambda: replicas(kube, namespace, name).get("verifier") == 1)
+        busy(**{"verifier-a": 0.9})  # ceil(1 x 0.9 / 0.5) = 2
+        wait_for("verifiers at 2", lambda: replicas(kube, namespace, name)["verifier"] == 2)
+        busy(**{"verifier-a": 1.0, "verifier-b": 0.9})  # ceil(2 x 0.95 / 0.5) = 4
+        wait_for("verifiers at 4", lambda: replicas(kube, namespace, name)["verifier"] == 4)
+        scaled = [e["message"] for e in kube.events(namespace, name) if e["reason"] == "Scaled"]
+        assert scaled[:2] == [m for m in scaled[:2] if "EnvironmentBusy" in m and "execution slots busy" in m]
+        busy(**{f"verifier-{x}": 0.05 for x in "abcd"})  # ceil(4 x 0.05 / 0.5) = 1: down after the window
+        wait_for("verifiers back at 1", lambda: replicas(kube, namespace, name)["verifier"] == 1, timeout_s=30)
