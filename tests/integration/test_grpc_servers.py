@@ -109,6 +109,50 @@ def test_generate_equals_the_engine_called_directly(engines, tokenizer, tiny_spe
     assert metrics.tokens._value.get() == tokens
 
 
+def test_generate_serves_episodes_with_the_jobs_tools(tokenizer, tiny_spec) -> None:
+    """A job with tools answers Generate with episodes (the role's runner), as the same runner called
+    directly; `tools: false` gives single turns; a job without tools refuses `tools: true`."""
+    from scalerl.config import spec_from_dict
+    from scalerl.environment.tools import Toolbox
+    from scalerl.generator.episode import EpisodeRunner
+    from scalerl.model.factory import build_tiny_model
+
+    tree = tiny_spec.model_dump()
+    tree["model"]["tiny"]["max_positions"] = 512  # room for the tools' instructions
+    tiny_spec = spec_from_dict(tree)
+    model = build_tiny_model(tiny_spec.model, tokenizer, seed=0).eval()
+    served, direct = (TorchEngine(copy.deepcopy(model), tokenizer, seed=0) for _ in range(2))
+    greedy = SamplingParams(0.0, 1.0)
+    never = 10**6
+    free = dataclasses.replace(length_control(tiny_spec, tokenizer), think_close_ids=(never,), eos_id=never)
+    runners = [EpisodeRunner(e, tokenizer, Toolbox(("calculator",)), max_turns=2, max_observation_tokens=48)
+               for e in (served, direct)]
+    texts = ["12+34=", "5+6="]
+    ids = [encode_prompt(tokenizer, runners[0].prompt(t)) for t in texts]
+    stops = tuple(tuple(c.token_ids[4:6]) for c in direct.generate(ids, greedy, free))  # where the model "calls"
+    for r in runners:
+        r.stop_sequences = stops
+    for _, target in _served(GeneratorServicer(served, tokenizer, tiny_spec, episodes=runners[0])):
+        with GeneratorClient(target, security=PLAIN) as client:
+            got = client.generate_groups(texts, n=1, temperature=0.0)
+            want = runners[1].generate(ids, greedy, length_control(tiny_spec, tokenizer))
+            assert got.prompt_token_ids == ids  # the tools' instructions appended, as in training
+            assert [c for g in got.completions for c in g] == want
+            assert all(not all(c.loss_mask) for c in want)  # each has an observation, masked
+            single = client.generate(["12+34="], temperature=0.0, tools=False)
+            assert all(single[0].loss_mask) and single[0].token_ids == direct.generate(
+                [encode_prompt(tokenizer, "12+34=")], greedy, length_control(tiny_spec, tokenizer))[0].token_ids
+            with pytest.raises(grpc.RpcError) as err:
+                client.generate(["1+1="], tools=True, budget_forcing={"max_thinking": 4})
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not with budget_forcing" in \
+                err.value.details()
+    for _, target in _served(GeneratorServicer(served, tokenizer, tiny_spec)):
+        with GeneratorClient(target, security=PLAIN) as client, pytest.raises(grpc.RpcError) as err:
+            client.generate(["1+1="], tools=True)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == "tools: this job has no tools (environment.tools is empty)"
+
+
 def test_generate_with_budget_forcing_equals_the_engine_with_the_same_rules(engines, tokenizer, tiny_spec) -> None:
     """Budget forcing over gRPC (the ids `budget_forcing_of` sends) = the engine given the rules directly:
     a forced "</think>" + answer prefix at exactly max_thinking thinking tokens; "Wait" for an early one."""

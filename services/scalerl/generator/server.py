@@ -2,7 +2,8 @@
 
 Generate samples with the engine's current weights and the job's defaults (sampling and length rules
 of `generation`, as the bus role uses them: `role.encode_prompt`, `role.length_control`); a request
-may override temperature, top_p, the budgets and interruption. UpdateWeights fetches an announced
+may override temperature, top_p, the budgets and interruption. A job with tools answers with episodes
+(`scalerl.generator.episode`, the role's own runner) unless the request sets `tools: false`. UpdateWeights fetches an announced
 `PolicyVersion` from the store (`scalerl.weightsync`: the deltas since the version it holds, or a snapshot
 and the deltas after it; every shard and tensor checksummed) and loads it.
 
@@ -40,6 +41,7 @@ import grpc
 
 from scalerl.config import JobSpec
 from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams, budget_forcing
+from scalerl.generator.episode import EpisodeRunner
 from scalerl.generator.role import encode_prompt, length_control
 from scalerl.messages import MessageError, PolicyVersion
 from scalerl.rpc.convert import from_proto, to_proto
@@ -75,9 +77,11 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
                  generator_id: str = "generator-0", metrics: RoleMetrics | None = None,
                  ready: Callable[[], bool] | None = None,
                  status_fn: Callable[[], Mapping[str, Any]] | None = None,
-                 engine_lock: threading.Lock | None = None, max_rows: int = 4096) -> None:
+                 engine_lock: threading.Lock | None = None, max_rows: int = 4096,
+                 episodes: EpisodeRunner | None = None) -> None:
         """status_fn: the bus role's counters (tokens_generated, groups_generated are added to this
-        servicer's own; any other GeneratorStatus field it returns is taken as is)."""
+        servicer's own; any other GeneratorStatus field it returns is taken as is). episodes: the job's episode
+        runner (`environment.tools`), for requests with tools."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.spec = spec
@@ -95,6 +99,7 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
         self.loaded: PolicyVersion | None = None  # the last announcement UpdateWeights loaded
         self.weights = make_reader(spec, store) if store is not None else None  # (weightsync)
         self.fetch_lock = threading.Lock()  # one fetch at a time into the reader's copy
+        self.episodes = episodes
 
     def register(self, server: grpc.Server) -> None:
         sgrpc.add_GeneratorServicer_to_server(self, server)
@@ -106,7 +111,18 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
 
     # ---- Generate ---------------------------------------------------------------------------------
 
-    def _prompt_ids(self, request: Any) -> list[list[int]]:
+    def _tools(self, request: Any) -> EpisodeRunner | None:
+        """The episode runner when the request has tools (explicitly, or by the job's default), else None."""
+        wanted = request.tools if request.HasField("tools") else self.episodes is not None
+        if not wanted:
+            return None
+        if self.episodes is None:
+            raise ValueError("tools: this job has no tools (environment.tools is empty)")
+        if request.HasField("budget_forcing"):
+            raise ValueError("tools: not with budget_forcing (set tools: false for budget forcing)")
+        return self.episodes
+
+    def _prompt_ids(self, request: Any, episodes: EpisodeRunner | None = None) -> list[list[int]]:
         if not request.prompts:
             raise ValueError("prompts: at least one prompt is required")
         out = []
@@ -115,7 +131,7 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
             if kind is None:
                 raise ValueError(f"prompts[{i}]: set text or token_ids")
             if kind == "text":
-                out.append(encode_prompt(self.tokenizer, p.text))
+                out.append(encode_prompt(self.tokenizer, episodes.prompt(p.text) if episodes else p.text))
                 continue
             ids = list(p.token_ids.ids)
             if not ids:
@@ -176,7 +192,8 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
 
     def Generate(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC name)
         try:
-            prompts = self._prompt_ids(request)
+            episodes = self._tools(request)
+            prompts = self._prompt_ids(request, episodes)
             n, sampling, length = self._options(request, len(prompts))
         except ValueError as exc:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -186,7 +203,7 @@ class GeneratorServicer(sgrpc.GeneratorServicer):  # type: ignore[misc]
             try:
                 if request.HasField("seed"):
                     self.engine.reseed(request.seed)
-                comps = self.engine.generate(flat, sampling, length)
+                comps = (episodes or self.engine).generate(flat, sampling, length)
             except ValueError as exc:  # e.g. a prompt that leaves no room under the model's positions
                 abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             version = self.engine.version

@@ -92,13 +92,16 @@ class GeneratorClient(_Client):
                         temperature: float | None = None, top_p: float | None = None,
                         thinking_budget_tokens: int | None = None, answer_budget_tokens: int | None = None,
                         interruption: bool | None = None, budget_forcing: dict[str, Any] | None = None,
-                        seed: int | None = None) -> Generated:
+                        seed: int | None = None, tools: bool | None = None) -> Generated:
         """Sample `n` completions per prompt (text, or exact token ids); None = the job's setting.
         `budget_forcing`: the keyword arguments of `scalerl.generator.engine.budget_forcing` (token ids).
-        `seed`: restart the service's sampling stream from it first (None: continue its stream)."""
+        `seed`: restart the service's sampling stream from it first (None: continue its stream).
+        `tools`: episodes with the job's tools (None: the job's own default)."""
         request = spb.GenerateRequest(prompts=[_prompt(p) for p in prompts], samples_per_prompt=n)
         if seed is not None:
             request.seed = seed
+        if tools is not None:
+            request.tools = tools
         if budget_forcing is not None:
             bf = request.budget_forcing
             bf.SetInParent()

@@ -120,6 +120,7 @@ def start_grpc(role: str, service: Any, ctx: ServiceContext, port: int,
 
         servicer = GeneratorServicer(service.engine, service.tokenizer, ctx.spec, store=service.store,
                                      generator_id=ctx.role_id, ready=service.ready, engine_lock=service.engine_lock,
+                                     episodes=service.role.episodes,
                                      status_fn=_status_fields(service, ("policy_version", "tokens_generated",
                                                                         "groups_generated")))
     elif role == "verifier":
