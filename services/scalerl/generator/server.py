@@ -3,8 +3,8 @@
 Generate samples with the engine's current weights and the job's defaults (sampling and length rules
 of `generation`, as the bus role uses them: `role.encode_prompt`, `role.length_control`); a request
 may override temperature, top_p, the budgets and interruption. A job with tools answers with episodes
-(`scalerl.generator.episode`, the role's own runner) unless the request sets `tools: false`. UpdateWeights fetches an announced
-`PolicyVersion` from the store (`scalerl.weightsync`: the deltas since the version it holds, or a snapshot
+(`scalerl.generator.episode`, the role's own runner) unless the request sets `tools: false`.
+UpdateWeights fetches an announced `PolicyVersion` from the store (`scalerl.weightsync`: the deltas since the version it holds, or a snapshot
 and the deltas after it; every shard and tensor checksummed) and loads it.
 
 Decisions:
