@@ -4,8 +4,9 @@ Generate samples with the engine's current weights and the job's defaults (sampl
 of `generation`, as the bus role uses them: `role.encode_prompt`, `role.length_control`); a request
 may override temperature, top_p, the budgets and interruption. A job with tools answers with episodes
 (`scalerl.generator.episode`, the role's own runner) unless the request sets `tools: false`.
-UpdateWeights fetches an announced `PolicyVersion` from the store (`scalerl.weightsync`: the deltas since the version it holds, or a snapshot
-and the deltas after it; every shard and tensor checksummed) and loads it.
+UpdateWeights fetches an announced `PolicyVersion` from the store (`scalerl.weightsync`: the deltas
+since the version it holds, or a snapshot and the deltas after it; every shard and tensor checksummed)
+and loads it.
 
 Decisions:
 1. One lock (`engine_lock`, pass the bus role's own to share it) serialises every use of the engine:
