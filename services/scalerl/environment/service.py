@@ -26,6 +26,7 @@ Prometheus (on the role's registry): `scalerl_environment_executions_total{tool,
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -152,8 +153,7 @@ class EnvironmentServicer(sgrpc.EnvironmentServicer):  # type: ignore[misc]
                   if request.HasField("memory_bytes") and request.memory_bytes > 0 else own.memory_bytes)
         if (wall, memory) == (own.wall_s, own.memory_bytes):
             return own
-        return Limits(**{**{f: getattr(own, f) for f in own.__dataclass_fields__}, "wall_s": wall,
-                         "cpu_s": max(1, min(own.cpu_s, int(wall))), "memory_bytes": memory})
+        return dataclasses.replace(own, wall_s=wall, cpu_s=max(1, min(own.cpu_s, int(wall))), memory_bytes=memory)
 
     def _admit(self, context: grpc.ServicerContext) -> None:
         with self._lock:
