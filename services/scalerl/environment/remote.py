@@ -28,13 +28,12 @@ import random
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 
 from scalerl.endpoints import grpc_target_problem
-from scalerl.environment.tools import TOOL_LIMITS, Observation, ToolCall, check_names, instructions
+from scalerl.environment.tools import TOOL_LIMITS, Observation, ToolCall, check_names, instructions, side_by_side
 from scalerl.rpc.gen.scalerl.v1 import services_pb2 as spb
 from scalerl.rpc.gen.scalerl.v1 import services_pb2_grpc as sgrpc
 from scalerl.rpc.security import RpcSecurity
@@ -106,15 +105,9 @@ class RemoteToolbox:
                                      f"{self.attempts} x {self.timeout_s:g} s (last: {last.code().name}: "
                                      f"{last.details()})") from last
 
-    def run(self, call: ToolCall | None) -> str:
-        return self.execute(call).text
-
     def run_many(self, calls: Sequence[ToolCall | None]) -> list[str]:
         """Observations of `calls`, sent side by side (the service spreads them over its replicas)."""
-        if len(calls) <= 1:
-            return [self.run(c) for c in calls]
-        with ThreadPoolExecutor(max_workers=min(self.workers, len(calls)), thread_name_prefix="tool-rpc") as pool:
-            return list(pool.map(self.run, calls))
+        return side_by_side(self.execute, calls, self.workers)
 
     def close(self) -> None:
         self._channel.close()

@@ -31,7 +31,7 @@ sees what went wrong, as it would from a real tool, and the episode goes on.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
@@ -137,10 +137,16 @@ class Toolbox:
 
     def run_many(self, calls: Sequence[ToolCall | None]) -> list[str]:
         """Observations of `calls`, executed side by side (each python call is its own sandboxed process)."""
-        if len(calls) <= 1:
-            return [self.run(c) for c in calls]
-        with ThreadPoolExecutor(max_workers=min(self.workers, len(calls)), thread_name_prefix="tool") as pool:
-            return list(pool.map(self.run, calls))
+        return side_by_side(self.execute, calls, self.workers)
+
+
+def side_by_side(execute: Callable[[ToolCall | None], Observation], calls: Sequence[ToolCall | None],
+                 workers: int) -> list[str]:
+    """The observations' texts of `calls`, at most `workers` of them executed at once."""
+    if len(calls) <= 1:
+        return [execute(c).text for c in calls]
+    with ThreadPoolExecutor(max_workers=min(workers, len(calls)), thread_name_prefix="tool") as pool:
+        return [o.text for o in pool.map(execute, calls)]
 
 
 def _calculate(text: str) -> Observation:
