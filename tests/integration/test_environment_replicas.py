@@ -30,7 +30,7 @@ from scalerl.runtime.launcher import LocalCluster
 
 pytestmark = [pytest.mark.infra, pytest.mark.distributed]
 
-STEPS = 3
+STEPS = 2
 CALLS = 12
 
 
@@ -38,7 +38,7 @@ def _spec(unique: str, addition_run_spec):
     tree = addition_run_spec(unique, None, steps=STEPS, off_policy={"mode": "pipeline", "k": 2}, checkpoint_every=STEPS,
                              eval_every=STEPS).model_dump()
     tree["model"]["tiny"]["max_positions"] = 384  # the tools' instructions are appended to every prompt
-    tree["sft"]["steps"] = 20
+    tree["sft"]["steps"] = 10
     tree["loss"] = {"zero_variance_filter": False}  # a barely trained model: train on every group anyway
     tree["environment"] = {"tools": ["python", "calculator"], "max_turns": 2, "max_observation_tokens": 64}
     return spec_from_dict(tree)
