@@ -48,7 +48,7 @@ def test_loaded_descriptors_equal_protoc_output(tmp_path: Path) -> None:
         module.DESCRIPTOR.CopyToProto(loaded)
         assert _without_json_names(loaded) == by_name[module.DESCRIPTOR.name]
     assert [s.name for s in by_name["scalerl/v1/services.proto"].service] == [
-        "Generator", "Verifier", "Learner", "Curriculum"]
+        "Generator", "Verifier", "Environment", "Learner", "Curriculum"]
 
 
 def test_imports_point_into_the_generated_package() -> None:
