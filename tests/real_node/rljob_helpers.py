@@ -15,8 +15,9 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
 INFRA_NS = "scalerl-infra"
 RELEASE = "scalerl"
@@ -140,3 +141,16 @@ def start_job(kubectl: Kubectl, ns: str, env: dict[str, str], warm_start: str, n
     warm_start_config_map(kubectl, ns, warm_start)
     kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(tiny_rljob(name, bucket, env, steps=steps, **spec_over)))
     return bucket
+
+
+def wait_logged(tag: str, what: str, probe: Callable[[], T | None], timeout_s: float, every_s: float = 0.5) -> T:
+    """Polls `probe` until it returns something true (returned), printing `[tag] HH:MM:SS what` when it does;
+    fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            print(f"\n[{tag}] {time.strftime('%H:%M:%S')} {what}", end="")
+            return got
+        time.sleep(every_s)
+    raise AssertionError(f"not {what} after {timeout_s:.0f} s")

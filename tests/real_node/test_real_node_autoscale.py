@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
-from rljob_helpers import RLJOB_API, start_job
+from rljob_helpers import RLJOB_API, start_job, wait_logged
 
 from infra_session import sasl_bus
 from scalerl.messages import MetricRecord
@@ -63,14 +63,7 @@ ROLES = {
 
 
 def _wait(what: str, probe: Callable[[], T | None], timeout_s: float = TIMEOUT_S, every_s: float = 0.5) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            print(f"\n[autoscale] {time.strftime('%H:%M:%S')} {what}", end="")
-            return got
-        time.sleep(every_s)
-    raise AssertionError(f"not {what} after {timeout_s:.0f} s")
+    return wait_logged("autoscale", what, probe, timeout_s, every_s)
 
 
 class _Cluster:

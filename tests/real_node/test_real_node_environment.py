@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from rljob_helpers import RLJOB_API, job_secrets, tiny_rljob
+from rljob_helpers import RLJOB_API, job_secrets, tiny_rljob, wait_logged
 
 pytestmark = [pytest.mark.infra]
 
@@ -29,14 +29,7 @@ TIMEOUT_S = 180.0
 
 
 def _wait(what: str, probe: Callable[[], T | None], timeout_s: float = TIMEOUT_S, every_s: float = 1.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            print(f"\n[environment] {time.strftime('%H:%M:%S')} {what}", end="")
-            return got
-        time.sleep(every_s)
-    raise AssertionError(f"not {what} after {timeout_s:.0f} s")
+    return wait_logged("environment", what, probe, timeout_s, every_s)
 
 
 def _manifest(env: dict[str, str], bucket: str) -> dict[str, Any]:
