@@ -269,9 +269,12 @@ def test_killed_mid_reconcile_then_restarted_reaches_the_same_state(
     spec = parse_spec(j["spec"])
     want = {f"{o['kind']}/{o['metadata']['name']}": o
             for o in render(name, namespace, spec, desired_replicas(spec, live={}, remembered={}))}
-    pdb = want.pop(f"PodDisruptionBudget/{name}-learner")  # the 9th child, outside children()'s 8
+    pdb = want.pop(f"PodDisruptionBudget/{name}-learner")  # the 9th and 10th children, outside children()'s 8
     wait_for("the learner's PodDisruptionBudget",
              lambda: kube.get("policy/v1", "PodDisruptionBudget", namespace, pdb["metadata"]["name"]), timeout_s=60)
+    env = want.pop(f"Service/{name}-environment")
+    assert wait_for("the headless environment Service", lambda: kube.get(
+        "v1", "Service", namespace, env["metadata"]["name"]), timeout_s=60)["spec"]["clusterIP"] == "None"
     got = children(kube, namespace, name)
     assert set(got) == set(want), f"{at_kill} of 8 children existed at the kill"
     for key, o in want.items():

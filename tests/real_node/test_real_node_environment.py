@@ -138,7 +138,7 @@ def test_real_node_verifiers_execute_tool_calls_and_scale_on_their_busy_slots(
         _wait("2+ verifier Pods Ready", lambda: len(_ready_ips(node_core, ns)) >= 2)
         peak = replicas()
         assert peak >= 2
-        time.sleep(10)  # the burst goes on over the new Pods too
+        _wait("calls answered by the new Pods too", lambda: burst.answered >= 64, timeout_s=60)
         burst.stop.set()
         burst.thread.join(timeout=120)
         stopped_at = time.monotonic()
