@@ -196,8 +196,10 @@ class VerifierService:
     def report_environment(self, now: float) -> bool:
         """Publish this process's environment load when it serves tool calls and ENV_REPORT_S have passed since
         the last report (busy_fraction 0-1, slots, running, queued, time_s: the Unix time of the reading)."""
+        if now - self._env_reported < ENV_REPORT_S:  # (called after every poll: read the status only when due)
+            return False
         env = self.env_status()
-        if not env or now - self._env_reported < ENV_REPORT_S:
+        if not env:
             return False
         self._env_reported = now
         values = {"busy_fraction": float(env["env_busy_fraction"]), "slots": float(env["env_slots"]),
