@@ -21,18 +21,14 @@ def run_worker(nproc: int, out: Path, device: str = "cpu", mode: str = "fsdp") -
     return torch.load(out)
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory) -> dict:
-    """The reference: the same step in one plain process (run once for both world sizes)."""
-    return run_worker(1, tmp_path_factory.mktemp("plain") / "one.pt", mode="plain")
-
-
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_fsdp_matches_single_process(tmp_path, nproc, single):
-    sharded = run_worker(nproc, tmp_path / "fsdp.pt", mode="fsdp")
-    assert_same_step(single, sharded, world=nproc)
+def test_fsdp_matches_single_process(tmp_path):
+    """Two ranks, each holding half of every parameter (a world of one shards nothing and ran the same code
+    path: dropped, 68 s of a loaded CI run for nothing the two-rank case does not check)."""
+    single = run_worker(1, tmp_path / "one.pt", mode="plain")
+    sharded = run_worker(2, tmp_path / "fsdp.pt", mode="fsdp")
+    assert_same_step(single, sharded, world=2)
 
 
 def assert_same_step(single: dict, sharded: dict, *, world: int, rtol: float = 1e-4, atol: float = 1e-6) -> None:

@@ -14,6 +14,9 @@ from scalerl.config import spec_from_dict
 from scalerl.evaluation.heldout import EvalResult
 from scalerl.runtime.embedded import EmbeddedRun
 
+# one_kernel: the stop follows the simulated evaluations, whatever the trained weights
+pytestmark = pytest.mark.one_kernel
+
 STEPS, EVERY, PROMPTS, K = 60, 2, 64, 8
 
 

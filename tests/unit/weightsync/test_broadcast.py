@@ -31,6 +31,8 @@ from scalerl.weightsync.publisher import WeightPublisher
 from scalerl.weightsync.reader import WeightReader
 from waiting import wait_for
 
+# one_kernel: the weights are copied bit for bit and the timeouts are of transport, whatever the kernels
+pytestmark = pytest.mark.one_kernel
 MEMBER = Path(__file__).with_name("broadcast_member.py")
 START_S = 240.0  # a process importing torch on a loaded 2-core machine: 30 s seen
 
