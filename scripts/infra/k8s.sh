@@ -1,10 +1,12 @@
 # shellcheck shell=bash
 # Kubernetes test control plane: etcd + kube-apiserver (envtest-style: no scheduler, no kubelet, no
-# controllers) and the helm client. Sourced by lib.sh, never run. The Pod-running cluster beside it
+# controllers), the helm client and grpcurl (what a user points at a role's gRPC endpoint). Sourced by
+# lib.sh, never run. The Pod-running cluster beside it
 # (scheduler, controller-manager, kwok) is cluster.sh; its two commands build here (_build_kube).
 #
 # Layout
 #   cache:  bin/kube-apiserver-<k8s version>  bin/etcd-<etcd version>  bin/helm-<helm version>
+#           bin/grpcurl-<grpcurl version>
 #           bin/kube-scheduler-<k8s version>  bin/kube-controller-manager-<k8s version>
 #           src/kubernetes-<k8s version>/      the wrapper module of the three Kubernetes commands
 #           src/etcd-<etcd version>/           etcd's
@@ -19,12 +21,14 @@
 K8S_VERSION="${SCALERL_K8S_VERSION:-v1.34.4}"
 ETCD_VERSION="${SCALERL_ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${SCALERL_HELM_VERSION:-v3.21.4}"
+GRPCURL_VERSION="${SCALERL_GRPCURL_VERSION:-v1.9.3}"
 K8S_READY_TIMEOUT="${SCALERL_K8S_READY_TIMEOUT:-120}"
 K8S_STATE="$STATE/k8s"
 
 kube_apiserver_bin() { echo "$CACHE/bin/kube-apiserver-$K8S_VERSION"; }
 etcd_bin() { echo "$CACHE/bin/etcd-$ETCD_VERSION"; }
 helm_bin() { echo "$CACHE/bin/helm-$HELM_VERSION"; }
+grpcurl_bin() { echo "$CACHE/bin/grpcurl-$GRPCURL_VERSION"; }
 k8s_minor() { local m="${K8S_VERSION#v1.}"; echo "${m%%.*}"; } # v1.34.4 -> 34
 
 # _go_build_in DIR OUT PKG LDFLAGS: `go build PKG` inside DIR ($CACHE/src/NAME-VERSION), whose
@@ -148,9 +152,20 @@ _build_helm() {
     log "helm: built in $(elapsed "$t0") ($(du -sh "$bin" | cut -f1))"
 }
 
+_build_grpcurl() {
+    local t0
+    [[ -x "$(grpcurl_bin)" ]] && return 0
+    command -v go >/dev/null || die "go is required to build grpcurl"
+    t0="$(now)"
+    log "grpcurl: building github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION with go install"
+    go_install_to "$(grpcurl_bin)" "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION" \
+        "-s -w -X main.version=$GRPCURL_VERSION"
+    log "grpcurl: built in $(elapsed "$t0") ($(du -sh "$(grpcurl_bin)" | cut -f1))"
+}
+
 build_k8s() {
     local b
-    for b in etcd kube_apiserver helm; do
+    for b in etcd kube_apiserver helm grpcurl; do
         if [[ -x "$("${b}_bin")" ]]; then
             log "${b//_/-}: using cached binary $("${b}_bin")"
         else
@@ -329,5 +344,6 @@ ETCD_PID=$(read_pid "$K8S_STATE/etcd.pid")
 ETCD_LOG=$K8S_STATE/etcd.log
 HELM_BIN=$(helm_bin)
 HELM_VERSION=$HELM_VERSION
+GRPCURL_BIN=$(grpcurl_bin)
 EOF
 }

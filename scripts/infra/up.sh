@@ -2,7 +2,7 @@
 # Build (once, cached outside the checkout) and start the real test infrastructure on 127.0.0.1:
 #   - a single-node KRaft Kafka broker (jars fetched by Maven, run with Java 17)
 #   - a MinIO S3 server (built with `go install`)
-#   - k8s: etcd + kube-apiserver (built from source, see k8s.sh) and the helm client
+#   - k8s: etcd + kube-apiserver (built from source, see k8s.sh), the helm client and grpcurl
 #   - cluster: a Pod-running cluster beside it (cluster.sh): a second kube-apiserver on the same etcd,
 #     kube-scheduler, kube-controller-manager and kwok with fake GPU and CPU Nodes (needs k8s)
 #   - prometheus (built from source with kubernetes SD) and jaeger (Jaeger v2 built from source),
@@ -13,7 +13,7 @@
 #     (scripts/image.sh, built here when missing) imported into containerd, fake GPUs on the node
 # then write build/infra.env (KAFKA_BOOTSTRAP; the SASL_SSL listener's KAFKA_SASL_BOOTSTRAP,
 # KAFKA_SASL_{MECHANISM,USERNAME,PASSWORD} and KAFKA_SSL_CAFILE (a self-signed test CA); S3_ENDPOINT,
-# S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION, KUBECONFIG, K8S_API, HELM_BIN, CLUSTER_KUBECONFIG, CLUSTER_API,
+# S3_ACCESS_KEY, S3_SECRET_KEY, S3_REGION, KUBECONFIG, K8S_API, HELM_BIN, GRPCURL_BIN, CLUSTER_KUBECONFIG, CLUSTER_API,
 # PROMETHEUS_URL, PROMETHEUS_FILE_SD, JAEGER_QUERY_URL, JAEGER_OTLP_GRPC, JAEGER_PODS_OTLP_GRPC, PIDs and log paths).
 # Idempotent: a server that is already running and healthy is reused.
 #
@@ -22,7 +22,7 @@
 # Env: SCALERL_CACHE (default ~/.cache/scalerl), SCALERL_KAFKA_READY_TIMEOUT (120),
 #      SCALERL_MINIO_READY_TIMEOUT (60), SCALERL_KAFKA_HEAP (-Xmx512m), SCALERL_KAFKA_JVM_OPTS,
 #      SCALERL_MAVEN_REPO (a Maven local repository other than ~/.m2/repository),
-#      SCALERL_K8S_READY_TIMEOUT (120), SCALERL_{K8S,ETCD,HELM}_VERSION (pins in k8s.sh),
+#      SCALERL_K8S_READY_TIMEOUT (120), SCALERL_{K8S,ETCD,HELM,GRPCURL}_VERSION (pins in k8s.sh),
 #      SCALERL_CLUSTER_READY_TIMEOUT (120), SCALERL_KWOK_VERSION (v0.8.0; v0.7.0 with go < 1.26),
 #      SCALERL_CLUSTER_TOLERATION_S (2), SCALERL_CLUSTER_NODE_GRACE_S (20) (cluster.sh).
 #      SCALERL_{PROMETHEUS,JAEGER}_READY_TIMEOUT (60), SCALERL_JAEGER_VERSION (observability.sh).

@@ -36,6 +36,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(mark)
     time_first_setup(items, here, "infra", UP_TIMEOUT_S + 300)
     time_first_setup(items, here, "observability", UP_TIMEOUT_S + 300)
+    time_first_setup(items, here, "grpcurl", UP_TIMEOUT_S + 300)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,20 @@ def observability() -> Iterator[Observability]:
         yield Observability(values["PROMETHEUS_URL"], Path(values["PROMETHEUS_FILE_SD"]),
                             Path(values["PROMETHEUS_SCRAPE_TOKEN_FILE"]), values["JAEGER_QUERY_URL"],
                             values["JAEGER_OTLP_GRPC"])
+
+
+def _grpcurl_problem(values: dict[str, str]) -> str | None:
+    path = values.get("GRPCURL_BIN")
+    if not path:
+        return f"{ENV_FILE} lacks GRPCURL_BIN (scripts/infra/up.sh k8s builds it)"
+    return None if os.access(path, os.X_OK) else f"grpcurl {path} is not an executable"
+
+
+@pytest.fixture(scope="session")
+def grpcurl() -> Iterator[str]:
+    """The path of the grpcurl a user runs against a role's endpoint (built with the k8s group's clients)."""
+    with running_servers("grpcurl", ("k8s",), _grpcurl_problem, UP_TIMEOUT_S) as values:
+        yield values["GRPCURL_BIN"]
 
 
 @pytest.fixture

@@ -7,12 +7,16 @@ the real MinIO (`scalerl.rpc.security`, `generator/server.py` decision 2):
   the job did not list as an extra client can call nothing;
 - the learner itself cannot roll the generator back to an older version, nor make it load an object that
   is not where this job publishes that version (another prefix, a path with `..`): PERMISSION_DENIED,
-  and the served version and outputs stay as they were.
+  and the served version and outputs stay as they were;
+- the same as a user sees it with grpcurl (the tool, built by scripts/infra/k8s.sh, with the protos of
+  protos/): no client certificate, refused at the handshake; the learner's rollback, PermissionDenied.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +28,7 @@ import torch
 from scalerl.generator.server import GeneratorServicer
 from scalerl.generator.torch_engine import TorchEngine
 from scalerl.messages import PolicyVersion
-from scalerl.rpc.certs import CertificateAuthority, new_ca, write_tls_dir
+from scalerl.rpc.certs import CertificateAuthority, new_ca, server_name, write_tls_dir
 from scalerl.rpc.client import GeneratorClient
 from scalerl.rpc.security import RpcSecurity
 from scalerl.rpc.server import serve_grpc
@@ -125,6 +129,45 @@ def test_the_learner_cannot_roll_back_or_load_what_the_job_did_not_publish(serve
     served_weights = served["servicer"].engine.model.state_dict()
     for name, tensor in load_weights(store, v2).items():  # still exactly version 2's weights
         assert torch.equal(served_weights[name], tensor), name
+
+
+def test_grpcurl_without_a_certificate_is_refused_and_the_learners_rollback_is_permission_denied(
+        served, grpcurl: str) -> None:
+    ca, tmp = served["ca"], served["tmp"]
+    (tmp / "ca.crt").write_bytes(ca.cert_pem)
+    protos = Path(__file__).resolve().parents[2] / "protos"
+    base = [grpcurl, "-cacert", str(tmp / "ca.crt"), "-servername", server_name(ca.job), "-import-path", str(protos),
+            "-proto", "scalerl/v1/services.proto", "-max-time", "20"]
+
+    def call(identity: str | None, method: str, body: dict[str, Any], *flags: str) -> subprocess.CompletedProcess[str]:
+        creds: list[str] = []
+        if identity is not None:
+            folder = write_tls_dir(tmp / f"grpcurl-{identity}", ca.issue(identity), ca)
+            creds = ["-cert", str(folder / "tls.crt"), "-key", str(folder / "tls.key")]
+        return subprocess.run([*base, *creds, *flags, "-d", json.dumps(body), served["target"],
+                               f"scalerl.v1.Generator/{method}"], capture_output=True, text=True, timeout=60)
+
+    # no client certificate: the server ends every handshake (grpcurl keeps redialling until its connect
+    # timeout: grpc-go reports a connection closed during TLS 1.3's last flight as transient), and no call
+    # reaches the service
+    bare = call(None, "Generate", {"prompts": [{"text": "1+2="}]}, "-connect-timeout", "5")
+    assert bare.returncode != 0 and "Failed to dial target host" in bare.stderr, bare.stderr
+    # an extra identity the job lists reads the status: version 0 served, no request has reached Generate
+    status = call("eval", "Status", {})
+    assert status.returncode == 0, status.stderr
+    read = json.loads(status.stdout)
+    assert read.get("policyVersion", "0") in (0, "0") and read.get("requestsServed", "0") in (0, "0"), read
+    # the learner loads version 2, then asks for version 1: a rollback without a restart announcement
+    v1, v2 = served["published"][1], served["published"][2]
+    loaded = call("learner", "UpdateWeights", {"version": v2.version, "uri": v2.uri, "checksum": v2.checksum})
+    assert loaded.returncode == 0 and json.loads(loaded.stdout).get("swapped") is True, loaded.stderr
+    back = call("learner", "UpdateWeights", {"version": v1.version, "uri": v1.uri, "checksum": v1.checksum})
+    assert back.returncode != 0 and "Code: PermissionDenied" in back.stderr, back.stderr
+    # a verifier's certificate may not update weights at all
+    other = call("verifier", "UpdateWeights", {"version": 3, "uri": v2.uri, "checksum": v2.checksum})
+    assert other.returncode != 0 and "Code: PermissionDenied" in other.stderr, other.stderr
+    with GeneratorClient(served["target"], security=_as(ca, "operator", tmp)) as client:
+        assert client.status()["policy_version"] == 2
 
 
 def test_a_renewed_certificate_is_taken_without_a_restart(tiny_model: torch.nn.Module, tokenizer: Any,
