@@ -8,18 +8,16 @@
 #   2. At once, two streams side by side (the servers' tests mostly wait on servers, Pods and the bus, so
 #      they fill the CPU the others leave idle):
 #      a. the tests that need servers (SCALERL_INFRA_UP_PID: a session fixture whose servers are not up
-#         yet waits for the background up.sh instead of failing):
+#         yet waits for the background up.sh instead of failing), then the vLLM environment's tests that
+#         need none (the streams end together that way):
 #           the main suite's                         -m infra                build/junit-infra.xml
+#           the vLLM environment's                   -m "vllm and not infra" build/junit-vllm.xml
 #      b. the tests that need no server (SCALERL_INFRA_AUTOSTART=0, so a test that needs one and is not
 #         marked `infra` fails in CI instead of starting servers of its own), then, once every server is up,
 #         the vLLM environment's test that needs them (beside the end of stream a, not after it):
 #           the main suite's                           -m "not infra"          build/junit.xml
 #           the tests that train, on other CPU kernels  ATEN_CPU_CAPABILITY     build/junit-<kernels>.xml
 #           the vLLM environment's                     -m "vllm and infra"     build/junit-vllm-infra.xml
-#      Then the vLLM environment's tests that need no server, in whichever stream ends first (so the streams
-#      end together: which one that is has changed as tests were added and trimmed; at de63506 stream b was
-#      idle for its last 3 minutes while stream a ran, and the vLLM pass ran after both):
-#           the vLLM environment's                     -m "vllm and not infra" build/junit-vllm.xml
 #   3. The servers stop.
 # Every pass runs whatever the others did; the exit status is the first non-zero one (pytest's 5, no
 # tests collected, included), or 1 when the servers could not be built or started.
@@ -66,19 +64,8 @@ keep() { local s=$1; ((rc != 0)) || rc=$s; ((s == 0)) || note "that pass exited 
 vllm_pytest() { # the vLLM tests run from the checkout in the vLLM environment (its own torch)
     PY="$PY" VLLM_PY="$VLLM_PY" bash scripts/vllm_python.sh -m pytest -p no:cacheprovider tests/vllm_cpu "$@"
 }
-# The vLLM tests that need no server, run by the first stream to call this (mkdir is atomic): 0 when this
-# call ran them (its status kept with `keep`), 1 when the other stream has them.
-vllm_no_server_pass() {
-    mkdir build/vllm-no-server.claim 2>/dev/null || return 1
-    note "the vLLM tests that need no server, in $VLLM_PY: build/vllm-tests.log"
-    SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and not infra" --junitxml=build/junit-vllm.xml \
-        >build/vllm-tests.log 2>&1
-    keep $?
-    tail -n 5 build/vllm-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
-}
 
 rm -f build/infra.env build/infra-up.rc build/infra-stream.rc # infra.env: written by up.sh as the servers come up
-rm -rf build/vllm-no-server.claim
 # `--prebuild` (make test, before it installs the environments) already builds what the cache lacks, Kafka
 # and MinIO first; the servers start as their builds are done.
 prebuilt() { # wait for the prebuild's marker $1 (or its end); false when it failed
@@ -102,7 +89,15 @@ note "building (where the cache lacks them) and starting the servers in the back
         --junitxml=build/junit-infra.xml "${extra[@]}" >build/infra-tests.log 2>&1
     keep $?
     tail -n 15 build/infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
-    vllm_no_server_pass || true
+    # then the vLLM environment's tests that need no server: here, not after the main suite's, because this
+    # stream ends first since the CPU roles start without torch (the warm run of 67d974e: 23 min against 26);
+    # and after the servers' tests, not beside them: run by whichever stream ended first (99af1ef), they ran
+    # beside the real node's tests, which slowed by 5 min (29 min 3 s at de63506, 31 min 58 s at 0eec726)
+    note "the vLLM tests that need no server, in $VLLM_PY: build/vllm-tests.log"
+    SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and not infra" --junitxml=build/junit-vllm.xml \
+        >build/vllm-tests.log 2>&1
+    keep $?
+    tail -n 5 build/vllm-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
     echo "$rc" >build/infra-stream.rc
 ) &
 stream_pid=$!
@@ -136,7 +131,6 @@ else
     note "the servers could not be built or started (build/infra-up.log): the vLLM tests that need them did not run"
 fi
 
-vllm_no_server_pass || true
 note "waiting for the tests that need the servers"
 wait "$stream_pid"
 keep "$(cat build/infra-stream.rc 2>/dev/null || echo 1)"
