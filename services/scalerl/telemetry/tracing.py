@@ -20,10 +20,15 @@ Choices:
    (for third-party instrumentation) and keep later calls (tests) working through `tracer()`.
 3. Only unary-unary gRPC methods are traced (all of ours); the health and reflection services
    (`/grpc.*`) are not, to keep probes out of the traces.
+4. Trace and span ids come from the operating system's random source (`_OsRandomIds`), not from the SDK's
+   default generator, which draws from Python's global `random`: every role seeds that with the job's seed
+   (`parts.seed_everything`), so two runs with the same seed (0 by default) drew the same ids, and a tracing
+   backend merged their traces (a Pod's prompt trace rooted in another run's curriculum span, 2026-12-06).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -34,6 +39,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -41,6 +47,32 @@ TRACEPARENT = "traceparent"
 _PROPAGATOR = TraceContextTextMapPropagator()
 _provider: TracerProvider | None = None
 _unexported: TracerProvider | None = None  # ids without export, until setup_tracing installs a provider
+
+
+class _OsRandomIds(IdGenerator):
+    """Trace and span ids from os.urandom (random.SystemRandom), whatever the global `random` was seeded with."""
+
+    def __init__(self) -> None:
+        self._random = random.SystemRandom()
+
+    def _nonzero(self, bits: int) -> int:
+        value = 0
+        while value == 0:  # 0 is the invalid id
+            value = self._random.getrandbits(bits)
+        return value
+
+    def generate_span_id(self) -> int:
+        return self._nonzero(64)
+
+    def generate_trace_id(self) -> int:
+        return self._nonzero(128)
+
+    def is_trace_id_random(self) -> bool:
+        return True
+
+
+def _new_provider(service_name: str) -> TracerProvider:
+    return TracerProvider(resource=Resource.create({"service.name": service_name}), id_generator=_OsRandomIds())
 
 
 def setup_tracing(service_name: str, otlp_endpoint: str | None = None,
@@ -53,7 +85,7 @@ def setup_tracing(service_name: str, otlp_endpoint: str | None = None,
     global _provider
     if not service_name:
         raise ValueError("setup_tracing: service_name is empty")
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider = _new_provider(service_name)
     if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -83,7 +115,7 @@ def tracer(name: str = "scalerl") -> trace.Tracer:
     provider = _provider if _provider is not None else trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         if _unexported is None:
-            _unexported = TracerProvider(resource=Resource.create({"service.name": "scalerl"}))
+            _unexported = _new_provider("scalerl")
         provider = _unexported
     return provider.get_tracer(name)
 

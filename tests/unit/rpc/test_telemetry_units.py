@@ -114,3 +114,29 @@ def test_records_carry_a_traceparent_without_any_tracing_setup() -> None:
     assert a and b, (first, second)
     assert int(a[1], 16) != 0 and int(a[2], 16) != 0
     assert b[1] == a[1] and b[2] != a[2]  # same trace, the generator's own span as the parent of the next hop
+
+
+def test_ids_do_not_follow_the_jobs_seed() -> None:
+    """Every role seeds Python's global `random` with the job's seed; the SDK's default ids came from it, so two
+    runs with the same seed (two processes here, each seeded 0) started the same traces with the same span ids,
+    and Jaeger merged them (tests/real_node/test_real_node_observability.py saw another run's curriculum span
+    as the root of a Pod's prompt trace). With and without an exporter set up."""
+    code = (
+        "import json, random\n"
+        "from scalerl.telemetry.hops import hop\n"
+        "from scalerl.telemetry.tracing import setup_tracing\n"
+        "random.seed(0)\n"
+        "with hop('curriculum.issue', {}, root=True) as a:\n"
+        "    pass\n"
+        "setup_tracing('scalerl-curriculum')\n"
+        "random.seed(0)\n"
+        "with hop('curriculum.issue', {}, root=True) as b:\n"
+        "    pass\n"
+        "print(json.dumps([a['traceparent'], b['traceparent']]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                      timeout=120, check=True).stdout.strip().splitlines()[-1]) for _ in range(2)]
+    ids = [tp.split("-")[1:3] for run in runs for tp in run]
+    assert len({trace_id for trace_id, _ in ids}) == 4 and len({span_id for _, span_id in ids}) == 4, ids
