@@ -109,7 +109,8 @@ SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -m "not gpu and not vllm and not infra
 keep $?
 note "the tests that train, again with ATEN_CPU_CAPABILITY=$ALT_KERNELS"
 ATEN_CPU_CAPABILITY="$ALT_KERNELS" SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -p no:cacheprovider \
-    -m "not gpu and not infra and not slow and not vllm and not one_kernel" --junitxml="build/junit-$ALT_KERNELS.xml" "${retrain[@]}"
+    -m "not gpu and not infra and not slow and not vllm and not one_kernel" \
+    --junitxml="build/junit-$ALT_KERNELS.xml" "${retrain[@]}"
 keep $?
 
 # the vLLM test that needs the servers: here, once they are all up, beside the end of stream a (which holds

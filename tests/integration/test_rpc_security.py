@@ -41,8 +41,14 @@ pytestmark = pytest.mark.infra
 LOOPBACK = "127.0.0.1"
 
 
+def _tls_dir(ca: CertificateAuthority, identity: str, tmp: Path) -> Path:
+    """`identity`'s certificate folder under `ca` (tls.crt, tls.key, ca.crt), issued once."""
+    folder = tmp / f"{identity}-{id(ca)}"
+    return folder if (folder / "tls.crt").exists() else write_tls_dir(folder, ca.issue(identity), ca)
+
+
 def _as(ca: CertificateAuthority, identity: str, tmp: Path, **kw: Any) -> RpcSecurity:
-    return RpcSecurity(str(write_tls_dir(tmp / f"{identity}-{id(ca)}", ca.issue(identity), ca)), **kw)
+    return RpcSecurity(str(_tls_dir(ca, identity, tmp)), **kw)
 
 
 def _code(call: Any) -> grpc.StatusCode:
@@ -142,7 +148,7 @@ def test_grpcurl_without_a_certificate_is_refused_and_the_learners_rollback_is_p
     def call(identity: str | None, method: str, body: dict[str, Any], *flags: str) -> subprocess.CompletedProcess[str]:
         creds: list[str] = []
         if identity is not None:
-            folder = write_tls_dir(tmp / f"grpcurl-{identity}", ca.issue(identity), ca)
+            folder = _tls_dir(ca, identity, tmp)
             creds = ["-cert", str(folder / "tls.crt"), "-key", str(folder / "tls.key")]
         return subprocess.run([*base, *creds, *flags, "-d", json.dumps(body), served["target"],
                                f"scalerl.v1.Generator/{method}"], capture_output=True, text=True, timeout=60)

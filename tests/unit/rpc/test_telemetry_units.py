@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -90,6 +91,15 @@ def test_setup_tracing_rejects_an_empty_name() -> None:
         setup_tracing("", None)
 
 
+def _fresh_process_json(code: str) -> Any:
+    """The JSON `code` prints last, run in a new interpreter without an OTLP endpoint (no provider yet)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def test_records_carry_a_traceparent_without_any_tracing_setup() -> None:
     """No setup_tracing, no exporter (a role without OTEL_EXPORTER_OTLP_ENDPOINT): every hop still writes a
     W3C traceparent with the SDK's random ids, and the next hop continues that trace. In a fresh process:
@@ -103,11 +113,7 @@ def test_records_carry_a_traceparent_without_any_tracing_setup() -> None:
         "    pass\n"
         "print(json.dumps([a, b]))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
-                         check=True).stdout
-    first, second = json.loads(out.strip().splitlines()[-1])
+    first, second = _fresh_process_json(code)
     assert first["policy_version"] == "3"
     pattern = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-0[13]")  # sampled (+ random trace id, W3C level 2)
     a, b = pattern.fullmatch(first["traceparent"]), pattern.fullmatch(second["traceparent"])
@@ -134,9 +140,6 @@ def test_ids_do_not_follow_the_jobs_seed() -> None:
         "    pass\n"
         "print(json.dumps([a['traceparent'], b['traceparent']]))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                                      timeout=120, check=True).stdout.strip().splitlines()[-1]) for _ in range(2)]
+    runs = [_fresh_process_json(code) for _ in range(2)]
     ids = [tp.split("-")[1:3] for run in runs for tp in run]
     assert len({trace_id for trace_id, _ in ids}) == 4 and len({span_id for _, span_id in ids}) == 4, ids
