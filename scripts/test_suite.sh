@@ -37,13 +37,13 @@ if [[ "${1:-}" == --prebuild ]]; then
     # tests that need no server fill the CPU they leave.
     # Three at once: Prometheus and Jaeger (the longest of the observability lane, needed last); Kafka and
     # MinIO (most tests need them: their tests start as soon as they are built), then the rest in up.sh's
-    # two lanes (the API servers and the node; kwok and Kueue).
+    # two lanes (the API servers and the node; kwok, Kueue and cert-manager).
     SCALERL_BUILD_NICE="${SCALERL_BUILD_NICE:-0}" nohup bash -c '
         up=scripts/infra/up.sh
         bash "$up" --build-only prometheus jaeger >build/infra-prebuild-obs.log 2>&1 &
         obs=$!
         bash "$up" --build-only kafka minio && touch build/infra-prebuild-km \
-            && bash "$up" --build-only kafka minio k8s cluster kueue node
+            && bash "$up" --build-only kafka minio k8s cluster kueue certmanager node
         rc=$?
         wait "$obs"
         o=$?

@@ -71,6 +71,7 @@ def _problem(args: argparse.Namespace) -> str | None:
     if not 0 <= args.metrics_port <= 65535:
         return f"--metrics-port: must be 0..65535, got {args.metrics_port}"
     from scalerl.rpc.sidetls import token_file_problems
+    from scalerl_operator.control.rpc_certmanager import configured_mode
     from scalerl_operator.render.images import image_defaults
     from scalerl_operator.render.names import SCRAPE_TOKEN_FILE_ENV
     from scalerl_operator.render.netpol import network_defaults
@@ -80,6 +81,7 @@ def _problem(args: argparse.Namespace) -> str | None:
     try:
         image_defaults(os.environ)  # the chart's image defaults for RLJobs (SCALERL_DEFAULT_IMAGE*)
         network_defaults(os.environ)  # the chart's networkPolicy.* (SCALERL_NETWORK_POLICIES, SCALERL_SCRAPE_FROM)
+        configured_mode(os.environ)  # the chart's rpc.certificates (SCALERL_RPC_CERTIFICATES)
     except ValueError as exc:
         return str(exc)
     return None

@@ -3,9 +3,9 @@
 # (SCALERL_STOP_GRACE, default 20 s). Logs and data under build/infra/ are kept, so a later up.sh
 # continues with the same topics and buckets; build/infra.env is removed (it names running servers).
 #
-# Usage: scripts/infra/down.sh [--purge] [kafka|minio|k8s|cluster|prometheus|jaeger|kueue|node ...]
+# Usage: scripts/infra/down.sh [--purge] [kafka|minio|k8s|cluster|prometheus|jaeger|kueue|certmanager|node ...]
 #   k8s stops the Pod-running cluster and the real node too (their API servers use k8s's etcd); k8s and
-#   cluster stop kueue. node: its containers and processes, and what it changed on the host.
+#   cluster stop kueue; k8s stops certmanager. node: its containers and processes, and what it changed on the host.
 #   --purge: also delete the data directories (build/infra/*/data, build/infra/k8s/etcd-data); logs
 #   are still kept.
 # shellcheck source=scripts/infra/lib.sh
@@ -16,9 +16,9 @@ services=()
 for arg in "$@"; do
     case "$arg" in
         --purge) purge=1 ;;
-        kafka | minio | k8s | cluster | prometheus | jaeger | kueue | node) services+=("$arg") ;;
+        kafka | minio | k8s | cluster | prometheus | jaeger | kueue | certmanager | node) services+=("$arg") ;;
         -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
-        *) die "unknown argument $arg (expected --purge, kafka, minio, k8s, cluster, prometheus, jaeger, kueue, node)" ;;
+        *) die "unknown argument $arg (expected --purge, kafka, minio, k8s, cluster, prometheus, jaeger, kueue, certmanager, node)" ;;
     esac
 done
 ((${#services[@]})) || services=(kafka minio k8s prometheus jaeger)
@@ -26,6 +26,10 @@ done
 for svc in "${services[@]}"; do
     if [[ "$svc" == kueue ]]; then
         down_kueue
+        continue
+    fi
+    if [[ "$svc" == certmanager ]]; then
+        down_certmanager
         continue
     fi
     if [[ "$svc" == cluster ]]; then
@@ -38,6 +42,7 @@ for svc in "${services[@]}"; do
         continue
     fi
     if [[ "$svc" == k8s ]]; then
+        down_certmanager
         down_kueue
         down_cluster
         down_node

@@ -128,8 +128,8 @@ start_kueue() {
     [[ "$(id -u)" == 0 ]] || die "kueue: the manager's metrics certificate path $KUEUE_METRICS_CERTS is bind-mounted" \
         "in a private mount namespace, which needs root"
     mkdir -p "$KUEUE_STATE/certs" "$KUEUE_METRICS_CERTS"
-    python3 "$INFRA_DIR/kueue_api.py" crds "$kc" "$(kueue_crds)"/*.yaml || die "kueue: installing the CRDs failed"
-    python3 "$INFRA_DIR/kueue_api.py" namespace "$kc" "$KUEUE_NAMESPACE" || die "kueue: namespace failed"
+    python3 "$INFRA_DIR/crd_api.py" crds "$kc" "$(kueue_crds)"/*.yaml || die "kueue: installing the CRDs failed"
+    python3 "$INFRA_DIR/crd_api.py" namespace "$kc" "$KUEUE_NAMESPACE" || die "kueue: namespace failed"
     openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=kueue-webhook-service.$KUEUE_NAMESPACE.svc" \
         -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" -keyout "$KUEUE_STATE/certs/tls.key" \
         -out "$KUEUE_STATE/certs/tls.crt" >/dev/null 2>&1 || die "kueue: openssl could not make the test certificate"
@@ -157,7 +157,7 @@ up_kueue() {
     fi
     stop_pid "$pid" "$(kueue_pattern)" kueue
     t0="$(now)"
-    log "kueue: starting $KUEUE_VERSION against $(python3 "$INFRA_DIR/kueue_api.py" server "$(kueue_kubeconfig)"), log $KUEUE_STATE/kueue.log"
+    log "kueue: starting $KUEUE_VERSION against $(python3 "$INFRA_DIR/crd_api.py" server "$(kueue_kubeconfig)"), log $KUEUE_STATE/kueue.log"
     start_kueue
     wait_ready kueue "$t0" "$KUEUE_READY_TIMEOUT" 0.5
 }

@@ -493,6 +493,9 @@ source "$INFRA_DIR/node.sh"
 # Kueue's controller manager on that cluster (scripts/infra/kueue.sh; not started by default)
 # shellcheck source=scripts/infra/kueue.sh
 source "$INFRA_DIR/kueue.sh"
+# cert-manager's certificate controllers on the plain API server (scripts/infra/certmanager.sh; not started by default)
+# shellcheck source=scripts/infra/certmanager.sh
+source "$INFRA_DIR/certmanager.sh"
 
 # ---- Prometheus + Jaeger v2 (scripts/infra/observability.sh) --------------------------------------
 
@@ -545,6 +548,7 @@ EOF
         cluster_env_lines
         node_env_lines
         kueue_env_lines
+        certmanager_env_lines
         observability_env_lines
     } >"$tmp"
     chmod 600 "$tmp"

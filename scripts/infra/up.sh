@@ -8,6 +8,8 @@
 #   - prometheus (built from source with kubernetes SD) and jaeger (Jaeger v2 built from source),
 #     see observability.sh
 #   - kueue: Kueue's controller manager on the cluster (kueue.sh; needs cluster)
+#   - certmanager: cert-manager's certificate controllers on the plain API server, its CRDs installed
+#     there (certmanager.sh; needs k8s)
 #   - node: a real node (node.sh; needs k8s, root): its own kube-apiserver on the host's address, scheduler,
 #     controller-manager, containerd + runc + CNI, kubelet, kube-proxy, CoreDNS, the project's image
 #     (scripts/image.sh, built here when missing) imported into containerd, fake GPUs on the node
@@ -17,8 +19,8 @@
 # PROMETHEUS_URL, PROMETHEUS_FILE_SD, JAEGER_QUERY_URL, JAEGER_OTLP_GRPC, JAEGER_PODS_OTLP_GRPC, PIDs and log paths).
 # Idempotent: a server that is already running and healthy is reused.
 #
-# Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s|cluster|prometheus|jaeger|kueue|node ...]
-#   no service named: all of them (cluster starts k8s too, kueue starts cluster).  --build-only: fetch/build into the cache, start nothing.
+# Usage: scripts/infra/up.sh [--build-only] [kafka|minio|k8s|cluster|prometheus|jaeger|kueue|certmanager|node ...]
+#   no service named: all of them (cluster and certmanager start k8s too, kueue starts cluster).  --build-only: fetch/build into the cache, start nothing.
 # Env: SCALERL_CACHE (default ~/.cache/scalerl), SCALERL_KAFKA_READY_TIMEOUT (120),
 #      SCALERL_MINIO_READY_TIMEOUT (60), SCALERL_KAFKA_HEAP (-Xmx512m), SCALERL_KAFKA_JVM_OPTS,
 #      SCALERL_MAVEN_REPO (a Maven local repository other than ~/.m2/repository),
@@ -27,6 +29,7 @@
 #      SCALERL_CLUSTER_TOLERATION_S (2), SCALERL_CLUSTER_NODE_GRACE_S (20) (cluster.sh).
 #      SCALERL_{PROMETHEUS,JAEGER}_READY_TIMEOUT (60), SCALERL_JAEGER_VERSION (observability.sh).
 #      SCALERL_KUEUE_VERSION (v0.17.0), SCALERL_KUEUE_READY_TIMEOUT (90) (kueue.sh).
+#      SCALERL_CERTMANAGER_VERSION (v1.21.2), SCALERL_CERTMANAGER_READY_TIMEOUT (60) (certmanager.sh).
 #      SCALERL_BUILD_LANES (2: two builds at once; 1: one after the other), SCALERL_BUILD_NICE (10: the
 #      compiles' niceness; make test's prebuild sets 0).
 #      SCALERL_COREDNS_VERSION (v1.14.7), SCALERL_NODE_GPUS (4), SCALERL_NODE_READY_TIMEOUT (180) (node.sh);
@@ -39,12 +42,13 @@ services=()
 for arg in "$@"; do
     case "$arg" in
         --build-only) build_only=1 ;;
-        kafka | minio | k8s | cluster | prometheus | jaeger | kueue | node) services+=("$arg") ;;
-        -h | --help) sed -n '2,33p' "$0"; exit 0 ;;
-        *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s, cluster, prometheus, jaeger, kueue, node)" ;;
+        kafka | minio | k8s | cluster | prometheus | jaeger | kueue | certmanager | node) services+=("$arg") ;;
+        -h | --help) sed -n '2,36p' "$0"; exit 0 ;;
+        *) die "unknown argument $arg (expected --build-only, kafka, minio, k8s, cluster, prometheus, jaeger, kueue, certmanager, node)" ;;
     esac
 done
-((${#services[@]})) || services=(kafka minio k8s cluster kueue prometheus jaeger node)
+((${#services[@]})) || services=(kafka minio k8s cluster kueue certmanager prometheus jaeger node)
+[[ " ${services[*]} " != *" certmanager "* || " ${services[*]} " == *" k8s "* ]] || services+=(k8s)
 [[ " ${services[*]} " != *" node "* || " ${services[*]} " == *" k8s "* ]] || services+=(k8s)
 [[ " ${services[*]} " != *" kueue "* || " ${services[*]} " == *" cluster "* ]] || services+=(cluster)
 [[ " ${services[*]} " != *" cluster "* || " ${services[*]} " == *" k8s "* ]] || services+=(k8s)
@@ -73,6 +77,7 @@ lane_observability() {
     want cluster && build_kwok
     want jaeger && build_jaeger
     want kueue && build_kueue
+    want certmanager && build_certmanager
     return 0
 }
 # The project's image of this checkout (node), built every time: from cached layers in about 20 s, so
@@ -139,6 +144,7 @@ want jaeger && up_observability jaeger
 want k8s && up_k8s # etcd + kube-apiserver start while the JVM warms up
 want cluster && up_cluster
 want kueue && up_kueue
+want certmanager && up_certmanager
 if want node; then
     # the servers up so far, for their tests to start while the image goes into the node's containerd
     # (minutes: 5 of a warm make test's first 7); the node's lines come with the last write, once it is Ready

@@ -177,6 +177,9 @@ def operator_default_image(monkeypatch: pytest.MonkeyPatch) -> None:
     from operator_helpers import OPERATOR_IMAGE
 
     monkeypatch.setenv("SCALERL_DEFAULT_IMAGE", OPERATOR_IMAGE)
+    # cert-manager's CRDs, once installed on this shared API server (the `certmanager` fixture), stay there:
+    # "auto" would then send every later test's jobs to cert-manager; its tests set the mode they test
+    monkeypatch.setenv("SCALERL_RPC_CERTIFICATES", "operator")
 
 
 @pytest.fixture
@@ -268,6 +271,25 @@ def kueue_env(cluster_env: dict[str, str]) -> Iterator[dict[str, str]]:
     """Kueue's manager on the Pod-running cluster: cluster_env plus KUEUE_VERSION, KUEUE_LOG, ..."""
     with running_servers("Kueue's controller manager", ("kueue",), _kueue_problem, UP_TIMEOUT_S) as values:
         yield {**values, **kueue_values(values["CLUSTER_KUBECONFIG"])}
+
+
+def _certmanager_problem(values: dict[str, str]) -> str | None:
+    if (problem := _problem(values)) is not None:
+        return problem
+    if not values.get("CERTMANAGER_PID"):
+        return "cert-manager's controllers are not running (scripts/infra/up.sh certmanager)"
+    if Path(values.get("CERTMANAGER_KUBECONFIG", "")).resolve() != Path(values["KUBECONFIG"]).resolve():
+        return (f"cert-manager watches {values.get('CERTMANAGER_KUBECONFIG')}, "
+                f"not the test API server {values['KUBECONFIG']}")
+    return None
+
+
+@pytest.fixture(scope="session")
+def certmanager_env(k8s_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """cert-manager's certificate controllers on the test API server, its CRDs installed there:
+    k8s_env plus CERTMANAGER_VERSION, CERTMANAGER_LOG, ..."""
+    with running_servers("cert-manager's controllers", ("certmanager",), _certmanager_problem, UP_TIMEOUT_S) as values:
+        yield values
 
 
 @pytest.fixture

@@ -174,6 +174,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create, patch]
+# cert-manager (rpc.certificates: auto, when the cluster serves it, or cert-manager): each job's Issuers
+# and Certificates (scalerl_operator.control.rpc_certmanager); status: a certificate its replaced CA did
+# not sign is issued again (the Issuing condition, as `cmctl renew` sets it).
+- apiGroups: [cert-manager.io]
+  resources: [certificates, issuers]
+  verbs: [get, create, patch]
+- apiGroups: [cert-manager.io]
+  resources: [certificates/status]
+  verbs: [patch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]

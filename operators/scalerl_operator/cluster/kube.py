@@ -44,6 +44,9 @@ _COLLECTIONS = {
     ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): "/apis/kueue.x-k8s.io/v1beta2/resourceflavors",
     ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): "/apis/kueue.x-k8s.io/v1beta2/workloadpriorityclasses",
     ("scheduling.k8s.io/v1", "PriorityClass"): "/apis/scheduling.k8s.io/v1/priorityclasses",
+    # cert-manager (scalerl_operator.control.rpc_certmanager)
+    ("cert-manager.io/v1", "Certificate"): "/apis/cert-manager.io/v1/namespaces/{ns}/certificates",
+    ("cert-manager.io/v1", "Issuer"): "/apis/cert-manager.io/v1/namespaces/{ns}/issuers",
 }
 
 

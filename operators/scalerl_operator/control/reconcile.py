@@ -5,8 +5,8 @@ it does not matter which event (create, update, resume after an operator restart
 triggered it, nor whether a previous run died half-way. Server-side apply as one field manager makes
 a second pass with nothing new a no-op: the API server keeps every child's resourceVersion.
 
-Order: the certificate Secrets of the roles' endpoints (`rpc_tls`) → ConfigMap (the pods mount it) →
-Kafka topics (partitions sized for the pools) → workloads and
+Order: the certificates of the roles' endpoints (`rpc_tls`, or cert-manager's: `rpc_certmanager`) →
+ConfigMap (the pods mount it) → Kafka topics (partitions sized for the pools) → workloads and
 Services → the roles' NetworkPolicy (`render.netpol`; deleted when the operator is set not to render
 them). Children get owner references (`kopf.adopt`): garbage collection removes them with the
 RLJob; the finalizer only cleans what Kubernetes cannot (Kafka topics and consumer groups).
@@ -36,7 +36,7 @@ from scalerl_operator.api.spec import RLJobSpec, parse_served_spec
 from scalerl_operator.cluster.kube import Kube, KubeError, path
 from scalerl_operator.cluster.rlstatus import LearnerStatus
 from scalerl_operator.cluster.scheduling import unschedulable
-from scalerl_operator.control import gang, kueue, podfaults, rpc_tls
+from scalerl_operator.control import gang, kueue, podfaults, rpc_certmanager
 from scalerl_operator.control.jobstatus import (
     SPEC_REPLICAS,
     failed_status,
@@ -253,8 +253,7 @@ def reconcile(kube: Kube, obj: dict[str, Any], *, learner: LearnerStatus, ensure
     queue, run = kueue.gate(kube, obj, spec, lambda: render(name, ns, spec, dict.fromkeys(ROLES, 0), images),
                             finished=prev["phase"] if is_terminal(prev) else None, now=now)
     if not is_terminal(prev):  # the roles' certificates, before the Pods that mount them
-        rpc_tls.ensure(kube, obj, now, extra=tuple(spec.rpc.clients),
-                       metrics_hash=rpc_tls.scrape_token_hash(os.environ))
+        rpc_certmanager.ensure_certificates(kube, obj, now, tuple(spec.rpc.clients), os.environ)
     sizes = _Sizes(run, prev, live)
     replicas = dict(sizes.decided)
     children = render(name, ns, run, replicas, images) + _network_policy(kube, name, ns, spec)

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""API-server chores of scripts/infra/kueue.sh (the standard library only; no kubectl).
+"""API-server chores of scripts/infra/kueue.sh and certmanager.sh (the standard library only; no kubectl).
 
-    kueue_api.py crds KUBECONFIG FILE...   server-side apply each CRD file, then wait until every one
+    crd_api.py crds KUBECONFIG FILE...     server-side apply each CRD file, then wait until every one
                                            is Established (60 s)
-    kueue_api.py namespace KUBECONFIG NAME create the namespace unless it exists
-    kueue_api.py server KUBECONFIG         print the API server's URL
+    crd_api.py namespace KUBECONFIG NAME   create the namespace unless it exists
+    crd_api.py server KUBECONFIG           print the API server's URL
 
 The kubeconfig is the one scripts/infra/cluster.sh writes: one cluster (server,
 certificate-authority-data) and one user with a bearer token. A CRD file is sent as it is (YAML is what
@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-FIELD_MANAGER = "scalerl-infra-kueue"
+FIELD_MANAGER = "scalerl-infra"
 
 
 class Api:
