@@ -54,11 +54,7 @@ _build_certmanager() {
     src="$(go_module_dir "$CERTMANAGER_MODULE@$CERTMANAGER_VERSION")" \
         || die "could not locate $CERTMANAGER_MODULE@$CERTMANAGER_VERSION in the module cache"
     [[ -d "$src/deploy/crds" ]] || die "cert-manager $CERTMANAGER_VERSION has no deploy/crds"
-    rm -rf "$(certmanager_crds).tmp.$$"
-    mkdir -p "$(certmanager_crds).tmp.$$"
-    cp "$src"/deploy/crds/cert-manager.io_*.yaml "$(certmanager_crds).tmp.$$/"
-    rm -rf "$(certmanager_crds)"
-    mv "$(certmanager_crds).tmp.$$" "$(certmanager_crds)"
+    replace_dir "$(certmanager_crds)" "$src"/deploy/crds/cert-manager.io_*.yaml
     log "cert-manager: built, CRDs copied in $(elapsed "$t0") ($(du -sh "$bin" | cut -f1))"
 }
 
@@ -122,11 +118,5 @@ if [[ "${BASH_SOURCE[0]}" == "$0" && -z "${_SCALERL_CERTMANAGER_MAIN:-}" ]]; the
     _SCALERL_CERTMANAGER_MAIN=1
     # shellcheck source=scripts/infra/lib.sh
     source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-    case "${1:-}" in
-        build) build_certmanager ;;
-        up) build_certmanager && up_certmanager && certmanager_env_lines ;;
-        down) down_certmanager ;;
-        env) certmanager_env_lines ;;
-        *) die "usage: $0 build|up|down|env" ;;
-    esac
+    run_component certmanager "${1:-}"
 fi

@@ -60,11 +60,7 @@ _build_kueue() {
     src="$(go_module_dir "$KUEUE_MODULE@$KUEUE_VERSION")" \
         || die "could not locate $KUEUE_MODULE@$KUEUE_VERSION in the module cache"
     [[ -d "$src/config/components/crd/bases" ]] || die "kueue $KUEUE_VERSION has no config/components/crd/bases"
-    rm -rf "$(kueue_crds).tmp.$$"
-    mkdir -p "$(kueue_crds).tmp.$$"
-    cp "$src"/config/components/crd/bases/*.yaml "$(kueue_crds).tmp.$$/"
-    rm -rf "$(kueue_crds)"
-    mv "$(kueue_crds).tmp.$$" "$(kueue_crds)"
+    replace_dir "$(kueue_crds)" "$src"/config/components/crd/bases/*.yaml
     log "kueue: built, CRDs copied in $(elapsed "$t0") ($(du -sh "$bin" | cut -f1))"
 }
 
@@ -183,11 +179,5 @@ if [[ "${BASH_SOURCE[0]}" == "$0" && -z "${_SCALERL_KUEUE_MAIN:-}" ]]; then
     _SCALERL_KUEUE_MAIN=1
     # shellcheck source=scripts/infra/lib.sh
     source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-    case "${1:-}" in
-        build) build_kueue ;;
-        up) build_kueue && up_kueue && kueue_env_lines ;;
-        down) down_kueue ;;
-        env) kueue_env_lines ;;
-        *) die "usage: $0 build|up|down|env" ;;
-    esac
+    run_component kueue "${1:-}"
 fi

@@ -139,6 +139,30 @@ with_build_lock() {
     exec 9>&-
 }
 
+# replace_dir DEST FILE...: DEST becomes a folder holding copies of exactly FILE... (filled beside it, then
+# moved into place, so a reader never sees half of it).
+replace_dir() {
+    local dest="$1"
+    shift
+    rm -rf "$dest.tmp.$$"
+    mkdir -p "$dest.tmp.$$"
+    cp "$@" "$dest.tmp.$$/"
+    rm -rf "$dest"
+    mv "$dest.tmp.$$" "$dest"
+}
+
+# run_component NAME ACTION: a component script (kueue.sh, certmanager.sh) run on its own: build | up |
+# down | env, with its functions build_NAME, up_NAME, down_NAME and NAME_env_lines.
+run_component() {
+    case "${2:-}" in
+        build) "build_$1" ;;
+        up) "build_$1" && "up_$1" && "$1_env_lines" ;;
+        down) "down_$1" ;;
+        env) "$1_env_lines" ;;
+        *) die "usage: scripts/infra/$1.sh build|up|down|env" ;;
+    esac
+}
+
 # go_install_to BIN PKG@VERSION [LDFLAGS]: `go install` into a scratch GOBIN (niced: 2 shared cores),
 # then move the command to BIN.
 # The directory of MODULE@VERSION ($1) in the Go module cache, downloaded if absent, on stdout.
