@@ -87,7 +87,7 @@ class TorchEngine(GenerationEngine):
             raise KeyError(f"weights for version {version} lack {missing[:3]}...")
         for name, tensor in state_dict.items():
             if name in params:
-                params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+                params[name].copy_(tensor)  # converts as it copies: no temporary of the tensor in the model's dtype
         self.version = version
 
     def decode(self, token_ids: list[int]) -> str:

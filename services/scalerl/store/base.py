@@ -22,6 +22,15 @@ class Store(ABC):
         """Read the object; raises StoreError if it does not exist. `verify` False: skip the store's own
         checksum check (for a caller that checks the bytes against a checksum of its own)."""
 
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        """Fill `out` with the object's bytes [offset, offset + len(out)); StoreError when it does not exist or
+        is shorter. No checksum (the caller checks the whole). This default reads the whole object; stores
+        override it with a ranged read."""
+        data = self.get_bytes(key, verify=False)
+        if offset + len(out) > len(data):
+            raise StoreError(f"{self.uri(key)}: {len(data)} bytes, asked for [{offset}, {offset + len(out)})")
+        out[:] = data[offset:offset + len(out)]
+
     @abstractmethod
     def exists(self, key: str) -> bool: ...
 

@@ -40,6 +40,18 @@ class LocalStore(Store):
             raise StoreError(f"no object {self.uri(key)}")
         return path.read_bytes()
 
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        path = self._path(key)
+        try:
+            with path.open("rb") as f:
+                f.seek(offset)
+                got = f.readinto(out)
+        except FileNotFoundError:
+            raise StoreError(f"no object {self.uri(key)}") from None
+        if got != len(out):
+            raise StoreError(f"{self.uri(key)}: the object ended after {offset + got} bytes, asked for "
+                             f"[{offset}, {offset + len(out)})")
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 

@@ -30,6 +30,7 @@ from scalerl.store.s3_settings import S3Settings, S3SettingsError, credentials_p
 SHA256_META = "sha256"
 _MIN_PART = 5 * 1024**2  # S3's smallest part (the minio client's smallest part_size)
 MULTIPART_PART = 64 * 1024**2  # objects above this go up as a multipart upload of parts this size
+READ_PIECE = 1024**2  # a ranged read fills its buffer this much at a time
 _MISSING = ("NoSuchKey", "NoSuchObject", "NoSuchBucket", "NoSuchVersion")
 
 
@@ -139,6 +140,29 @@ class S3Store(Store):
                 raise StoreError(f"checksum mismatch for {self.uri(key)}: sha256 {digest} != stored "
                                  f"{expected} (object corrupted or overwritten without metadata)")
         return data
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        """One ranged GET, read in pieces of READ_PIECE straight into `out` (the client's read of a piece is the
+        only copy beside it)."""
+        if not len(out):
+            return
+        try:
+            resp = self.client.get_object(self.bucket, self._name(key), offset=offset, length=len(out))
+        except S3Error as exc:
+            if exc.code in _MISSING:
+                raise StoreError(f"no object {self.uri(key)}") from exc
+            raise StoreError(f"{self.uri(key)}: {exc.code}: {exc.message}") from exc
+        try:
+            got = 0
+            while got < len(out):
+                n = resp.readinto(out[got:got + READ_PIECE])
+                if not n:
+                    raise StoreError(f"{self.uri(key)}: the object ended after {offset + got} bytes, asked for "
+                                     f"[{offset}, {offset + len(out)})")
+                got += n
+        finally:
+            resp.close()
+            resp.release_conn()
 
     def exists(self, key: str) -> bool:
         try:

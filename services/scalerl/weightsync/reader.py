@@ -6,9 +6,10 @@ names sharing one tensor) built in the reader's resident copy (`shadow`):
 - the version's manifest names its base; the reader walks the bases back to the version it holds (then
   it applies only the deltas after it) or to a snapshot (a new or restarted generator, one that fell
   behind or lost its copy): snapshot + deltas;
-- each manifest's shards are downloaded `parallel` at a time; each is checked against the SHA-256 its
-  manifest gives (a corrupt or missing shard is an error naming it) and decoded in place into the copy,
-  so beside the copy at most `parallel` shards (and one chunk's decode buffers each) are in memory;
+- each manifest's shards are taken one at a time, each downloaded as up to `parallel` ranged reads (of at
+  least RANGE_MIN bytes) into one buffer, checked against the SHA-256 its manifest gives (a corrupt or
+  missing shard is an error naming it) and decoded in place into the copy by `parallel` threads: beside
+  the copy, one shard's bytes (and the decode buffers of the chunks in flight) are in memory;
 - every chunk's CRC-32 is checked as it is decoded (the chunks cover every tensor): the copy is
   bit-identical to the learner's weights in the published dtype, or the fetch fails.
 
@@ -24,6 +25,7 @@ a snapshot. Only versions this job published are fetched (`foreign_weights`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -47,6 +49,7 @@ from scalerl.weightsync.manifest import (
     REQUESTS,
     Manifest,
     ManifestError,
+    ShardEntry,
     manifest_key,
     parse_key,
     parse_manifest,
@@ -56,6 +59,8 @@ from scalerl.weightsync.pool import in_pool
 log = logging.getLogger(__name__)
 INBOX_VERSIONS = 2
 """Versions whose broadcast shards a reader keeps until a fetch uses them (older ones are dropped)."""
+RANGE_MIN = 4 * 1024**2
+"""A shard is downloaded as ranged reads of at least this many bytes (a smaller one in one read)."""
 _CHECKSUM_HEX = frozenset("0123456789abcdef")
 
 
@@ -159,15 +164,22 @@ class WeightReader:
                 for key in self._inbox_versions.popleft():
                     self._inbox.pop(key, None)
 
-    def _shard_bytes(self, key: str, size: int, sha256: str) -> tuple[bytes, bool]:
-        """(bytes, from the inbox?) of one shard: the broadcast's when they match the manifest, else a download."""
+    def _shard_bytes(self, entry: ShardEntry, buf: memoryview, io: ThreadPoolExecutor) -> tuple[memoryview, bool]:
+        """(bytes, from the inbox?) of one shard, checked against its manifest's SHA-256: the broadcast's, else
+        downloaded into `buf` as up to `parallel` ranged reads."""
         with self._inbox_lock:
-            data = self._inbox.pop(key, None)
-        if data is not None:
-            if len(data) == size and hashlib.sha256(data).hexdigest() == sha256:
-                return data, True
-            log.warning("shard %s received by broadcast does not match its manifest: downloading it", key)
-        return self.store.get_bytes(key, verify=False), False
+            pushed = self._inbox.pop(entry.key, None)
+        if pushed is not None:
+            if len(pushed) == entry.bytes and hashlib.sha256(pushed).hexdigest() == entry.sha256:
+                return memoryview(pushed), True
+            log.warning("shard %s received by broadcast does not match its manifest: downloading it", entry.key)
+        out = buf[:entry.bytes]
+        step = max(RANGE_MIN, -(-entry.bytes // self.parallel))
+        list(io.map(lambda a: self.store.read_into(entry.key, a, out[a:a + step]), range(0, entry.bytes, step)))
+        if (digest := hashlib.sha256(out).hexdigest()) != entry.sha256:
+            raise StoreError(f"shard {entry.key} is corrupt: sha256 {digest[:16]}…, expected {entry.bytes} bytes, "
+                             f"{entry.sha256[:16]}…")
+        return out, False
 
     def request_snapshot(self, reason: str) -> None:
         """Ask the learner to publish its next version as a snapshot (an object under policy/requests/)."""
@@ -195,8 +207,8 @@ class WeightReader:
         return chain[::-1]
 
     def _apply(self, m: Manifest) -> None:
-        """Apply one version to the copy (a snapshot replaces it; a delta needs its base held). Shards are
-        downloaded `parallel` at a time; each chunk is decoded and its CRC-32 checked in parallel."""
+        """Apply one version to the copy (a snapshot replaces it; a delta needs its base held). One shard at a
+        time, downloaded as `parallel` ranged reads; its chunks decoded and CRC-32-checked in parallel."""
         if m.kind == "delta" and (self.held is None or self.held.key != m.base):
             raise ManifestError(f"{m.key}: its base {m.base} is not the version held")
         self.held = None  # from here until the end the copy is half-built
@@ -215,26 +227,15 @@ class WeightReader:
             if crc32(view) != c.crc32:
                 raise CodecError(f"{what}: decodes to CRC-32 {crc32(view):08x}, the learner's is {c.crc32:08x}")
 
-        def shard(si: int, cpu: ThreadPoolExecutor) -> tuple[int, int]:
-            """(bytes downloaded, bytes taken from the broadcast inbox) of one shard, decoded into the copy."""
-            data, pushed = b"", False
-            if si >= 0:
-                entry = m.shards[si]
-                data, pushed = self._shard_bytes(entry.key, entry.bytes, entry.sha256)
-                if not pushed and (len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256):
-                    raise StoreError(f"shard {entry.key} is corrupt: {len(data)} bytes, sha256 "
-                                     f"{hashlib.sha256(data).hexdigest()[:16]}…, expected {entry.bytes} bytes, "
-                                     f"{entry.sha256[:16]}…")
-            buf = memoryview(data)
-            in_pool(cpu, lambda i: chunk(i, buf), by_shard[si],
-                    lambda i: m.chunks[i].count * views[m.chunks[i].tensor].element_size())
-            return (0, len(data)) if pushed else (len(data), 0)
-
         with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-decode") as cpu, \
                 ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-fetch") as io:
-            for downloaded, pushed in io.map(lambda si: shard(si, cpu), sorted(by_shard)):
-                self.stats.bytes += downloaded
-                self.stats.pushed += pushed
+            buf = memoryview(bytearray(max((m.shards[si].bytes for si in by_shard if si >= 0), default=0)))
+            for si in sorted(by_shard):  # one shard at a time: its bytes are all that is held beside the copy
+                data, pushed = self._shard_bytes(m.shards[si], buf, io) if si >= 0 else (memoryview(b""), False)
+                in_pool(cpu, functools.partial(chunk, data=data), by_shard[si],
+                        lambda i: m.chunks[i].count * views[m.chunks[i].tensor].element_size())
+                self.stats.bytes += 0 if pushed else len(data)
+                self.stats.pushed += len(data) if pushed else 0
         self.stats.applied += 1
         self.stats.snapshots += m.kind == "snapshot"
         self.held = m
