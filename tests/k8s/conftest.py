@@ -68,6 +68,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     time_first_setup(items, here, "k8s", UP_TIMEOUT_S + 300)
     time_first_setup(items, here, "cluster_env", UP_TIMEOUT_S + 300)  # scheduler, controller-manager, kwok
     time_first_setup(items, here, "kueue_env", UP_TIMEOUT_S + 300)  # a cold build of Kueue's manager
+    time_first_setup(items, here, "certmanager_env", UP_TIMEOUT_S + 300)  # a cold build of cert-manager's
 
 
 def k8s_request(api: Any, method: str, path: str, body: Any = None, *, query: dict[str, str] | None = None,
