@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 import shutil
 import subprocess
@@ -147,6 +148,35 @@ def test_crd_is_the_generated_one_with_keep_and_behind_its_flag() -> None:
         o for o in no_keep if o["kind"] == "CustomResourceDefinition")["metadata"].get("annotations", {})
     assert not [o for o in objects_of(render("t", "ns1", ["crds.install=false"]))
                 if o["kind"] == "CustomResourceDefinition"]
+
+
+def _digits_only_hash_suffix(text: str) -> str:
+    """A YAML comment that makes sha256(text + comment) start with 16 decimal digits (one try in ~1,900)."""
+    for n in range(1_000_000):
+        comment = f"# {n}\n"
+        if hashlib.sha256((text + comment).encode()).hexdigest()[:16].isdigit():
+            return comment
+    raise AssertionError("no such suffix in 10^6 tries")
+
+
+def test_a_checksum_annotation_stays_a_string_when_the_hash_looks_like_a_number(tmp_path: Path) -> None:
+    """A pod-template annotation is a string; an unquoted hash prefix of digits (or digits, `e`, digits) is a
+    YAML number, and the API server refuses the Deployment (CI of 2026-12-07: `cannot unmarshal number`)."""
+    chart = tmp_path / "scalerl"
+    shutil.copytree(CHART, chart)
+    crd = chart / "files" / "rljob-crd.yaml"
+    text = crd.read_text()
+    crd.write_text(text + _digits_only_hash_suffix(text))
+    proc = run_helm(["template", "t", str(chart), "--kube-version", KUBE_VERSION])
+    assert proc.returncode == 0, proc.stderr
+    for obj in objects_of(proc.stdout):
+        for key, value in ((obj.get("spec") or {}).get("template", {}).get("metadata", {}).get("annotations")
+                           or {}).items():
+            assert isinstance(value, str), f"{obj['kind']} {obj['metadata']['name']}: {key}: {value!r}"
+    (dep,) = [o for o in objects_of(proc.stdout) if o["kind"] == "Deployment" and "checksum/crd" in
+              o["spec"]["template"]["metadata"].get("annotations", {})]
+    assert dep["spec"]["template"]["metadata"]["annotations"]["checksum/crd"] == hashlib.sha256(
+        crd.read_bytes()).hexdigest()[:16]
 
 
 def test_operator_deployment_is_hardened_and_watches_its_scope() -> None:

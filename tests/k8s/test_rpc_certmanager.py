@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from operator_helpers import create, rljob, unique_job
+from operator_helpers import create, get_job, rljob, unique_job
 from prometheus_client import CollectorRegistry
 
 from scalerl.environment.remote import EnvironmentUnavailable, RemoteToolbox
@@ -48,14 +48,20 @@ def _pem(secret: dict[str, Any], key: str) -> bytes:
 
 
 def _issued(kube: Kube, rt: Runtime, ns: str, name: str, identities: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """Operator passes until cert-manager has written every identity's Secret and the operator has given the
-    roles' Secrets the token's hash (as the operator's own passes would, until then)."""
+    """Operator passes until cert-manager has written every identity's Secret and the operator has made the
+    RLJob an owner of each and given the roles' Secrets the token's hash (as the operator's own passes would,
+    until then: a Secret cert-manager writes after a pass has looked at it gets these on the next pass)."""
     deadline = time.monotonic() + ISSUE_TIMEOUT_S
+    job = get_job(kube, ns, name)
+    assert job is not None
+    uid = job["metadata"]["uid"]
     while True:
         rt.sync(ns, name, scale=False)
         got = {i: kube.get("v1", "Secret", ns, rpc_secret(name, i)) for i in ("ca", *identities)}
         if all(s and (s.get("data") or {}).get("tls.crt") for s in got.values()) and all(
-                TOKEN_HASH_FILE in (got[r] or {}).get("data", {}) for r in ROLES):
+                TOKEN_HASH_FILE in (got[r] or {}).get("data", {}) for r in ROLES) and all(
+                uid in {o.get("uid") for o in (got[i] or {})["metadata"].get("ownerReferences") or []}
+                for i in identities):
             return {i: s for i, s in got.items() if s is not None}
         keys = {i: sorted((s or {}).get("data") or {}) for i, s in got.items()}
         assert time.monotonic() < deadline, f"no certificates for {name} in {ISSUE_TIMEOUT_S:.0f} s: {keys}"
