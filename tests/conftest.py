@@ -77,10 +77,23 @@ def tiny_model(tiny_spec, tokenizer):
 _LATE_SERVER_FIXTURES = frozenset({"k8s", "k8s_env", "cluster_env", "kueue_env", "node_env", "observability"})
 
 
+# The session fixtures that start or wait for servers (tests/infra_session.running_servers): a test that
+# uses one is marked `infra`, or `make test` runs it in the stream that has no servers, where it passes only
+# when the other stream's servers happen to be up by then (cert-manager's tests in CI of 2026-12-07).
+SERVER_FIXTURES = frozenset({"infra", "k8s_env", "cluster_env", "kueue_env", "certmanager_env", "observability",
+                             "grpcurl", "node_env"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `make test` (SCALERL_INFRA_UP_PID set: the servers still come up in the background), the files
-    whose tests need only Kafka and MinIO run first, so they run while the other servers build; the order
-    within a file, and of files of the same kind, is kept."""
+    """Refuses a test that uses servers without the `infra` marker. Under `make test` (SCALERL_INFRA_UP_PID
+    set: the servers still come up in the background), the files whose tests need only Kafka and MinIO run
+    first, so they run while the other servers build; the order within a file, and of files of the same
+    kind, is kept."""
+    unmarked = [item.nodeid for item in items if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+                and item.get_closest_marker("infra") is None]
+    if unmarked:
+        raise pytest.UsageError("these tests use servers (" + ", ".join(sorted(SERVER_FIXTURES)) + ") but are "
+                                "not marked `infra`: " + "; ".join(unmarked[:10]))
     if not os.environ.get("SCALERL_INFRA_UP_PID"):
         return
     late: set[str] = set()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from scalerl_operator.control.rpc_tls import IDENTITIES
 from scalerl_operator.control.runtime import OperatorConfig, Runtime
 from scalerl_operator.render.names import ROLES, SCRAPE_TOKEN_FILE_ENV, rpc_secret
 
+pytestmark = pytest.mark.infra  # the real API server and cert-manager of scripts/infra
 TOKEN = "a-scrape-token-for-the-test"
 ISSUE_TIMEOUT_S = 90.0
 
@@ -137,17 +139,23 @@ def test_cert_manager_issues_a_ca_per_job_and_the_roles_talk_mutual_tls_over_it(
     assert servicer.executions == 1
 
 
-def test_a_renewed_ca_keeps_its_key_so_certificates_issued_before_still_verify(
-        certmanager_env: dict[str, str], kube: Kube, namespace: str, bootstrap: str, token_file: None,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def issued_job(certmanager_env: dict[str, str], kube: Kube, namespace: str, bootstrap: str, token_file: None,
+               monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Runtime, dict[str, dict[str, Any]]]]:
+    """A job on cert-manager (set, not `auto`), an operator Runtime, and its Secrets once all are issued."""
     monkeypatch.setenv(MODE_ENV, "cert-manager")
     name = unique_job()
     create(kube, namespace, rljob(name, bootstrap))
     rt = Runtime(kube, OperatorConfig(kafka_timeout_s=10))
     try:
-        before = _issued(kube, rt, namespace, name, IDENTITIES)
+        yield name, rt, _issued(kube, rt, namespace, name, IDENTITIES)
     finally:
         rt.close()
+
+
+def test_a_renewed_ca_keeps_its_key_so_certificates_issued_before_still_verify(
+        issued_job: tuple[str, Runtime, dict[str, dict[str, Any]]], kube: Kube, namespace: str) -> None:
+    name, _, before = issued_job
     # what `cmctl renew` does: the Issuing condition, set by hand
     kube.request("PATCH", f"/apis/{API}/namespaces/{namespace}/certificates/{rpc_secret(name, 'ca')}/status",
                  body={"status": {"conditions": [{"type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
@@ -165,26 +173,18 @@ def test_a_renewed_ca_keeps_its_key_so_certificates_issued_before_still_verify(
 
 
 def test_deleting_the_ca_secret_revokes_every_certificate_of_the_job(
-        certmanager_env: dict[str, str], kube: Kube, namespace: str, bootstrap: str, token_file: None,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(MODE_ENV, "cert-manager")
-    name = unique_job()
-    create(kube, namespace, rljob(name, bootstrap))
-    rt = Runtime(kube, OperatorConfig(kafka_timeout_s=10))
-    try:
-        before = _issued(kube, rt, namespace, name, IDENTITIES)
-        kube.request("DELETE", f"/api/v1/namespaces/{namespace}/secrets/{rpc_secret(name, 'ca')}")
-        deadline = time.monotonic() + ISSUE_TIMEOUT_S
-        while True:
-            after = _issued(kube, rt, namespace, name, IDENTITIES)
-            ca = x509.load_pem_x509_certificate(_pem(after["ca"], "tls.crt"))
-            if _pem(after["ca"], "tls.crt") != _pem(before["ca"], "tls.crt") and all(
-                    _pem(after[i], "ca.crt") == _pem(after["ca"], "tls.crt") for i in IDENTITIES):
-                break
-            assert time.monotonic() < deadline, "the identities were not issued again under the new CA"
-            time.sleep(0.5)
-    finally:
-        rt.close()
+        issued_job: tuple[str, Runtime, dict[str, dict[str, Any]]], kube: Kube, namespace: str) -> None:
+    name, rt, before = issued_job
+    kube.request("DELETE", f"/api/v1/namespaces/{namespace}/secrets/{rpc_secret(name, 'ca')}")
+    deadline = time.monotonic() + ISSUE_TIMEOUT_S
+    while True:
+        after = _issued(kube, rt, namespace, name, IDENTITIES)
+        ca = x509.load_pem_x509_certificate(_pem(after["ca"], "tls.crt"))
+        if _pem(after["ca"], "tls.crt") != _pem(before["ca"], "tls.crt") and all(
+                _pem(after[i], "ca.crt") == _pem(after["ca"], "tls.crt") for i in IDENTITIES):
+            break
+        assert time.monotonic() < deadline, "the identities were not issued again under the new CA"
+        time.sleep(0.5)
     for identity in IDENTITIES:
         x509.load_pem_x509_certificate(_pem(after[identity], "tls.crt")).verify_directly_issued_by(ca)
         with pytest.raises(Exception):  # noqa: B017 - cryptography raises InvalidSignature or ValueError

@@ -24,6 +24,8 @@ from scalerl_operator.control.runtime import OperatorConfig, Runtime
 from scalerl_operator.render.names import ROLES, rpc_secret
 from scalerl_operator.render.netpol import policy_name
 
+pytestmark = pytest.mark.infra  # the real API server of scripts/infra
+
 
 def _secrets(kube: Kube, ns: str, name: str) -> dict[str, dict[str, Any]]:
     out = {}
