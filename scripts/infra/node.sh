@@ -46,7 +46,7 @@ kube_proxy_bin() { echo "$CACHE/bin/kube-proxy-$K8S_VERSION"; }
 kubectl_bin() { echo "$CACHE/bin/kubectl-$K8S_VERSION"; }
 coredns_bin() { echo "$CACHE/bin/coredns-$COREDNS_VERSION"; }
 containerd_root() { echo "$CACHE/containerd"; }
-node_sock() { echo "$NODE_STATE/containerd-state/containerd.sock"; }
+node_sock() { echo "${NODE_SOCK:-$NODE_STATE/containerd-state/containerd.sock}"; } # NODE_SOCK: preload_node_image's
 
 # The host's address Pods reach it by (the source of its default route), cached for down_node.
 node_host_ip() {
@@ -293,6 +293,47 @@ node_import_image() {
     done
     echo "$id" >"$stamp"
     log "node: $tag imported in $(elapsed "$t0")"
+}
+
+# preload_node_image: the project's image into containerd's root (in the cache) as soon as it is built,
+# beside the server builds that are still going (up.sh's image lane), by a containerd of its own on that
+# root with no CRI plugin; the node's start then finds it there (node_import_image's stamp). Cold, that
+# takes the import (about 7 minutes: the cold run of 2026-12-07) off the path to a Ready node. Nothing when
+# the stamp already names this image, without root, or while the node's containerd runs on the root
+# (up_node imports through it); a failure only logs (up_node imports then).
+preload_node_image() {
+    local tag id tmp pid rc=0 _
+    [[ "$(id -u)" == 0 ]] || return 0
+    ! pid_alive "$(read_pid "$NODE_STATE/containerd.pid")" "$(node_containerd_pattern)" || return 0
+    tag="$(bash "$REPO_ROOT/scripts/image.sh" --print-tag)"
+    id="$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null)" || return 0
+    [[ "$(cat "$(containerd_root)/.imported-${tag//[^A-Za-z0-9._-]/_}" 2>/dev/null)" != "$id" ]] || return 0
+    tmp="$(mktemp -d /tmp/scalerl-preload.XXXXXX)"
+    mkdir -p "$(containerd_root)"
+    cat >"$tmp/containerd.toml" <<EOF
+# written by scripts/infra/node.sh (preload_node_image): imports only, on the node's containerd root
+version = 2
+root = "$(containerd_root)"
+state = "$tmp/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp"]
+[grpc]
+  address = "$tmp/containerd.sock"
+[ttrpc]
+  address = "$tmp/containerd.sock.ttrpc"
+EOF
+    containerd --config "$tmp/containerd.toml" >"$tmp/containerd.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 100); do
+        ctr --address "$tmp/containerd.sock" version >/dev/null 2>&1 && break
+        sleep 0.2
+    done
+    (NODE_SOCK="$tmp/containerd.sock" node_import_image) || rc=1 # (its `die` ends this subshell only)
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    ((rc == 0)) || log "node: preloading the image failed (the node's start imports it): $(tail -n 3 "$tmp/containerd.log")"
+    rm -rf "$tmp"
+    return 0
 }
 
 # _node_import_layers TAG: podman's image into containerd through an OCI layout beside containerd's root

@@ -81,10 +81,11 @@ lane_observability() {
     return 0
 }
 # The project's image of this checkout (node), built every time: from cached layers in about 20 s, so
-# the Pods never run an older checkout's code; cold, mostly downloads and a layer commit, beside the compiles.
+# the Pods never run an older checkout's code; cold, mostly downloads and a layer commit, beside the compiles;
+# then imported into the node's containerd root while the compiles go on (node.sh's preload_node_image).
 image_lane=""
 if want node; then
-    bash "$REPO_ROOT/scripts/image.sh" >/dev/null & image_lane=$!
+    (bash "$REPO_ROOT/scripts/image.sh" >/dev/null && preload_node_image) & image_lane=$!
 fi
 if [[ "$lanes" == 1 ]]; then
     lane_servers

@@ -88,11 +88,14 @@ print(json.dumps({"code": res.returncode, "err": res.stderr, "cpu_s": use.ru_uti
 """
 
 
-def test_three_problems_refused_at_once_within_a_second_of_cpu_and_150_mb(tmp_path):
+def test_three_problems_refused_at_once_within_a_few_seconds_of_cpu_and_150_mb(tmp_path):
     """The real process: an unknown key, a wrong type and a negative value are three lines naming the three
-    fields, exit 2, in < 1 s of CPU and < 150 MB peak RSS (before the fix: the first problem only, after
-    25 s of CPU and 964 MB, as runtime/setup imported torch before the spec was checked). CPU time
-    (getrusage of the children: user + system), not wall time, so a loaded machine does not fail it."""
+    fields, exit 2, in < 3 s of CPU and < 150 MB peak RSS (before the fix: the first problem only, after
+    25 s of CPU and 964 MB, as runtime/setup imported torch before the spec was checked; `import torch`
+    alone is 3-6 s of CPU and 650 MB here). CPU time (getrusage of the children: user + system), not wall
+    time, so a loaded machine does not fail it; 3 s, not 1: the cold run of 2026-12-07 used 1.03 s, its
+    modules compiled to bytecode on first import beside a full machine. Which modules load is
+    `test_refusals_import_no_heavy_module`'s to check."""
     spec = tmp_path / "bad.yaml"
     spec.write_text(THREE_PROBLEMS)
     cli = [sys.executable, "-m", "scalerl.cli", "run", str(spec), "--out", str(tmp_path / "out")]
@@ -109,7 +112,7 @@ def test_three_problems_refused_at_once_within_a_second_of_cpu_and_150_mb(tmp_pa
     assert "(got 'many')" in by_field["train.prompts_per_step"]
     assert "greater than 0 (got -1)" in by_field["optim.lr"]
     assert not (tmp_path / "out").exists()
-    assert got["cpu_s"] < 1.0, f"the refusal used {got['cpu_s']:.2f} s of CPU (budget 1 s)"
+    assert got["cpu_s"] < 3.0, f"the refusal used {got['cpu_s']:.2f} s of CPU (budget 3 s)"
     assert got["peak_mb"] < 150, f"the refusal peaked at {got['peak_mb']:.0f} MB (budget 150 MB)"
 
 
