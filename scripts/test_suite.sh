@@ -7,25 +7,21 @@
 #      about 35 minutes on a new machine, nothing when cached) and writes build/infra.env as each group is up.
 #   2. At once, two streams side by side (the servers' tests mostly wait on servers, Pods and the bus, so
 #      they fill the CPU the others leave idle):
-#      a. the tests that need servers (SCALERL_INFRA_UP_PID: a session fixture whose servers are not up yet
-#         waits for the background up.sh instead of failing), then the vLLM environment's tests that need
-#         none (the streams end together that way):
-#           the main suite's, but tests/k8s and tests/real_node  -m infra      build/junit-infra.xml
-#           tests/k8s, while the servers still come up (cold)     -m infra      build/junit-k8s.xml
-#           tests/real_node (the real node, the last server up)   -m infra      build/junit-real-node.xml
-#           tests/k8s, unless stream b has taken them             -m infra      build/junit-k8s.xml
-#           the vLLM environment's                     -m "vllm and not infra" build/junit-vllm.xml
+#      a. the tests that need servers (SCALERL_INFRA_UP_PID: a session fixture whose servers are not up
+#         yet waits for the background up.sh instead of failing), then the vLLM environment's tests that
+#         need none (the streams end together that way):
+#           the main suite's                         -m infra                build/junit-infra.xml
+#           the vLLM environment's                   -m "vllm and not infra" build/junit-vllm.xml
 #      b. the tests that need no server (SCALERL_INFRA_AUTOSTART=0, so a test that needs one and is not
 #         marked `infra` fails in CI instead of starting servers of its own), then, once every server is up,
-#         the tests that need them and stream a has not reached (beside the end of stream a, the real
-#         node's long tests, not after it):
+#         the vLLM environment's test that needs them (beside the end of stream a, not after it):
 #           the main suite's                           -m "not infra"          build/junit.xml
 #           the tests that train, on other CPU kernels  ATEN_CPU_CAPABILITY     build/junit-<kernels>.xml
 #           the vLLM environment's                     -m "vllm and infra"     build/junit-vllm-infra.xml
-#           tests/k8s, unless stream a has taken them  -m infra                build/junit-k8s.xml
-#      tests/k8s go to the first stream with nothing else to do (build/k8s-taken). Warm, stream b (its other
-#      passes end about 20 minutes in; the warm CI run of stop 45 ended stream a, which held them, at 34 min);
-#      cold, stream a, while it waits for the real node.
+#      Tried and undone (2026-12-07): tests/k8s in their own pass, taken by whichever stream reached them
+#      first with nothing else to do. Warm, the main suite's pass slowed from 17-20 to 29 min beside the
+#      real node's tests (which the API-server tests had sat between), and the run took longer: the machine
+#      is CPU-bound through both streams, so moving tests between them does not shorten it.
 #   3. The servers stop.
 # Every pass runs whatever the others did; the exit status is the first non-zero one (pytest's 5, no
 # tests collected, included), or 1 when the servers could not be built or started.
@@ -69,23 +65,11 @@ T0=$SECONDS
 rc=0
 note() { printf 'make test [%dm%02ds]: %s\n' $(((SECONDS - T0) / 60)) $(((SECONDS - T0) % 60)) "$*"; }
 keep() { local s=$1; ((rc != 0)) || rc=$s; ((s == 0)) || note "that pass exited $s"; }
-infra_pytest() { # NAME PATHS...: the main suite's tests that need servers, log build/NAME-tests.log
-    local name=$1
-    shift
-    SCALERL_INFRA_AUTOSTART=0 SCALERL_INFRA_UP_PID=$up_pid "$PY" -m pytest -m "infra and not gpu and not vllm" \
-        --junitxml="build/junit-$name.xml" "${extra[@]}" "$@" >"build/$name-tests.log" 2>&1
-    keep $?
-    tail -n 15 "build/$name-tests.log" | grep -E "passed|failed|error" | sed "s/^/    $name: /"
-}
-# tests/k8s (API servers, mostly waiting on them) go to whichever stream comes to them first with nothing
-# else to do: the first to create build/k8s-taken runs them
-take_k8s() { mkdir build/k8s-taken 2>/dev/null; }
 vllm_pytest() { # the vLLM tests run from the checkout in the vLLM environment (its own torch)
     PY="$PY" VLLM_PY="$VLLM_PY" bash scripts/vllm_python.sh -m pytest -p no:cacheprovider tests/vllm_cpu "$@"
 }
 
 rm -f build/infra.env build/infra-up.rc build/infra-stream.rc # infra.env: written by up.sh as the servers come up
-rmdir build/k8s-taken 2>/dev/null || true
 # `--prebuild` (make test, before it installs the environments) already builds what the cache lacks, Kafka
 # and MinIO first; the servers start as their builds are done.
 prebuilt() { # wait for the prebuild's marker $1 (or its end); false when it failed
@@ -105,16 +89,10 @@ note "building (where the cache lacks them) and starting the servers in the back
 (
     # (a subshell: `keep` sets its own copy of rc)
     note "the tests that need the servers (each waits for its servers): build/infra-tests.log"
-    infra_pytest infra --ignore=tests/k8s --ignore=tests/real_node
-    # tests/k8s here while the servers are still coming up (cold: the real node is the last, so they fill
-    # that wait), else after the real node's tests, unless stream b has taken them by then
-    if [[ ! -s build/infra-up.rc ]] && take_k8s; then
-        infra_pytest k8s tests/k8s
-    fi
-    infra_pytest real-node tests/real_node
-    if take_k8s; then
-        infra_pytest k8s tests/k8s
-    fi
+    SCALERL_INFRA_AUTOSTART=0 SCALERL_INFRA_UP_PID=$up_pid "$PY" -m pytest -m "infra and not gpu and not vllm" \
+        --junitxml=build/junit-infra.xml "${extra[@]}" >build/infra-tests.log 2>&1
+    keep $?
+    tail -n 15 build/infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
     # then the vLLM environment's tests that need no server: here, not after the main suite's, because this
     # stream ends first since the CPU roles start without torch (the warm run of 67d974e: 23 min against 26);
     # and after the servers' tests, not beside them: run by whichever stream ended first (99af1ef), they ran
@@ -139,8 +117,8 @@ ATEN_CPU_CAPABILITY="$ALT_KERNELS" SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -p 
     --junitxml="build/junit-$ALT_KERNELS.xml" "${retrain[@]}"
 keep $?
 
-# the vLLM test that needs the servers, then the tests against the API servers: here, once every server is
-# up, beside the end of stream a (which holds the real node's long tests) rather than after it
+# the vLLM test that needs the servers: here, once they are all up, beside the end of stream a (which holds
+# the real node's long tests) rather than after it
 note "the vLLM tests that need the servers, once all are up: build/vllm-infra-tests.log"
 while [[ ! -s build/infra-up.rc ]]; do sleep 5; done
 if [[ "$(cat build/infra-up.rc)" == 0 ]]; then
@@ -154,12 +132,8 @@ if [[ "$(cat build/infra-up.rc)" == 0 ]]; then
     )
     keep $?
     tail -n 5 build/vllm-infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
-    if take_k8s; then
-        note "the tests against the API servers, tests/k8s (stream a is still at the real node's): build/k8s-tests.log"
-        infra_pytest k8s tests/k8s
-    fi
 else
-    note "the servers could not be built or started (build/infra-up.log): the vLLM tests and tests/k8s that need them did not run"
+    note "the servers could not be built or started (build/infra-up.log): the vLLM tests that need them did not run"
 fi
 
 note "waiting for the tests that need the servers"
@@ -174,7 +148,7 @@ else
     note "the servers could not be built or started (build/infra-up.log above)"
     keep 1
 fi
-for log in infra-tests k8s-tests real-node-tests vllm-tests; do # the background passes' logs: their failures here
+for log in infra-tests vllm-tests; do # the background stream's logs: their failures here
     if ((rc != 0)) && grep -q "= FAILURES =\|= ERRORS =" "build/$log.log" 2>/dev/null; then
         note "the failures in build/$log.log:"
         sed -n '/= FAILURES =\|= ERRORS =/,$p' "build/$log.log" | tail -n 300
