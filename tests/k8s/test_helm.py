@@ -169,11 +169,12 @@ def test_a_checksum_annotation_stays_a_string_when_the_hash_looks_like_a_number(
     crd.write_text(text + _digits_only_hash_suffix(text))
     proc = run_helm(["template", "t", str(chart), "--kube-version", KUBE_VERSION])
     assert proc.returncode == 0, proc.stderr
-    for obj in objects_of(proc.stdout):
+    objs = objects_of(proc.stdout)
+    for obj in objs:
         for key, value in ((obj.get("spec") or {}).get("template", {}).get("metadata", {}).get("annotations")
                            or {}).items():
             assert isinstance(value, str), f"{obj['kind']} {obj['metadata']['name']}: {key}: {value!r}"
-    (dep,) = [o for o in objects_of(proc.stdout) if o["kind"] == "Deployment" and "checksum/crd" in
+    (dep,) = [o for o in objs if o["kind"] == "Deployment" and "checksum/crd" in
               o["spec"]["template"]["metadata"].get("annotations", {})]
     assert dep["spec"]["template"]["metadata"]["annotations"]["checksum/crd"] == hashlib.sha256(
         crd.read_bytes()).hexdigest()[:16]
