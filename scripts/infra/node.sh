@@ -203,21 +203,26 @@ write_node_cni() {
 EOF
 }
 
-start_node_containerd() {
-    local s="$NODE_STATE/containerd-state"
-    mkdir -p "$s" "$(containerd_root)"
-    write_node_cni
-    cat >"$NODE_STATE/containerd.toml" <<EOF
-# written by scripts/infra/up.sh: the real node's containerd (root in the cache: imported images stay)
+# write_containerd_config FILE STATE SOCK CRI: a containerd config on the node's root (in the cache: imported
+# images stay), its state under STATE, serving SOCK; CRI "cri" for the node's (the kubelet's runtime), "none"
+# for preload_node_image's (imports only).
+write_containerd_config() {
+    local file=$1 state=$2 sock=$3 cri=$4 off=""
+    [[ "$cri" == cri ]] || off='"io.containerd.grpc.v1.cri", '
+    cat >"$file" <<EOF
+# written by scripts/infra/node.sh: containerd on the real node's root (in the cache: imported images stay)
 version = 2
 root = "$(containerd_root)"
-state = "$s"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+state = "$state"
+disabled_plugins = [${off}"io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp"]
 [grpc]
-  address = "$(node_sock)"
+  address = "$sock"
 [ttrpc]
-  address = "$(node_sock).ttrpc"
+  address = "$sock.ttrpc"
+EOF
+    [[ "$cri" == cri ]] || return 0
+    cat >>"$file" <<EOF
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$NODE_PAUSE_IMAGE"
   stream_server_address = "127.0.0.1"
@@ -237,6 +242,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     bin_dir = "/usr/lib/cni"
     conf_dir = "$NODE_STATE/cni/net.d"
 EOF
+}
+
+start_node_containerd() {
+    mkdir -p "$NODE_STATE/containerd-state" "$(containerd_root)"
+    write_node_cni
+    write_containerd_config "$NODE_STATE/containerd.toml" "$NODE_STATE/containerd-state" "$(node_sock)" cri
     spawn "$NODE_STATE/containerd.pid" "$NODE_STATE/containerd.log" containerd --config "$NODE_STATE/containerd.toml"
 }
 
@@ -265,6 +276,9 @@ EOF
     log "node: pause image $NODE_PAUSE_IMAGE made and imported"
 }
 
+# image_stamp TAG: the file beside containerd's root that holds the podman image id last imported as TAG
+image_stamp() { echo "$(containerd_root)/.imported-${1//[^A-Za-z0-9._-]/_}"; }
+
 # The project's image (scripts/image.sh) into containerd, unless this very image is there already.
 node_import_image() {
     local tag id stamp t0
@@ -274,7 +288,7 @@ node_import_image() {
         bash "$REPO_ROOT/scripts/image.sh" >/dev/null || die "node: the image build failed"
     fi
     id="$(podman image inspect --format '{{.Id}}' "$tag")"
-    stamp="$(containerd_root)/.imported-${tag//[^A-Za-z0-9._-]/_}"
+    stamp="$(image_stamp "$tag")"
     if [[ "$(cat "$stamp" 2>/dev/null)" == "$id" ]] \
         && ctr --address "$(node_sock)" -n k8s.io images ls -q | grep -qx "$tag"; then
         log "node: $tag already in containerd"
@@ -307,25 +321,14 @@ preload_node_image() {
     ! pid_alive "$(read_pid "$NODE_STATE/containerd.pid")" "$(node_containerd_pattern)" || return 0
     tag="$(bash "$REPO_ROOT/scripts/image.sh" --print-tag)"
     id="$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null)" || return 0
-    [[ "$(cat "$(containerd_root)/.imported-${tag//[^A-Za-z0-9._-]/_}" 2>/dev/null)" != "$id" ]] || return 0
+    [[ "$(cat "$(image_stamp "$tag")" 2>/dev/null)" != "$id" ]] || return 0
     tmp="$(mktemp -d /tmp/scalerl-preload.XXXXXX)"
     mkdir -p "$(containerd_root)"
-    cat >"$tmp/containerd.toml" <<EOF
-# written by scripts/infra/node.sh (preload_node_image): imports only, on the node's containerd root
-version = 2
-root = "$(containerd_root)"
-state = "$tmp/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp"]
-[grpc]
-  address = "$tmp/containerd.sock"
-[ttrpc]
-  address = "$tmp/containerd.sock.ttrpc"
-EOF
+    write_containerd_config "$tmp/containerd.toml" "$tmp/state" "$tmp/containerd.sock" none
     containerd --config "$tmp/containerd.toml" >"$tmp/containerd.log" 2>&1 &
     pid=$!
     for _ in $(seq 1 100); do
-        ctr --address "$tmp/containerd.sock" version >/dev/null 2>&1 && break
+        NODE_SOCK="$tmp/containerd.sock" node_containerd_ready && break
         sleep 0.2
     done
     (NODE_SOCK="$tmp/containerd.sock" node_import_image) || rc=1 # (its `die` ends this subshell only)
