@@ -8,16 +8,16 @@
 #   2. At once, two streams side by side (the servers' tests mostly wait on servers, Pods and the bus, so
 #      they fill the CPU the others leave idle):
 #      a. the tests that need servers (SCALERL_INFRA_UP_PID: a session fixture whose servers are not up
-#         yet waits for the background up.sh instead of failing), then the vLLM environment's tests that
-#         need none (the streams end together that way):
+#         yet waits for the background up.sh instead of failing; warm, the real node's first):
 #           the main suite's                         -m infra                build/junit-infra.xml
-#           the vLLM environment's                   -m "vllm and not infra" build/junit-vllm.xml
 #      b. the tests that need no server (SCALERL_INFRA_AUTOSTART=0, so a test that needs one and is not
 #         marked `infra` fails in CI instead of starting servers of its own), then, once every server is up,
 #         the vLLM environment's test that needs them (beside the end of stream a, not after it):
 #           the main suite's                           -m "not infra"          build/junit.xml
 #           the tests that train, on other CPU kernels  ATEN_CPU_CAPABILITY     build/junit-<kernels>.xml
 #           the vLLM environment's                     -m "vllm and infra"     build/junit-vllm-infra.xml
+#      then, in whichever stream ends first, the vLLM environment's tests that need no server
+#      (-m "vllm and not infra", build/junit-vllm.xml).
 #      Tried and undone (2026-12-07): tests/k8s in their own pass, taken by whichever stream reached them
 #      first with nothing else to do. Warm, the main suite's pass slowed from 17-20 to 29 min beside the
 #      real node's tests (which the API-server tests had sat between), and the run took longer: the machine
@@ -70,6 +70,20 @@ vllm_pytest() { # the vLLM tests run from the checkout in the vLLM environment (
 }
 
 rm -f build/infra.env build/infra-up.rc build/infra-stream.rc # infra.env: written by up.sh as the servers come up
+# The vLLM environment's tests that need no server run at the end of whichever stream ends first (the one
+# that makes the directory). History: run after the servers' tests (67d974e), since the other stream ended
+# later; run by whichever stream ended first (99af1ef), they slowed the real node's tests, then the servers'
+# pass's last, by 5 min. The real node's tests now run first in a warm run (tests/conftest.py), and the
+# servers' pass ended 6 min after the other stream with the machine mostly idle (2026-12-07).
+rm -rf build/vllm-plain.claim
+vllm_plain_claimed() { mkdir build/vllm-plain.claim 2>/dev/null; }
+vllm_plain() {
+    note "the vLLM tests that need no server, in $VLLM_PY: build/vllm-tests.log"
+    SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and not infra" --junitxml=build/junit-vllm.xml \
+        >build/vllm-tests.log 2>&1
+    keep $?
+    tail -n 5 build/vllm-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
+}
 # `--prebuild` (make test, before it installs the environments) already builds what the cache lacks, Kafka
 # and MinIO first; the servers start as their builds are done.
 prebuilt() { # wait for the prebuild's marker $1 (or its end); false when it failed
@@ -93,15 +107,7 @@ note "building (where the cache lacks them) and starting the servers in the back
         --junitxml=build/junit-infra.xml "${extra[@]}" >build/infra-tests.log 2>&1
     keep $?
     tail -n 15 build/infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
-    # then the vLLM environment's tests that need no server: here, not after the main suite's, because this
-    # stream ends first since the CPU roles start without torch (the warm run of 67d974e: 23 min against 26);
-    # and after the servers' tests, not beside them: run by whichever stream ended first (99af1ef), they ran
-    # beside the real node's tests, which slowed by 5 min (29 min 3 s at de63506, 31 min 58 s at 0eec726)
-    note "the vLLM tests that need no server, in $VLLM_PY: build/vllm-tests.log"
-    SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and not infra" --junitxml=build/junit-vllm.xml \
-        >build/vllm-tests.log 2>&1
-    keep $?
-    tail -n 5 build/vllm-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
+    ! vllm_plain_claimed || vllm_plain
     echo "$rc" >build/infra-stream.rc
 ) &
 stream_pid=$!
@@ -136,6 +142,7 @@ else
     note "the servers could not be built or started (build/infra-up.log): the vLLM tests that need them did not run"
 fi
 
+! vllm_plain_claimed || vllm_plain
 note "waiting for the tests that need the servers"
 wait "$stream_pid"
 keep "$(cat build/infra-stream.rc 2>/dev/null || echo 1)"

@@ -17,7 +17,7 @@ from scalerl.runtime.embedded import EmbeddedRun
 # one_kernel: the stop follows the simulated evaluations, whatever the trained weights
 pytestmark = pytest.mark.one_kernel
 
-STEPS, EVERY, PROMPTS, K = 60, 2, 64, 8
+STEPS, EVERY, PROMPTS, K = 30, 1, 64, 8
 
 
 def _spec(tiny_spec, stop_policy: dict | None):
