@@ -5,11 +5,12 @@
 #   1. scripts/infra/up.sh starts in the background (log build/infra-up.log): first Kafka and MinIO (the
 #      servers most tests need; a few minutes cold), then the rest. It builds what the cache lacks (niced;
 #      about 35 minutes on a new machine, nothing when cached) and writes build/infra.env as each group is up.
-#   2. At once, two streams side by side (the servers' tests mostly wait on servers, Pods and the bus, so
+#   2. At once, three streams side by side (the servers' tests mostly wait on servers, Pods and the bus, so
 #      they fill the CPU the others leave idle):
-#      a. the tests that need servers (SCALERL_INFRA_UP_PID: a session fixture whose servers are not up
-#         yet waits for the background up.sh instead of failing; warm, the real node's first):
+#      a. the tests that need servers but the real node (SCALERL_INFRA_UP_PID: a session fixture whose
+#         servers are not up yet waits for the background up.sh instead of failing):
 #           the main suite's                         -m infra                build/junit-infra.xml
+#      c. the real node's tests (tests/real_node), the same way       build/junit-real-node.xml
 #      b. the tests that need no server (SCALERL_INFRA_AUTOSTART=0, so a test that needs one and is not
 #         marked `infra` fails in CI instead of starting servers of its own), then, once every server is up,
 #         the vLLM environment's test that needs them (beside the end of stream a, not after it):
@@ -69,7 +70,7 @@ vllm_pytest() { # the vLLM tests run from the checkout in the vLLM environment (
     PY="$PY" VLLM_PY="$VLLM_PY" bash scripts/vllm_python.sh -m pytest -p no:cacheprovider tests/vllm_cpu "$@"
 }
 
-rm -f build/infra.env build/infra-up.rc build/infra-stream.rc # infra.env: written by up.sh as the servers come up
+rm -f build/infra.env build/infra-up.rc build/infra-stream.rc build/real-node-stream.rc # infra.env: written by up.sh as the servers come up
 # The vLLM environment's tests that need no server run at the end of whichever stream ends first (the one
 # that makes the directory). History: run after the servers' tests (67d974e), since the other stream ended
 # later; run by whichever stream ended first (99af1ef), they slowed the real node's tests, then the servers'
@@ -99,18 +100,29 @@ prebuilt() { # wait for the prebuild's marker $1 (or its end); false when it fai
 up_pid=$!
 note "building (where the cache lacks them) and starting the servers in the background: build/infra-up.log"
 
-# stream a: the tests that need the servers; its status in build/infra-stream.rc
-(
-    # (a subshell: `keep` sets its own copy of rc)
-    note "the tests that need the servers (each waits for its servers): build/infra-tests.log"
-    SCALERL_INFRA_AUTOSTART=0 SCALERL_INFRA_UP_PID=$up_pid "$PY" -m pytest -m "infra and not gpu and not vllm" \
-        --junitxml=build/junit-infra.xml "${extra[@]}" >build/infra-tests.log 2>&1
-    keep $?
-    tail -n 15 build/infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
-    ! vllm_plain_claimed || vllm_plain
-    echo "$rc" >build/infra-stream.rc
-) &
+# servers_stream NAME PYTEST-ARGS...: a pass of tests that need the servers (each waits for its servers), log
+# build/NAME-tests.log, JUnit build/junit-NAME.xml, status in build/NAME-stream.rc
+servers_stream() {
+    local name=$1
+    shift
+    (
+        # (a subshell: `keep` sets its own copy of rc)
+        note "$name: tests that need the servers (each waits for its servers): build/$name-tests.log"
+        SCALERL_INFRA_AUTOSTART=0 SCALERL_INFRA_UP_PID=$up_pid "$PY" -m pytest -m "infra and not gpu and not vllm" \
+            --junitxml="build/junit-$name.xml" "${extra[@]}" "$@" >"build/$name-tests.log" 2>&1
+        keep $?
+        tail -n 15 "build/$name-tests.log" | grep -E "passed|failed|error" | sed "s/^/    $name: /"
+        ! vllm_plain_claimed || vllm_plain
+        echo "$rc" >"build/$name-stream.rc"
+    ) &
+}
+# stream a: the tests that need the servers but the real node; c: the real node's (they mostly wait on Pods:
+# in one pass with the others, its 35 min of waits were the run's longest path, the machine 21-46% busy in
+# its last 6 min; 2026-12-07)
+servers_stream infra --ignore=tests/real_node
 stream_pid=$!
+servers_stream real-node tests/real_node
+node_stream_pid=$!
 
 # stream b: the tests that need no server
 note "the tests that need no server"
@@ -144,8 +156,9 @@ fi
 
 ! vllm_plain_claimed || vllm_plain
 note "waiting for the tests that need the servers"
-wait "$stream_pid"
+wait "$stream_pid" "$node_stream_pid"
 keep "$(cat build/infra-stream.rc 2>/dev/null || echo 1)"
+keep "$(cat build/real-node-stream.rc 2>/dev/null || echo 1)"
 wait "$up_pid"
 if [[ "$(cat build/infra-up.rc 2>/dev/null)" == 0 ]]; then
     grep -hE "built in|fetched in|made in|build done|up in|imported in" build/infra-prebuild*.log build/infra-up.log \

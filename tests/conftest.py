@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -85,20 +84,11 @@ SERVER_FIXTURES = frozenset({"infra", "k8s_env", "cluster_env", "kueue_env", "ce
                              "grpcurl", "node_env"})
 
 
-def _servers_prebuilt() -> bool:
-    """Whether `make test`'s prebuild (scripts/test_suite.sh --prebuild) has already ended well: then every
-    server and the image were in the cache, and all come up within a few minutes."""
-    rc = Path(__file__).resolve().parents[1] / "build" / "infra-prebuild.rc"
-    return rc.is_file() and rc.read_text().strip() == "0"
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuses a test that uses servers without the `infra` marker. Under `make test` (SCALERL_INFRA_UP_PID
     set: the servers still come up in the background), the files whose tests need only Kafka and MinIO run
     first, so they run while the other servers build; the order within a file, and of files of the same
-    kind, is kept. When nothing had to be built (the prebuild has ended by now), the real node's tests run
-    first instead: they mostly wait on Pods, beside the CPU-bound tests of the other stream. At the end of
-    the pass (the warm run of 2026-12-07: 6 min with the machine 21-46% busy) they left both cores idle."""
+    kind, is kept."""
     unmarked = [item.nodeid for item in items if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
                 and item.get_closest_marker("infra") is None]
     if unmarked:
@@ -110,6 +100,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _LATE_SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             late.add(str(item.fspath))
-    first = _servers_prebuilt()
-    items.sort(key=lambda item: (not (first and "real_node" in Path(str(item.fspath)).parts),
-                                 str(item.fspath) in late))
+    items.sort(key=lambda item: str(item.fspath) in late)

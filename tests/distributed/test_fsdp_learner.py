@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -21,12 +22,25 @@ def run_worker(nproc: int, out: Path, device: str = "cpu", mode: str = "fsdp") -
     return torch.load(out)
 
 
+def run_plain_here(out: Path) -> dict:
+    """fsdp_worker.py's single-process reference (no process group), run in this process: it needs no
+    launcher, and a process of its own cost ~20 CPU-s of imports (torch, transformers) on our machines."""
+    argv, threads = sys.argv, torch.get_num_threads()
+    try:
+        sys.argv = [str(WORKER), str(out), "cpu", "plain"]
+        runpy.run_path(str(WORKER), run_name="__main__")
+    finally:
+        sys.argv = argv
+        torch.set_num_threads(threads)
+    return torch.load(out)
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
 def test_fsdp_matches_single_process(tmp_path):
     """Two ranks, each holding half of every parameter (a world of one shards nothing and ran the same code
     path: dropped, 68 s of a loaded CI run for nothing the two-rank case does not check)."""
-    single = run_worker(1, tmp_path / "one.pt", mode="plain")
+    single = run_plain_here(tmp_path / "one.pt")
     sharded = run_worker(2, tmp_path / "fsdp.pt", mode="fsdp")
     assert_same_step(single, sharded, world=2)
 
