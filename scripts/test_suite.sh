@@ -12,13 +12,12 @@
 #           the main suite's                         -m infra                build/junit-infra.xml
 #      c. the real node's tests (tests/real_node), the same way       build/junit-real-node.xml
 #      b. the tests that need no server (SCALERL_INFRA_AUTOSTART=0, so a test that needs one and is not
-#         marked `infra` fails in CI instead of starting servers of its own), then, once every server is up,
-#         the vLLM environment's test that needs them (beside the end of stream a, not after it):
+#         marked `infra` fails in CI instead of starting servers of its own):
 #           the main suite's                           -m "not infra"          build/junit.xml
 #           the tests that train, on other CPU kernels  ATEN_CPU_CAPABILITY     build/junit-<kernels>.xml
-#           the vLLM environment's                     -m "vllm and infra"     build/junit-vllm-infra.xml
-#      then, in whichever stream ends first, the vLLM environment's tests that need no server
-#      (-m "vllm and not infra", build/junit-vllm.xml).
+#      then, in the streams that end first, the vLLM environment's two passes:
+#           the tests that need no server               -m "vllm and not infra" build/junit-vllm.xml
+#           once every server is up, those that need them -m "vllm and infra"   build/junit-vllm-infra.xml
 #      Tried and undone (2026-12-07): tests/k8s in their own pass, taken by whichever stream reached them
 #      first with nothing else to do. Warm, the main suite's pass slowed from 17-20 to 29 min beside the
 #      real node's tests (which the API-server tests had sat between), and the run took longer: the machine
@@ -71,19 +70,43 @@ vllm_pytest() { # the vLLM tests run from the checkout in the vLLM environment (
 }
 
 rm -f build/infra.env build/infra-up.rc build/infra-stream.rc build/real-node-stream.rc # infra.env: written by up.sh as the servers come up
-# The vLLM environment's tests that need no server run at the end of whichever stream ends first (the one
-# that makes the directory). History: run after the servers' tests (67d974e), since the other stream ended
-# later; run by whichever stream ended first (99af1ef), they slowed the real node's tests, then the servers'
-# pass's last, by 5 min. The real node's tests now run first in a warm run (tests/conftest.py), and the
-# servers' pass ended 6 min after the other stream with the machine mostly idle (2026-12-07).
-rm -rf build/vllm-plain.claim
-vllm_plain_claimed() { mkdir build/vllm-plain.claim 2>/dev/null; }
+# The vLLM environment's two passes run at the end of whichever streams end first: each stream, as it ends,
+# takes the passes no other has taken (the one that makes a pass's directory runs it). History: run after the
+# servers' tests (67d974e), since that stream ended first; run by whichever stream ended first (99af1ef), they
+# slowed the real node's tests, then the last of the servers' pass, by 5 min. The real node's tests now have
+# a stream of their own, which ends first (the warm run of 2026-12-07 at 94f292c: 21 min, the other servers'
+# 26, the no-server stream 28, then the vLLM test on the servers at its end: 32 min 46 s in all).
+rm -rf build/vllm-plain.claim build/vllm-infra.claim
 vllm_plain() {
     note "the vLLM tests that need no server, in $VLLM_PY: build/vllm-tests.log"
     SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and not infra" --junitxml=build/junit-vllm.xml \
         >build/vllm-tests.log 2>&1
     keep $?
     tail -n 5 build/vllm-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
+}
+vllm_infra() { # once every server is up
+    note "the vLLM tests that need the servers, once all are up: build/vllm-infra-tests.log"
+    while [[ ! -s build/infra-up.rc ]]; do sleep 5; done
+    if [[ "$(cat build/infra-up.rc)" != 0 ]]; then
+        note "the servers could not be built or started (build/infra-up.log): the vLLM tests that need them did not run"
+        return 0 # (the run fails on infra-up.rc at its end)
+    fi
+    (
+        set -a
+        # shellcheck source=/dev/null
+        source build/infra.env
+        set +a
+        SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and infra" --junitxml=build/junit-vllm-infra.xml \
+            >build/vllm-infra-tests.log 2>&1
+    )
+    keep $?
+    tail -n 5 build/vllm-infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
+}
+vllm_passes_left() { # run the vLLM passes no stream has taken yet
+    local pass
+    for pass in plain infra; do
+        ! mkdir "build/vllm-$pass.claim" 2>/dev/null || "vllm_$pass"
+    done
 }
 # `--prebuild` (make test, before it installs the environments) already builds what the cache lacks, Kafka
 # and MinIO first; the servers start as their builds are done.
@@ -112,7 +135,7 @@ servers_stream() {
             --junitxml="build/junit-$name.xml" "${extra[@]}" "$@" >"build/$name-tests.log" 2>&1
         keep $?
         tail -n 15 "build/$name-tests.log" | grep -E "passed|failed|error" | sed "s/^/    $name: /"
-        ! vllm_plain_claimed || vllm_plain
+        vllm_passes_left
         echo "$rc" >"build/$name-stream.rc"
     ) &
 }
@@ -135,26 +158,7 @@ ATEN_CPU_CAPABILITY="$ALT_KERNELS" SCALERL_INFRA_AUTOSTART=0 "$PY" -m pytest -p 
     --junitxml="build/junit-$ALT_KERNELS.xml" "${retrain[@]}"
 keep $?
 
-# the vLLM test that needs the servers: here, once they are all up, beside the end of stream a (which holds
-# the real node's long tests) rather than after it
-note "the vLLM tests that need the servers, once all are up: build/vllm-infra-tests.log"
-while [[ ! -s build/infra-up.rc ]]; do sleep 5; done
-if [[ "$(cat build/infra-up.rc)" == 0 ]]; then
-    (
-        set -a
-        # shellcheck source=/dev/null
-        source build/infra.env
-        set +a
-        SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and infra" --junitxml=build/junit-vllm-infra.xml \
-            >build/vllm-infra-tests.log 2>&1
-    )
-    keep $?
-    tail -n 5 build/vllm-infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
-else
-    note "the servers could not be built or started (build/infra-up.log): the vLLM tests that need them did not run"
-fi
-
-! vllm_plain_claimed || vllm_plain
+vllm_passes_left
 note "waiting for the tests that need the servers"
 wait "$stream_pid" "$node_stream_pid"
 keep "$(cat build/infra-stream.rc 2>/dev/null || echo 1)"
@@ -168,7 +172,7 @@ else
     note "the servers could not be built or started (build/infra-up.log above)"
     keep 1
 fi
-for log in infra-tests vllm-tests; do # the background stream's logs: their failures here
+for log in infra-tests real-node-tests vllm-tests vllm-infra-tests; do # the background stream's logs: their failures here
     if ((rc != 0)) && grep -q "= FAILURES =\|= ERRORS =" "build/$log.log" 2>/dev/null; then
         note "the failures in build/$log.log:"
         sed -n '/= FAILURES =\|= ERRORS =/,$p' "build/$log.log" | tail -n 300
