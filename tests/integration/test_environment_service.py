@@ -184,7 +184,8 @@ def test_episodes_through_the_service_equal_episodes_with_local_tools(replicas, 
     out = {}
     with RemoteToolbox(("calculator",), f"127.0.0.1:{port}", security=PLAIN, limits=LIMITS) as remote:
         for name, tools in (("local", Toolbox(("calculator",), LIMITS)), ("remote", remote)):
-            runner = EpisodeRunner(engine, tokenizer, tools, max_turns=3, max_observation_tokens=48)
+            runner = EpisodeRunner(engine, tokenizer, tools, max_turns=3, max_observation_tokens=48,
+                                   straggler_s=60)  # every turn waits for all its calls: the same batches
             runner.stop_sequences = stops
             out[name] = (runner.generate(prompts, greedy, length), runner.calls)
     (local, local_calls), (remote_eps, remote_calls) = out["local"], out["remote"]

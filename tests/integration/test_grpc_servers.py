@@ -125,7 +125,8 @@ def test_generate_serves_episodes_with_the_jobs_tools(tokenizer, tiny_spec) -> N
     greedy = SamplingParams(0.0, 1.0)
     never = 10**6
     free = dataclasses.replace(length_control(tiny_spec, tokenizer), think_close_ids=(never,), eos_id=never)
-    runners = [EpisodeRunner(e, tokenizer, Toolbox(("calculator",)), max_turns=2, max_observation_tokens=48)
+    runners = [EpisodeRunner(e, tokenizer, Toolbox(("calculator",)), max_turns=2, max_observation_tokens=48,
+                             straggler_s=60)  # every turn waits for all its calls: the same batches
                for e in (served, direct)]
     texts = ["12+34=", "5+6="]
     ids = [encode_prompt(tokenizer, runners[0].prompt(t)) for t in texts]

@@ -173,7 +173,8 @@ def test_resumed_turns_and_episodes_equal_torch_engine(engine: Any, policy: tupl
     assert got[3].thinking_tokens == 8 and not all(got[3].loss_mask)
     runs = []
     for eng in (TorchEngine(model, tok, seed=5), engine):
-        runner = EpisodeRunner(eng, tok, Toolbox(("calculator",)), max_turns=2, max_observation_tokens=40)
+        runner = EpisodeRunner(eng, tok, Toolbox(("calculator",)), max_turns=2, max_observation_tokens=40,
+                               straggler_s=60)  # every turn waits for all its calls: the same batches
         runner.stop_sequences = ((paths[0][2], paths[0][3]),)  # row 0 "calls" where its greedy path has these
         no_close = replace(base, interruption_ids=None, think_close_ids=(len(tok) + 7,))  # every turn thinks
         runs.append(runner.generate(ps, SamplingParams(0.0), no_close))

@@ -5,11 +5,17 @@ engine does, so the generator role, the held-out evaluation and the learner take
 took a single turn:
 
 1. Every row generates a turn (`GenerationEngine.generate` with `</tool>`'s spellings as stop sequences).
-2. A row whose turn ended on `</tool>` gets the call's observation (`Tools.run_many`: the rows' calls
-   side by side, in this process's sandbox or, with `environment.service`, by the environment service),
-   tokenized as `<result>\\n...\\n</result>\\n` and cut to `max_observation_tokens`.
-3. Those rows generate their next turn from prompt + everything so far, until no row calls a tool, a
-   row has made `max_turns` calls, or its positions run out.
+2. A row whose turn ended on `</tool>` gets the call's observation (`Tools.execute`, up to `Tools.workers`
+   calls side by side, in this process's sandbox or, with `environment.service`, by the environment
+   service), tokenized as `<result>\\n...\\n</result>\\n` and cut to `max_observation_tokens`.
+3. Rows whose observation is in generate their next turn from prompt + everything so far, until no row
+   calls a tool, a row has made `max_turns` calls, or its positions run out.
+
+A row does not wait for the slowest call of its turn. Once one call is answered, the runner waits for
+the others as long again as that call took (at least `straggler_s`, 0.5 s by default), then starts the
+next turn for every row whose observation is in. Rows whose calls are still running (a program that runs
+into its time limit, a slow replica) join a later turn, together with whatever else is in by then. Calls
+of similar cost so stay in one batch, and an outlier holds up only its own row.
 
 The completion's tokens are the turns and observations in order. Model tokens keep their sampling
 log-prob and the policy version that sampled them (weights swapped in flight, within a turn or between
@@ -26,13 +32,24 @@ used, or no positions left for the observation and another turn).
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from scalerl.config import JobSpec
-from scalerl.environment.tools import RESULT_CLOSE, RESULT_OPEN, TOOL_CLOSE, Toolbox, Tools, parse_call, tool_limits
+from scalerl.environment.tools import (
+    RESULT_CLOSE,
+    RESULT_OPEN,
+    TOOL_CLOSE,
+    Toolbox,
+    ToolCall,
+    Tools,
+    parse_call,
+    tool_limits,
+)
 from scalerl.generator.engine import (
     GenerationEngine,
     LengthControl,
@@ -46,6 +63,8 @@ from scalerl.model.text import tag_spellings, text_ids
 
 MIN_TURN_ROOM = 8
 """Positions a row must have left after an observation to be given another turn (tokens)."""
+STRAGGLER_S = 0.5
+"""The least time (s) the runner waits for the other calls once the first is answered."""
 
 
 @dataclass
@@ -60,6 +79,7 @@ class _Episode:
     calls: int = 0
     finish: FinishReason = "stop"
     turn_start: int = 0  # where the last turn's tokens start in `ids`
+    called_at: float = 0.0  # when its pending call was sent (time.monotonic)
 
     def add(self, c: Completion) -> None:
         self.turn_start = len(self.ids)
@@ -83,10 +103,11 @@ class EpisodeRunner:
     answered so far."""
 
     def __init__(self, engine: GenerationEngine, tokenizer: Any, tools: Tools, *, max_turns: int,
-                 max_observation_tokens: int, seed: int = 0) -> None:
-        if max_turns < 1 or max_observation_tokens < 1:
-            raise ValueError(f"need max_turns >= 1 and max_observation_tokens >= 1, got {max_turns}, "
-                             f"{max_observation_tokens}")
+                 max_observation_tokens: int, seed: int = 0, straggler_s: float = STRAGGLER_S) -> None:
+        if max_turns < 1 or max_observation_tokens < 1 or straggler_s < 0:
+            raise ValueError(f"need max_turns >= 1, max_observation_tokens >= 1 and straggler_s >= 0, got "
+                             f"{max_turns}, {max_observation_tokens}, {straggler_s}")
+        self.straggler_s = straggler_s
         self.engine = engine
         self.tokenizer = tokenizer
         self.tools = tools
@@ -122,30 +143,51 @@ class EpisodeRunner:
         if not length.interruption_ids:
             cuts = [length.thinking_budget] * len(prompt_ids)
         episodes = [_Episode(prompt=list(p), cut=c) for p, c in zip(prompt_ids, cuts, strict=True)]
-        active = episodes
+        ready = episodes
+        pending: dict[Future[str], _Episode] = {}
         room = self.engine.max_positions
-        while active:
-            turns = self.engine.generate([e.prompt + e.ids for e in active], sampling, rules,
-                                         policy_source=policy_source,
-                                         resume=[Resume(e.thinking, e.cut) for e in active])
-            calling: list[_Episode] = []
-            for e, c in zip(active, turns, strict=True):
-                e.add(c)
-                if c.finish_reason == "stop" and ends_with_any(c.token_ids, self.stop_sequences):
-                    left = room - len(e.prompt) - len(e.ids)
-                    if e.calls < self.max_turns and left >= len(self._open) + len(self._close) + MIN_TURN_ROOM:
-                        calling.append(e)
-                    else:
-                        e.finish = "length"  # a call it may not make
-            texts = self.tools.run_many([parse_call(self.engine.decode(e.ids[e.turn_start:])) for e in calling])
-            for e, text in zip(calling, texts, strict=True):
-                obs = self.observation(text, room - len(e.prompt) - len(e.ids) - MIN_TURN_ROOM)
-                e.observe(obs, self.engine.version)
-                self.calls += 1
-            active = calling
+        with ThreadPoolExecutor(max_workers=max(1, self.tools.workers), thread_name_prefix="tool") as pool:
+            while ready or pending:
+                if not ready:
+                    ready = self._answered(pending, room)
+                turns = self.engine.generate([e.prompt + e.ids for e in ready], sampling, rules,
+                                             policy_source=policy_source,
+                                             resume=[Resume(e.thinking, e.cut) for e in ready])
+                for e, c in zip(ready, turns, strict=True):
+                    e.add(c)
+                    if c.finish_reason == "stop" and ends_with_any(c.token_ids, self.stop_sequences):
+                        left = room - len(e.prompt) - len(e.ids)
+                        if e.calls < self.max_turns and left >= len(self._open) + len(self._close) + MIN_TURN_ROOM:
+                            e.called_at = time.monotonic()
+                            call = parse_call(self.engine.decode(e.ids[e.turn_start:]))
+                            pending[pool.submit(self._run, call)] = e
+                        else:
+                            e.finish = "length"  # a call it may not make
+                ready = []
         return [Completion(token_ids=e.ids, logprobs=e.lps, versions=e.vers, loss_mask=e.mask, finish_reason=e.finish,
                            text=self.engine.completion_text(e.ids, length.all_end_ids), thinking_tokens=e.thinking)
                 for e in episodes]
+
+    def _run(self, call: ToolCall | None) -> str:
+        return self.tools.execute(call).text
+
+    def _answered(self, pending: dict[Future[str], _Episode], room: int) -> list[_Episode]:
+        """The rows whose observations are in, each observed, once at least one is: after the first, the
+        others get as long again as that call took (at least `straggler_s`). Removes them from `pending`."""
+        done, _ = wait(pending, return_when=FIRST_COMPLETED)
+        first = min(done, key=lambda f: pending[f].called_at)
+        took = time.monotonic() - pending[first].called_at
+        if len(done) < len(pending):
+            done, _ = wait(pending, timeout=max(self.straggler_s, took))
+        out = []
+        for f, e in list(pending.items()):  # in the order the calls were sent
+            if f in done:
+                del pending[f]
+                obs = self.observation(f.result(), room - len(e.prompt) - len(e.ids) - MIN_TURN_ROOM)
+                e.observe(obs, self.engine.version)
+                self.calls += 1
+                out.append(e)
+        return out
 
 
 def episode_runner(spec: JobSpec, engine: GenerationEngine, tokenizer: Any) -> EpisodeRunner | None:

@@ -9,9 +9,11 @@ swap between turns stamps the next turn's tokens with the new version.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from scalerl.environment.tools import Toolbox
+from scalerl.environment.tools import Toolbox, tool_limits
 from scalerl.generator.engine import GenerationEngine, LengthControl, SamplingParams
 from scalerl.generator.episode import EpisodeRunner
 from scalerl.generator.role import encode_prompt
@@ -33,6 +35,7 @@ class ScriptedEngine(GenerationEngine):
         self.version, self.swaps_in_flight = 0, 0
         self.turn = {}
         self.calls = []
+        self.started = []  # time.monotonic() at each generate call
 
     @property
     def max_positions(self):
@@ -40,6 +43,7 @@ class ScriptedEngine(GenerationEngine):
 
     def generate(self, prompt_ids, sampling, length, *, policy_source=None, resume=None):
         self.calls.append((prompt_ids, resume, length))
+        self.started.append(time.monotonic())
         out = []
         for p, r in zip(prompt_ids, resume, strict=True):
             row = next(i for i, s in enumerate(self.scripts) if p[:len(s["prompt"])] == s["prompt"])
@@ -115,6 +119,28 @@ def test_an_episode_ends_at_max_turns_and_observations_are_cut(tokenizer):
     assert runs == [40, 40]
     text = tokenizer.decode(c.token_ids)
     assert text.count("\n[cut]\n</result>\n") == 2
+
+
+def test_a_slow_call_holds_up_only_its_own_row(tokenizer):
+    """Row 0's program sleeps 4 s, rows 1 and 2 ask the calculator: their second turns start together,
+    well before row 0's call returns (not after the slowest call of the turn), and row 0 goes on alone."""
+    scripts = [
+        {"prompt": [1, 50], "turns": ['<tool name="python">\nimport time\ntime.sleep(4)\nprint(1)\n</tool>',
+                                      "</think>1"]},
+        {"prompt": [1, 60], "turns": ['<tool name="calculator">\n2+2\n</tool>', "</think>4"]},
+        {"prompt": [1, 70], "turns": ['<tool name="calculator">\n3*3\n</tool>', "</think>9"]},
+    ]
+    engine = ScriptedEngine(tokenizer, scripts)
+    runner = EpisodeRunner(engine, tokenizer, Toolbox(("calculator", "python"), tool_limits(10.0, 256)),
+                           max_turns=2, max_observation_tokens=32)
+    out = runner.generate([s["prompt"] for s in scripts], GREEDY, _length(tokenizer))
+    rows = [[next(i for i, s in enumerate(scripts) if p[:2] == s["prompt"]) for p in ps] for ps, _, _ in engine.calls]
+    assert rows == [[0, 1, 2], [1, 2], [0]]
+    second, third = (t - engine.started[0] for t in engine.started[1:])
+    assert second < 3.0 <= 4.0 <= third  # rows 1 and 2 went on while row 0's program slept
+    for c, answer, value in zip(out, ("1", "4", "9"), ("1", "4", "9"), strict=True):  # in the prompts' order
+        assert tokenizer.decode(c.token_ids).endswith(f"<result>\n{value}\n</result>\n</think>{answer}")
+    assert runner.calls == 3
 
 
 def test_interruption_cuts_are_drawn_once_per_episode(tokenizer):
