@@ -127,7 +127,9 @@ def test_a_template_change_recreates_the_whole_group(
         patch_spec(kube, namespace, name, {"job": {"train": {"steps": 30, "prompts_per_step": 4},
                                                    "off_policy": {"k": 4}}})
         wait_for("both ranks deleted together", lambda: learner_pods(kube, namespace, name) == [], timeout_s=30)
-        assert "GroupRecreated" in event_reasons(kube, namespace, name)
+        # (the operator posts the Event after deleting the ranks: waited for, not sampled once)
+        wait_for("the GroupRecreated event", lambda: "GroupRecreated" in event_reasons(kube, namespace, name),
+                 timeout_s=30)
         assert status(kube, namespace, name).get("restarts", 0) == 0  # an update is not a restart
 
 
