@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from scalerl.sandbox import Limits, Verdict, run_python
+from scalerl.tasks.base import tool_call
 from scalerl.tasks.expression import ExpressionError, evaluate_expression
 
 TOOL_NAMES = ("python", "calculator")
@@ -100,7 +101,7 @@ def instructions(names: Sequence[str]) -> str:
              "calculator": "calculator: evaluates one expression of integers with + - * / and parentheses"}
     lines = "\n".join(f"- {about[n]}" for n in names)
     return (f"\n\nWhile thinking you may call a tool:\n{lines}\n"
-            f'Write <tool name="NAME">\nINPUT\n</tool> and its answer follows as <result>...</result>.')
+            f"Write {tool_call('NAME', 'INPUT')} and its answer follows as <result>...</result>.")
 
 
 def check_names(names: Sequence[str]) -> tuple[str, ...]:

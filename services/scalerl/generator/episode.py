@@ -98,6 +98,32 @@ class _Episode:
         self.calls += 1
 
 
+class ObservationTokens:
+    """A tool's answer as the tokens an episode holds: `<result>\\n...\\n</result>\\n`, its content cut (and
+    marked `[cut]`) so the whole fits `max_tokens` and the room the sequence has left. The episode runner
+    and SFT on tool demonstrations (`scalerl.learner.sft.encode_demonstration`) both use it, so a
+    demonstration holds exactly the observation tokens an episode would."""
+
+    def __init__(self, tokenizer: Any, max_tokens: int) -> None:
+        self.tokenizer, self.max_tokens = tokenizer, max_tokens
+        self._open = list(text_ids(tokenizer, RESULT_OPEN))
+        self._close = list(text_ids(tokenizer, RESULT_CLOSE))
+        self.frame = len(self._open) + len(self._close)
+        """Tokens of `<result>` and `</result>` alone."""
+        if self.frame >= max_tokens:
+            raise ValueError(f"max_observation_tokens: {max_tokens} leaves no room inside "
+                             f"<result>...</result> ({self.frame} tokens)")
+        self._marker = list(text_ids(tokenizer, "\n[cut]"))  # ends an observation whose content was cut
+
+    def __call__(self, text: str, room: int | None = None) -> list[int]:
+        """`text` as observation tokens, fitting `min(room, max_tokens)` (`max_tokens` when room is None)."""
+        keep = min(self.max_tokens if room is None else room, self.max_tokens) - self.frame
+        content = list(text_ids(self.tokenizer, text)) if text else []
+        if len(content) > keep:
+            content = content[:max(0, keep - len(self._marker))] + self._marker[:keep]
+        return [*self._open, *content, *self._close]
+
+
 class EpisodeRunner:
     """Generates episodes of up to `max_turns` tool calls with `engine`; `calls` counts the tool calls
     answered so far."""
@@ -114,26 +140,13 @@ class EpisodeRunner:
         self.max_turns = max_turns
         self.max_observation_tokens = max_observation_tokens
         self.stop_sequences = tag_spellings(tokenizer, TOOL_CLOSE)
-        self._open = list(text_ids(tokenizer, RESULT_OPEN))
-        self._close = list(text_ids(tokenizer, RESULT_CLOSE))
-        if len(self._open) + len(self._close) >= max_observation_tokens:
-            raise ValueError(f"max_observation_tokens: {max_observation_tokens} leaves no room inside "
-                             f"<result>...</result> ({len(self._open) + len(self._close)} tokens)")
-        self._marker = list(text_ids(tokenizer, "\n[cut]"))  # ends an observation whose content was cut
+        self.observation = ObservationTokens(tokenizer, max_observation_tokens)
         self.rng = torch.Generator().manual_seed(seed)
         self.calls = 0
 
     def prompt(self, text: str) -> str:
         """A task's prompt with the tools' instructions appended (what the model is conditioned on)."""
         return text + self.tools.instructions()
-
-    def observation(self, text: str, room: int) -> list[int]:
-        """`text` as observation tokens, its content cut so the whole fits `min(room, max_observation_tokens)`."""
-        keep = min(room, self.max_observation_tokens) - len(self._open) - len(self._close)
-        content = list(text_ids(self.tokenizer, text)) if text else []
-        if len(content) > keep:
-            content = content[:max(0, keep - len(self._marker))] + self._marker[:keep]
-        return [*self._open, *content, *self._close]
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, length: LengthControl,
                  *, policy_source: PolicySource | None = None) -> list[Completion]:
@@ -157,7 +170,7 @@ class EpisodeRunner:
                     e.add(c)
                     if c.finish_reason == "stop" and ends_with_any(c.token_ids, self.stop_sequences):
                         left = room - len(e.prompt) - len(e.ids)
-                        if e.calls < self.max_turns and left >= len(self._open) + len(self._close) + MIN_TURN_ROOM:
+                        if e.calls < self.max_turns and left >= self.observation.frame + MIN_TURN_ROOM:
                             e.called_at = time.monotonic()
                             call = parse_call(self.engine.decode(e.ids[e.turn_start:]))
                             pending[pool.submit(self._run, call)] = e

@@ -52,14 +52,47 @@ def initial_model(spec: JobSpec, task: Task, out_dir: Path,
         return model.to(device), tok, info
     model, tok = load_model_and_tokenizer(spec.model, spec.seed)
     model.to(device)
-    pairs = [(p.prompt, p.solution) for p in task.problems("train") if p.solution]
-    if spec.sft.steps > 0 and pairs:
-        losses = run_sft(model, tok, pairs, spec.sft, seed=spec.seed, fp32_head=spec.model.fp32_lm_head,
-                         on_step=on_sft_step)
-        info.update(sft_steps=len(losses), sft_final_loss=losses[-1])
+    examples, encode = sft_demonstrations(spec, task, tok)
+    if spec.sft.steps > 0 and examples:
+        losses = run_sft(model, tok, examples, spec.sft, seed=spec.seed, fp32_head=spec.model.fp32_lm_head,
+                         on_step=on_sft_step, encode=encode)
+        info.update(sft_steps=len(losses), sft_final_loss=losses[-1],
+                    sft_tool_demonstrations=sum(len(turns) > 1 for _, turns in examples))
         save_model_and_tokenizer(model, tok, sft_dir)
         info["init"] = str(sft_dir)
     elif spec.sft.steps > 0:
         log.warning("task %s has no gold solutions: skipping SFT", spec.task.kind)
     return model, tok, info
 
+
+
+def sft_demonstrations(spec: JobSpec, task: Task, tokenizer: Any) -> tuple[
+        list[tuple[str, list[str]]], Callable[[tuple[str, list[str]]], tuple[list[int], list[bool]]]]:
+    """What SFT imitates, as (prompt, model turns) per train problem, and how one is encoded.
+
+    Without `environment.tools`: each problem's gold solution, one turn. With tools: the prompt carries the
+    tools' instructions, as the generator's episodes do, and a problem the task can demonstrate the tools on
+    (`Task.tool_demonstration`) is that episode; its tools' answers are computed by running the calls
+    (this process's toolbox) and enter as the same observation tokens an episode holds, out of the loss.
+    Other problems keep their gold solution."""
+    from scalerl.environment.tools import Toolbox, parse_call, tool_limits
+    from scalerl.generator.episode import ObservationTokens
+    from scalerl.learner.sft import encode_demonstration
+
+    env = spec.environment
+    box = Toolbox(tuple(env.tools), tool_limits(env.tool_wall_s, env.tool_memory_mb)) if env.tools else None
+    observation = ObservationTokens(tokenizer, env.max_observation_tokens)
+    examples = []
+    for p in task.problems("train"):
+        if box is None:
+            examples.append((p.prompt, [p.solution]))
+            continue
+        turns = task.tool_demonstration(p, box.names) or [p.solution]
+        examples.append((p.prompt + box.instructions(), turns))
+    examples = [(prompt, turns) for prompt, turns in examples if all(turns)]
+
+    def observe(turn: str) -> list[int]:
+        assert box is not None  # only demonstrations of several turns call tools
+        return observation(box.execute(parse_call(turn)).text)
+
+    return examples, lambda ex: encode_demonstration(tokenizer, ex[0], ex[1], observe)

@@ -31,7 +31,9 @@ from __future__ import annotations
 import random
 import re
 from abc import abstractmethod
+from collections.abc import Sequence
 
+from scalerl.model.tokenizer import THINK_CLOSE, THINK_OPEN
 from scalerl.tasks.base import (
     Phrasing,
     Problem,
@@ -44,6 +46,7 @@ from scalerl.tasks.base import (
     check_split,
     final_answer_text,
     sample_disjoint,
+    tool_call,
 )
 
 _INTEGER = re.compile(r"[+-]?\d+")
@@ -140,6 +143,21 @@ class _IntegerTask(Task):
             problems.append(Problem(id=f"{self.name}-{split}-{i:06d}", prompt=prompt, answer=answer,
                                     solution="" if chat else solution))
         return problems
+
+    def tool_demonstration(self, problem: Problem, tools: Sequence[str]) -> list[str] | None:
+        """Symbolic phrasing: ask the calculator for the prompt's expression (else print it with python),
+        then answer with what it says: `<think><tool name="calculator">\\n357+468\\n</tool>` ·
+        `</think>825`, the tool's answer between the two turns."""
+        if self.phrasing == "chat":
+            return None  # instruct models get no gold solution, with tools or without
+        expression = problem.prompt.removesuffix("=")
+        if "calculator" in tools:
+            call = tool_call("calculator", expression)
+        elif "python" in tools:
+            call = tool_call("python", f"print({expression})")
+        else:
+            return None
+        return [f"{THINK_OPEN}{call}", f"{THINK_CLOSE}{problem.answer}"]
 
     def extract_answer(self, completion: str) -> str | None:
         if self.phrasing == "chat":

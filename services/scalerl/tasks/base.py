@@ -101,6 +101,13 @@ class Task(ABC):
         without generating (or for which generating is costly) overrides it."""
         return any(p.solution for p in self.problems("train"))
 
+    def tool_demonstration(self, problem: Problem, tools: Sequence[str]) -> list[str] | None:
+        """A gold episode of `problem` with `tools` (`environment.tools`) for SFT to imitate: the model's
+        turns, each but the last ending with one call (`tool_call`) whose answer the tool supplies between
+        them when the example is built; the last turn closes `</think>` and answers. None (this default):
+        the task has none for these tools, and SFT imitates `Problem.solution` instead."""
+        return None
+
     def extract_answer(self, completion: str) -> str | None:
         """The final answer text after the last `</think>` (stripped); None if there is none."""
         return answer_after_think(completion)
@@ -115,6 +122,12 @@ class Task(ABC):
         if self.is_correct(completion, answer):
             return Grade(True, "correct")
         return Grade(False, "wrong" if self.extract_answer(completion) is not None else "no_answer")
+
+
+def tool_call(name: str, text: str) -> str:
+    """A tool call as the model writes it (`scalerl.environment.tools` parses it and tells the model so):
+    `<tool name="calculator">\n12+7\n</tool>`."""
+    return f'<tool name="{name}">\n{text}\n</tool>'
 
 
 def answer_after_think(completion: str) -> str | None:
