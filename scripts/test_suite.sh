@@ -77,12 +77,22 @@ rm -f build/infra.env build/infra-up.rc build/infra-stream.rc build/real-node-st
 # a stream of their own, which ends first (the warm run of 2026-12-07 at 94f292c: 21 min, the other servers'
 # 26, the no-server stream 28, then the vLLM test on the servers at its end: 32 min 46 s in all).
 rm -rf build/vllm-plain.claim build/vllm-infra.claim
+vllm_run() { # $1: the tests' marker expression, $2: the log, $3: the JUnit file; $4 = infra: under build/infra.env
+    (
+        if [[ ${4:-} == infra ]]; then
+            set -a
+            # shellcheck source=/dev/null
+            source build/infra.env
+            set +a
+        fi
+        SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "$1" --junitxml="$3" >"$2" 2>&1
+    )
+    keep $?
+    tail -n 5 "$2" | grep -E "passed|failed|error" | sed 's/^/    /'
+}
 vllm_plain() {
     note "the vLLM tests that need no server, in $VLLM_PY: build/vllm-tests.log"
-    SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and not infra" --junitxml=build/junit-vllm.xml \
-        >build/vllm-tests.log 2>&1
-    keep $?
-    tail -n 5 build/vllm-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
+    vllm_run "vllm and not infra" build/vllm-tests.log build/junit-vllm.xml
 }
 vllm_infra() { # once every server is up
     note "the vLLM tests that need the servers, once all are up: build/vllm-infra-tests.log"
@@ -91,16 +101,7 @@ vllm_infra() { # once every server is up
         note "the servers could not be built or started (build/infra-up.log): the vLLM tests that need them did not run"
         return 0 # (the run fails on infra-up.rc at its end)
     fi
-    (
-        set -a
-        # shellcheck source=/dev/null
-        source build/infra.env
-        set +a
-        SCALERL_INFRA_AUTOSTART=0 vllm_pytest -m "vllm and infra" --junitxml=build/junit-vllm-infra.xml \
-            >build/vllm-infra-tests.log 2>&1
-    )
-    keep $?
-    tail -n 5 build/vllm-infra-tests.log | grep -E "passed|failed|error" | sed 's/^/    /'
+    vllm_run "vllm and infra" build/vllm-infra-tests.log build/junit-vllm-infra.xml infra
 }
 vllm_passes_left() { # run the vLLM passes no stream has taken yet
     local pass
