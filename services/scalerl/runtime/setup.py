@@ -9,6 +9,7 @@ checked before this module and its torch are imported: `runtime/preflight.py`, c
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,9 +55,10 @@ def initial_model(spec: JobSpec, task: Task, out_dir: Path,
     model.to(device)
     examples, encode = sft_demonstrations(spec, task, tok)
     if spec.sft.steps > 0 and examples:
+        t0 = time.perf_counter()
         losses = run_sft(model, tok, examples, spec.sft, seed=spec.seed, fp32_head=spec.model.fp32_lm_head,
                          on_step=on_sft_step, encode=encode)
-        info.update(sft_steps=len(losses), sft_final_loss=losses[-1],
+        info.update(sft_steps=len(losses), sft_final_loss=losses[-1], sft_wall_s=time.perf_counter() - t0,
                     sft_tool_demonstrations=sum(len(turns) > 1 for _, turns in examples))
         save_model_and_tokenizer(model, tok, sft_dir)
         info["init"] = str(sft_dir)
