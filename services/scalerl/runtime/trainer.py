@@ -79,25 +79,38 @@ class IdleSteps:
         self.warn_after = warn_after
         self.streak = self.longest = self.total = 0
         self.zero_variance = 0  # groups dropped as zero-variance during idle steps
+        self.pass_rates: list[float] = []  # the rollouts' pass rate of each idle step that has one
         self.warned = False
 
-    def observe(self, kept_groups: float | None, dropped_zero_variance: float | None) -> bool:
-        """Record one step; True when a streak of idle steps has just reached `warn_after`."""
+    def observe(self, kept_groups: float | None, dropped_zero_variance: float | None,
+                pass_rate: float | None = None) -> bool:
+        """Record one step (`pass_rate`: its rollouts' pass rate, when known); True when a streak of idle
+        steps has just reached `warn_after`."""
         if kept_groups:
             self.streak = 0
             return False
         self.streak, self.total = self.streak + 1, self.total + 1
         self.longest = max(self.longest, self.streak)
         self.zero_variance += int(dropped_zero_variance or 0)
+        if pass_rate is not None:
+            self.pass_rates.append(pass_rate)
         if self.streak == self.warn_after:
             self.warned = True
             return True
         return False
 
     def warning(self) -> str:
-        return (f"{self.longest} consecutive RL steps trained on nothing ({self.total} steps in all; "
+        """Why nothing trained: mostly prompts the policy always gets right (a dropped group is all right or
+        all wrong, so the idle steps' pass rate is the share of the first), or mostly always wrong."""
+        head = (f"{self.longest} consecutive RL steps trained on nothing ({self.total} steps in all; "
                 f"{self.zero_variance} groups dropped as zero-variance, i.e. all samples of a prompt equally "
-                "rewarded): the policy is not learning. Start from a stronger policy (sft.steps), an easier "
+                "rewarded)")
+        solved = sum(self.pass_rates) / len(self.pass_rates) if self.pass_rates else 0.0
+        if solved >= 0.5:
+            return (f"{head}: the policy already gets these prompts right (pass rate {solved:.2f} on those "
+                    "steps), so they teach nothing: give it a harder task (task.digits, another task), or stop "
+                    "here")
+        return (f"{head}: the policy is not learning. Start from a stronger policy (sft.steps), an easier "
                 "task, or a larger generation.group_size; or set loss.zero_variance_filter: false")
 
 
@@ -247,7 +260,7 @@ class TrainerHost:
                "train_tokens": self.counters["train_tokens"], "token_age": _token_age_record(stats),
                **(extra or {})}
         self.out.train_record(rec)
-        if self.idle.observe(rec["effective_batch"], rec["dropped_zero_variance"]):
+        if self.idle.observe(rec["effective_batch"], rec["dropped_zero_variance"], rec["train_pass_rate"]):
             log.warning("%s", self.idle.warning())
         bar.update(1, **step_postfix(rec))
         return rec

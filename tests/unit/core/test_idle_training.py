@@ -25,6 +25,16 @@ def test_warns_once_when_a_streak_reaches_the_limit():
     assert "loss.zero_variance_filter" in text and "generation.group_size" in text
 
 
+def test_the_warning_tells_solved_prompts_from_a_policy_that_learns_nothing():
+    solved, failing = IdleSteps(warn_after=2), IdleSteps(warn_after=2)
+    for rate in (1.0, 0.9375):  # every group all right but one of 16
+        solved.observe(0, 16, rate)
+        failing.observe(0, 16, 1.0 - rate)
+    assert "already gets these prompts right (pass rate 0.97 on those steps)" in solved.warning()
+    assert "not learning" not in solved.warning() and "harder task" in solved.warning()
+    assert "the policy is not learning" in failing.warning() and "already" not in failing.warning()
+
+
 def test_no_warning_while_training():
     idle = IdleSteps()
     assert not any(idle.observe(1, 3) for _ in range(3 * IDLE_STEPS_WARNING))
