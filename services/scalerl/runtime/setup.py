@@ -12,11 +12,17 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalerl.config import JobSpec
 from scalerl.curriculum.curriculum import Curriculum
 from scalerl.tasks import Problem, Task
+
+if TYPE_CHECKING:  # the curriculum service imports this module; torch (under learner.sft) only when SFT runs
+    from scalerl.learner.sft import Example
+
+Demonstration = tuple[str, list[str]]
+"""A prompt and the model's turns of a gold episode (one turn: a gold solution)."""
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +73,8 @@ def initial_model(spec: JobSpec, task: Task, out_dir: Path,
     return model, tok, info
 
 
-
 def sft_demonstrations(spec: JobSpec, task: Task, tokenizer: Any) -> tuple[
-        list[tuple[str, list[str]]], Callable[[tuple[str, list[str]]], tuple[list[int], list[bool]]]]:
+        list[Demonstration], Callable[[Demonstration], Example]]:
     """What SFT imitates, as (prompt, model turns) per train problem, and how one is encoded.
 
     Without `environment.tools`: each problem's gold solution, one turn. With tools: the prompt carries the
@@ -83,15 +88,12 @@ def sft_demonstrations(spec: JobSpec, task: Task, tokenizer: Any) -> tuple[
 
     env = spec.environment
     box = Toolbox(tuple(env.tools), tool_limits(env.tool_wall_s, env.tool_memory_mb)) if env.tools else None
-    observation = ObservationTokens(tokenizer, env.max_observation_tokens)
-    examples = []
+    examples: list[Demonstration] = []
     for p in task.problems("train"):
-        if box is None:
-            examples.append((p.prompt, [p.solution]))
-            continue
-        turns = task.tool_demonstration(p, box.names) or [p.solution]
-        examples.append((p.prompt + box.instructions(), turns))
-    examples = [(prompt, turns) for prompt, turns in examples if all(turns)]
+        turns = (box and task.tool_demonstration(p, box.names)) or [p.solution]
+        if all(turns):  # a problem without a gold solution is not demonstrated
+            examples.append((p.prompt + box.instructions() if box else p.prompt, turns))
+    observation = ObservationTokens(tokenizer, env.max_observation_tokens)
 
     def observe(turn: str) -> list[int]:
         assert box is not None  # only demonstrations of several turns call tools
