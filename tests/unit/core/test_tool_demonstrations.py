@@ -85,3 +85,14 @@ def test_the_loss_is_on_the_model_tokens_alone(tiny_spec, tokenizer):
     [loss] = run_sft(model, tokenizer, examples[:1], sft, seed=0, encode=encode)
     assert abs(loss - expected) < 1e-4 * max(1.0, expected)
     assert abs(everything - expected) > 1e-3  # the observation's tokens would change it
+
+
+def test_with_python_alone_the_demonstration_prints_the_sum_in_the_sandbox(tiny_spec, tokenizer):
+    spec = _spec(tiny_spec, tools=["python"])
+    examples, encode = sft_demonstrations(spec, make_task(spec), tokenizer)
+    problem = make_task(spec).problems("train")[1]
+    a, b = (int(x) for x in problem.prompt.removesuffix("=").split("+"))
+    assert examples[1][1] == [f'<think><tool name="python">\nprint({a}+{b})\n</tool>', f"</think>{a + b}"]
+    ids, mask = encode(examples[1])
+    heard = tokenizer.decode([t for t, on in zip(ids, mask, strict=True) if not on])
+    assert heard.endswith(f"<result>\n{a + b}\n</result>\n")  # what the sandboxed program printed
