@@ -471,7 +471,8 @@ class JobSpec(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig, description=(
         "Held-out evaluation during training: how often, mean@k and its sampling."))
     sft: SFTConfig = Field(default_factory=SFTConfig, description=(
-        "The supervised warm start on gold chains of thought, run first when model.init_checkpoint is null."))
+        "The supervised warm start on gold chains of thought (with environment.tools, on episodes that call "
+        "them where the task has such demonstrations), run first when model.init_checkpoint is null."))
     fit: FitConfig = Field(default_factory=FitConfig)
     stop_policy: StopPolicyConfig = Field(default_factory=StopPolicyConfig, description=(
         "Stop early when an identified forecast says the rest of the budget adds less than a set gain, or the "
