@@ -256,6 +256,19 @@ def forecast_png(result: Mapping[str, Any]) -> bytes:
 Runs = dict[int, list[dict[str, Any]]]
 
 
+def kept_run(run_dir: Path, spec_text: str, flag: str) -> bool:
+    """Whether `run_dir` holds a finished run (summary.json written) of the spec `spec_text` to read instead of
+    training it; False when there is nothing there. A run of another spec, or an unfinished one, stops the
+    bench with a line naming `flag`, the folder option it came from."""
+    if (run_dir / "summary.json").is_file():
+        if (run_dir / "spec.yaml").read_text() != spec_text:
+            raise SystemExit(f"{flag}: {run_dir} holds a run of another spec; give a new folder")
+        return True
+    if run_dir.exists():
+        raise SystemExit(f"{flag}: {run_dir} holds an unfinished run; remove it to train it again")
+    return False
+
+
 def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], work: Path,
                init_checkpoint: str | None = None,
                on_run: Callable[[Runs, dict[str, Any]], None] | None = None) -> tuple[Runs, dict[str, Any]]:
@@ -297,9 +310,7 @@ def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], w
     for i, seed in enumerate(seeds):
         spec = load_spec(spec_path, [*overrides, f"seed={seed}", *start])
         run_dir = work / f"seed{seed}"
-        if (run_dir / "summary.json").is_file():
-            if (run_dir / "spec.yaml").read_text() != dump_spec(spec):
-                raise SystemExit(f"--forecast-work: {run_dir} holds a run of another spec; give a new folder")
+        if kept_run(run_dir, dump_spec(spec), "--forecast-work"):
             print(f"forecast: seed {seed} ({i + 1}/{len(seeds)}) already run in {run_dir}; reading it",
                   file=sys.stderr, flush=True)
             reused.append(seed)
@@ -307,8 +318,6 @@ def train_runs(spec_path: str, overrides: Sequence[str], seeds: Sequence[int], w
             if on_run is not None:
                 on_run(runs, timing)
             continue
-        if run_dir.exists():
-            raise SystemExit(f"--forecast-work: {run_dir} holds an unfinished run; remove it to train it again")
         t1 = time.perf_counter()
         summary = EmbeddedRun(spec, run_dir, show_progress=sys.stderr.isatty()).run()
         run_s.append(time.perf_counter() - t1)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from forecast_bench import kept_run
 from results_file import merge_sections
 
 ARMS = ("tools", "plain")
@@ -48,13 +49,9 @@ def train_arm(spec_path: str, overrides: Sequence[str], run_dir: Path) -> dict[s
     from scalerl.runtime.outputs import RunOutputs
 
     spec = load_spec(spec_path, list(overrides))
-    if (run_dir / "summary.json").is_file():
-        if (run_dir / "spec.yaml").read_text() != dump_spec(spec):
-            raise SystemExit(f"--work: {run_dir} holds a run of another spec; give a new folder")
+    if kept_run(run_dir, dump_spec(spec), "--work"):
         print(f"tool-gain: {run_dir} already run; reading it", file=sys.stderr, flush=True)
         summary = json.loads((run_dir / "summary.json").read_text())
-    elif run_dir.exists():
-        raise SystemExit(f"--work: {run_dir} holds an unfinished run; remove it to train it again")
     else:
         t0 = time.perf_counter()
         summary = EmbeddedRun(spec, run_dir, show_progress=sys.stderr.isatty()).run()
