@@ -90,6 +90,9 @@ class TaskConfig(_Strict):
         "Settings of a plugin task, checked by the plugin's own Options model when the spec is loaded; "
         "must be empty for the built-in kinds and for a plugin that declares no Options."))
     digits: int = Field(3, ge=1, le=12, description="Operand digits (addition, multiplication).")
+    multiplier_digits: int = Field(1, ge=1, le=6, description=(
+        "Digits of multiplication's second operand: 1 draws it from 2..9 (the default); n ≥ 2 draws it uniform "
+        "over the n-digit numbers, and the chain of thought is long multiplication (tasks/arithmetic.py)."))
     countdown_numbers: int = Field(4, ge=3, le=6, description="Numbers given in a Countdown problem.")
     countdown_max_number: int = Field(25, ge=2, le=1000, description="Largest small number in Countdown.")
     train_path: str | None = Field(None, description=(

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from scalerl.config import TaskConfig
 from scalerl.plugins import PluginError, check_options, load_task_plugin, options_problems
-from scalerl.tasks.arithmetic import MAX_DIGITS, AdditionTask, MultiplicationTask
+from scalerl.tasks.arithmetic import MAX_DIGITS, MAX_MULTIPLIER_DIGITS, AdditionTask, MultiplicationTask
 from scalerl.tasks.base import Task, check_phrasing, check_range
 from scalerl.tasks.code import CodeTask
 from scalerl.tasks.countdown import CountdownTask
@@ -34,7 +34,8 @@ def _addition(**kw: Any) -> Task:
 
 def _multiplication(**kw: Any) -> Task:
     return MultiplicationTask(digits=kw["digits"], seed=kw["seed"], train_size=kw["train_size"],
-                              eval_size=kw["eval_size"], phrasing=kw["phrasing"])
+                              eval_size=kw["eval_size"], phrasing=kw["phrasing"],
+                              multiplier_digits=kw["multiplier_digits"])
 
 
 def _countdown(**kw: Any) -> Task:
@@ -76,6 +77,7 @@ def build_task(
     train_size: int = 20_000,
     eval_size: int | None = None,
     digits: int = 3,
+    multiplier_digits: int = 1,
     countdown_numbers: int = 4,
     countdown_max_number: int = 25,
     train_path: str | Path | None = None,
@@ -106,6 +108,7 @@ def build_task(
         raise ValueError(f"code_wall_s must be a number of seconds in [0.1, 600], got {code_wall_s!r}")
     check_range("code_memory_mb", code_memory_mb, 16, 65536)
     check_range("digits", digits, 1, MAX_DIGITS)
+    check_range("multiplier_digits", multiplier_digits, 1, MAX_MULTIPLIER_DIGITS)
     check_range("countdown_numbers", countdown_numbers, 3, 6)
     check_range("countdown_max_number", countdown_max_number, 2, 1000)
     if kind not in _BUILDERS:
@@ -114,6 +117,7 @@ def build_task(
     if options:
         raise ValueError(f"options: only plugin tasks take options; kind {kind!r} is built in")
     return _BUILDERS[kind](seed=seed, train_size=train_size, eval_size=eval_size, digits=digits,
+                           multiplier_digits=multiplier_digits,
                            countdown_numbers=countdown_numbers, countdown_max_number=countdown_max_number,
                            train_path=train_path, eval_path=eval_path, phrasing=check_phrasing(phrasing),
                            eval_size_given=eval_size_given, code_wall_s=code_wall_s, code_memory_mb=code_memory_mb)
@@ -123,7 +127,8 @@ def task_from_config(t: TaskConfig) -> Task:
     """The task of a job spec's `task` section; its problems and split depend on `data_seed` only."""
     eval_size = t.eval_size if "eval_size" in t.model_fields_set or t.kind != "code" else None
     return build_task(t.kind, seed=t.data_seed, train_size=t.train_size, eval_size=eval_size, digits=t.digits,
-                      countdown_numbers=t.countdown_numbers, countdown_max_number=t.countdown_max_number,
+                      multiplier_digits=t.multiplier_digits, countdown_numbers=t.countdown_numbers,
+                      countdown_max_number=t.countdown_max_number,
                       train_path=t.train_path, eval_path=t.eval_path, phrasing=t.phrasing, options=t.options,
                       code_wall_s=t.code_wall_s, code_memory_mb=t.code_memory_mb)
 

@@ -124,3 +124,51 @@ def test_generation_is_fast() -> None:
     with cpu_budget(3.0, "20000 addition problems"):
         task = build_task("addition", train_size=20_000, eval_size=200, digits=3)
         assert len(task.problems("train")) == 20_000
+
+
+def test_long_multiplication_by_hand() -> None:
+    # 357*48 on paper: 357*8 = 2856 (7*8=56: 6 carry 5; 5*8+5=45: 5 carry 4; 3*8+4=28); 357*4 = 1428;
+    # 2856 + 14280 (the partial shifted one place) = 17136
+    assert multiplication_solution(357, 48) == (
+        "<think>357*8=7*8+0=56,5*8+5=45,3*8+4=28=2856;357*4=7*4+0=28,5*4+2=22,3*4+2=14=1428;"
+        "2856+14280=6+0+0=6,5+8+0=13,8+2+1=11,2+4+1=7,0+1+0=1=17136</think>17136")
+    # a 0 digit: its partial is 0, added as 0
+    assert multiplication_solution(12, 10) == (
+        "<think>12*0=2*0+0=0,1*0+0=0=0;12*1=2*1+0=2,1*1+0=1=12;0+120=0+0+0=0,0+2+0=2,0+1+0=1=120</think>120")
+
+
+def test_long_multiplication_chain_is_arithmetic_that_checks() -> None:
+    task = build_task("multiplication", digits=4, multiplier_digits=3, seed=2, train_size=300, eval_size=50)
+    assert task.name == "mul4x3"
+    for p in task.problems("train") + task.problems("eval"):
+        a, m = (int(x) for x in p.prompt.removesuffix("=").split("*"))
+        assert 0 <= a < 10**4 and 100 <= m < 1000 and p.answer == str(a * m)
+        parts = p.solution.removeprefix("<think>").rpartition("</think>")[0].split(";")
+        assert len(parts) == 2 * len(str(m)) - 1  # a partial per multiplier digit, a sum from the second on
+        total = 0
+        for i, part in enumerate(parts):
+            head, value = part.partition("=")[0], int(part.rpartition("=")[2])
+            x, op, y = head.partition("*") if "*" in head else head.partition("+")
+            assert value == (int(x) * int(y) if op == "*" else int(x) + int(y)), part
+            if op == "+":
+                assert int(x) == total and int(y) % 10 ** (i // 2) == 0
+                total = value
+            elif i == 0:
+                total = value
+        assert total == a * m
+        assert task.is_correct(p.solution, p.answer)
+
+
+def test_multiplier_digits_reaches_the_task_from_a_spec_and_is_checked() -> None:
+    from scalerl.config import JobSpec
+    from scalerl.tasks.registry import task_from_config
+
+    task_section = {"kind": "multiplication", "digits": 2, "multiplier_digits": 2}
+    spec = JobSpec.model_validate({"name": "m", "task": task_section})
+    task = task_from_config(spec.task)
+    assert task.name == "mul2x2"
+    assert all(10 <= int(p.prompt[:-1].split("*")[1]) < 100 for p in task.problems("eval"))
+    assert build_task("multiplication", digits=2, train_size=50, eval_size=5).problems("train") == \
+        MultiplicationTask(digits=2, seed=0, train_size=50, eval_size=5).problems("train")  # default: as before
+    with pytest.raises(ValueError, match="multiplier_digits"):
+        build_task("multiplication", multiplier_digits=7)
