@@ -57,6 +57,7 @@ def _check_smoke_run(proc: subprocess.CompletedProcess[str], out: Path, name: st
     assert (out / "checkpoints" / "step_000003").is_dir()
     evals = _evals(out)
     assert [(e["step"], e["n_prompts"], e["k"]) for e in evals] == [(0, 8, 2), (3, 8, 2)]
+    assert all(sum(e["verdicts"].values()) == 8 * 2 and e["task_metrics"] == {} for e in evals)  # no task numbers
     return summary
 
 

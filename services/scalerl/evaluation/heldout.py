@@ -1,11 +1,14 @@
 """mean@k on the held-out set (ScaleRL §1.2): k samples per prompt, the mean correctness over all.
 
 Because every prompt gets the same k, mean@k equals the mean over all prompts × k samples (spec §6.2).
-The per-prompt pass rates are kept so the curve fit can bootstrap over prompts.
+The per-prompt pass rates are kept so the curve fit can bootstrap over prompts; so are the verifier's
+verdicts (how many samples were `correct`, `wrong`, `truncated`, code's `fail`/`timeout`/…) and the mean over
+all samples of each number a task's grades carry (code: `tests_passed`, the fraction of asserts passed).
 """
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +29,8 @@ class EvalResult:
     truncation_rate: float
     prompt_pass_rates: list[float] = field(default_factory=list)
     samples: list[tuple[str, str, bool]] = field(default_factory=list)  # (prompt, completion, correct)
+    verdicts: dict[str, int] = field(default_factory=dict)  # samples per verdict (Grade.verdict)
+    task_metrics: dict[str, float] = field(default_factory=dict)  # Grade.metrics' means over all k·n samples
 
 
 def evaluate_mean_at_k(engine: GenerationEngine, tokenizer: Any, problems: list[Problem], verifier: Verifier,
@@ -39,13 +44,20 @@ def evaluate_mean_at_k(engine: GenerationEngine, tokenizer: Any, problems: list[
     gen_tokens = 0
     truncated = 0
     samples: list[tuple[str, str, bool]] = []
+    verdicts: Counter[str] = Counter()
+    metric_sums: defaultdict[str, float] = defaultdict(float)
     for start in range(0, len(problems), prompts_per_batch):
         chunk = problems[start:start + prompts_per_batch]
         ids = [encode_prompt(tokenizer, p.prompt if episodes is None else episodes.prompt(p.prompt)) for p in chunk]
         comps = generate([i for i in ids for _ in range(k)], sampling, length)
         for j, p in enumerate(chunk):
             group = comps[j * k:(j + 1) * k]
-            ok = [verifier.is_correct(c.text, p.answer, c.finish_reason) for c in group]
+            grades = verifier.grade_all([(c.text, p.answer, c.finish_reason) for c in group])
+            ok = [g.correct for g in grades]
+            for g in grades:
+                verdicts[g.verdict] += 1
+                for key, value in (g.metrics or {}).items():
+                    metric_sums[key] += value
             per_prompt.append(sum(ok) / k)
             gen_tokens += sum(len(c.token_ids) for c in group)
             truncated += sum(c.finish_reason == "length" for c in group)
@@ -56,4 +68,5 @@ def evaluate_mean_at_k(engine: GenerationEngine, tokenizer: Any, problems: list[
     n = len(per_prompt)
     return EvalResult(pass_rate=sum(per_prompt) / max(n, 1), k=k, n_prompts=n, gen_tokens=gen_tokens,
                       truncation_rate=truncated / max(n * k, 1), prompt_pass_rates=per_prompt,
-                      samples=samples)
+                      samples=samples, verdicts=dict(verdicts),
+                      task_metrics={key: total / max(n * k, 1) for key, total in metric_sums.items()})

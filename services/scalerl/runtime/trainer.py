@@ -325,7 +325,8 @@ class TrainerHost:
                "gen_tokens": self.counters["gen_tokens"], "train_tokens": self.counters["train_tokens"],
                "pass_rate": res.pass_rate, "k": res.k, "n_prompts": res.n_prompts,
                "eval_truncation_rate": res.truncation_rate, "wall_s": time.perf_counter() - t0,
-               "heldout_set": self.heldout_set, "prompt_pass_rates": res.prompt_pass_rates}
+               "heldout_set": self.heldout_set, "prompt_pass_rates": res.prompt_pass_rates,
+               "verdicts": res.verdicts, "task_metrics": res.task_metrics}
         self.out.eval_record(rec)
         self._refit()
         return rec

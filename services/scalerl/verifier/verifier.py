@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from scalerl.config import JobSpec, LengthPenaltyConfig
@@ -76,10 +77,14 @@ class Verifier:
     def is_correct(self, text: str, answer: str, finish_reason: str = "stop") -> bool:
         return self.grade(text, answer, finish_reason).correct
 
+    def grade_all(self, items: Sequence[tuple[str, str, str]]) -> list[Grade]:
+        """`grade` of each (text, answer, finish_reason), as many at once as the task allows
+        (`Task.concurrent_grading`), in order."""
+        return list(self._pool.map(lambda a: self.grade(*a), items)) if self._pool else [self.grade(*a) for a in items]
+
     def score(self, rollout: RolloutGroup) -> ScoredGroup:
         answer = rollout.task.answer
-        args = [(c.text, answer, c.finish_reason) for c in rollout.completions]
-        grades = list(self._pool.map(lambda a: self.grade(*a), args)) if self._pool else [self.grade(*a) for a in args]
+        grades = self.grade_all([(c.text, answer, c.finish_reason) for c in rollout.completions])
         correct, rewards = [], []
         for c, g in zip(rollout.completions, grades, strict=True):
             r = self.reward_correct if g.correct else self.reward_incorrect
