@@ -152,6 +152,9 @@ class TaskConfig(_Strict):
     def _jsonl_needs_path(self) -> TaskConfig:
         if self.kind == "jsonl" and not self.train_path:
             raise ValueError("task.train_path is required when task.kind is 'jsonl'")
+        if self.multiplier_digits != 1 and self.kind != "multiplication":
+            raise ValueError(f"task.multiplier_digits is for task.kind 'multiplication' only; leave it out for "
+                             f"{self.kind!r}")
         return self
 
 

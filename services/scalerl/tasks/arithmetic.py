@@ -19,7 +19,7 @@ Long multiplication (`multiplier_digits` ≥ 2) is done on paper too, one digit 
 time from the units up: the partial product's chain `a*d=steps=value`, then (from the second digit on)
 the running sum plus that partial shifted by its place, `sum+shifted=steps=value`, with the addition's
 steps; the parts are separated by ";". Each part writes its value forward, so a later part reads its
-operands nearby. 4 digits by 3 are ~280 characters of thought: the computation a tool does in one call.
+operands nearby. 4 digits by 3 are ~300 characters of thought: the computation a tool does in one call.
 
 Design choices:
 
