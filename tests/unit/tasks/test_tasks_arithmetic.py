@@ -172,5 +172,5 @@ def test_multiplier_digits_reaches_the_task_from_a_spec_and_is_checked() -> None
         MultiplicationTask(digits=2, seed=0, train_size=50, eval_size=5).problems("train")  # default: as before
     with pytest.raises(ValueError, match="multiplier_digits"):
         build_task("multiplication", multiplier_digits=7)
-    with pytest.raises(ValueError, match="multiplier_digits is for task.kind 'multiplication' only"):
+    with pytest.raises(ValueError, match=r"multiplier_digits is for task\.kind 'multiplication' only"):
         JobSpec.model_validate({"name": "m", "task": {"kind": "addition", "multiplier_digits": 2}})
