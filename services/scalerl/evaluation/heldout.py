@@ -42,7 +42,6 @@ def evaluate_mean_at_k(engine: GenerationEngine, tokenizer: Any, problems: list[
     generate = engine.generate if episodes is None else episodes.generate
     per_prompt: list[float] = []
     gen_tokens = 0
-    truncated = 0
     samples: list[tuple[str, str, bool]] = []
     verdicts: Counter[str] = Counter()
     metric_sums: defaultdict[str, float] = defaultdict(float)
@@ -60,13 +59,12 @@ def evaluate_mean_at_k(engine: GenerationEngine, tokenizer: Any, problems: list[
                     metric_sums[key] += value
             per_prompt.append(sum(ok) / k)
             gen_tokens += sum(len(c.token_ids) for c in group)
-            truncated += sum(c.finish_reason == "length" for c in group)
             if len(samples) < keep_samples:
                 samples.append((p.prompt, group[0].text, ok[0]))
         if on_batch is not None:
             on_batch(len(chunk))
     n = len(per_prompt)
     return EvalResult(pass_rate=sum(per_prompt) / max(n, 1), k=k, n_prompts=n, gen_tokens=gen_tokens,
-                      truncation_rate=truncated / max(n * k, 1), prompt_pass_rates=per_prompt,
+                      truncation_rate=verdicts["truncated"] / max(n * k, 1), prompt_pass_rates=per_prompt,
                       samples=samples, verdicts=dict(verdicts),
                       task_metrics={key: total / max(n * k, 1) for key, total in metric_sums.items()})

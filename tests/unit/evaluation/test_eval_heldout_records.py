@@ -44,7 +44,7 @@ def test_eval_counts_verdicts_and_averages_tests_passed_over_all_samples(tmp_pat
     finally:
         verifier.close()
     # each prompt: one pass, two fails, one truncated (not graded)
-    assert res.verdicts == {"pass": 2, "fail": 4, "truncated": 2}
+    assert res.verdicts == {"pass": 2, "fail": 4, "truncated": 2} and res.truncation_rate == 2 / 8
     assert res.prompt_pass_rates == [0.25, 0.25] and res.pass_rate == 0.25
     # asserts passed per sample: 2/2, 1/2, 0/2 and the truncated one 0, over 4 samples of each prompt
     assert res.task_metrics == {"tests_passed": (1.0 + 0.5 + 0.0 + 0.0) / 4}
