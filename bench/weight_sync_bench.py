@@ -11,14 +11,18 @@ in one run, each a median over `--repeats`:
   per-step move (|m / sqrt(v)| <= 1), so the delta measured is an upper bound of a real step's;
 - one_object: what weight sync was before (a whole safetensors object per version, SHA-256 over it,
   one PUT, one GET, `safetensors.load`), for the ratio the issue asks for;
-- broadcast: the runtimes' broadcast path (`runtime.weight_sync.broadcast`, deltas on): the version is
-  published to MinIO, then pushed over gloo from a `BroadcastHub` to a `BroadcastReceiver` (loopback, one
-  member), and the reader builds it from the pushed shards (the manifest still read from MinIO);
-  broadcast_full: the same with every version a snapshot;
+- broadcast: the runtimes' broadcast path (`runtime.weight_sync.broadcast`, deltas on) in the learner's
+  order: the version is encoded, pushed over gloo from a `BroadcastHub` to a `BroadcastReceiver` (loopback,
+  one member) and announced; the generator builds it from the pushed manifest and shards and swaps while
+  the learner uploads it to MinIO (both on this machine's cores); broadcast_full: the same with every
+  version a snapshot;
 - state_broadcast: the vLLM weight-transfer backend's raw state-dict broadcast (`scalerl.model.weight_broadcast`,
   a learner process, each tensor loaded as it arrives), no store;
 - loopback_copy_s: the physical limit: one full version's bytes sent over a 127.0.0.1 TCP socket into a
-  preallocated buffer; minio_object_copy_s: the same bytes as one MinIO object, one PUT then one GET
+  preallocated buffer; checks_cpu_s: one core's seconds to SHA-256 and CRC-32 those bytes (what the learner
+  and each generator check); full_floor_s: both sides' checks and the copy spread perfectly over this
+  machine's cores, the least any checked full version can take here; minio_object_copy_s: the same bytes
+  as one MinIO object, one PUT then one GET
   (the store's own limit for one connection each way).
 
 `bytes` is what crosses the network per version to a generator (stored shard bytes; the state's bytes for
@@ -41,6 +45,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -117,6 +122,19 @@ def loopback_copy_s(nbytes: int, repeats: int) -> float:
     return median_of(times[1:])
 
 
+def checks_cpu_s(nbytes: int, repeats: int) -> float:
+    """Seconds of one core to check one full version's bytes as one side of the broadcast path does: SHA-256
+    (per shard) and CRC-32 (per chunk) over all of them (median)."""
+    data = os.urandom(1 << 20) * max(1, nbytes >> 20)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        hashlib.sha256(data).digest()
+        zlib.crc32(data)
+        times.append(time.perf_counter() - t0)
+    return median_of(times[1:])
+
+
 def minio_object_copy_s(store: S3Store, nbytes: int, repeats: int) -> float:
     data = os.urandom(nbytes)
     digest = hashlib.sha256(data).hexdigest()
@@ -155,7 +173,7 @@ class Learner:
 
 def bench_store_path(name: str, learner: Learner, engine: TorchEngine, store: S3Store, dtype: torch.dtype,
                      delta: bool, repeats: int, broadcast: bool = False) -> dict[str, Any]:
-    publisher = WeightPublisher(store, dtype, delta=delta, snapshot_every=10_000, keep_last=2, keep_shards=broadcast)
+    publisher = WeightPublisher(store, dtype, delta=delta, snapshot_every=10_000, keep_last=2)
     reader = WeightReader(store)
     hub = receiver = None
     if broadcast:
@@ -172,17 +190,27 @@ def bench_store_path(name: str, learner: Learner, engine: TorchEngine, store: S3
         learner.step()
         version = i + 1
         holder: dict[str, Any] = {}
-        t0 = time.perf_counter()
-        pv = publisher.publish(version, learner.master)
-        if hub is not None:
-            assert hub.send(version, publisher.last_shards), "the broadcast failed"
-        t_pub = time.perf_counter()
 
-        def swap(pv: Any = pv, holder: dict[str, Any] = holder) -> None:
+        def swap(pv: Any, holder: dict[str, Any] = holder) -> None:
             engine.load_weights(reader.fetch(pv), pv.version)
             holder["t"] = time.perf_counter()
 
-        peak = peak_extra_mb(swap) if i else 0.0
+        def push_and_announce(pv: Any, parts: Any, holder: dict[str, Any] = holder) -> None:
+            """The learner's order on the broadcast path: push, announce (the generator swaps), upload."""
+            assert hub is not None and hub.send(pv.version, parts), "the broadcast failed"
+            holder["t_pub"] = time.perf_counter()
+            holder["swap"] = threading.Thread(target=swap, args=(pv,))
+            holder["swap"].start()
+
+        t0 = time.perf_counter()
+        if hub is None:
+            pv = publisher.publish(version, learner.master)
+            holder["t_pub"] = time.perf_counter()
+            peak = peak_extra_mb(lambda pv=pv: swap(pv)) if i else 0.0
+        else:  # the generator's swap overlaps the learner's upload: its memory is not the swap's alone
+            publisher.publish(version, learner.master, before_upload=push_and_announce)
+            holder["swap"].join()
+            peak = float("nan")
         if i:  # the first version is the snapshot every reader starts from
             assert publisher.last is not None
             times.append(holder["t"] - t0)
@@ -191,17 +219,20 @@ def bench_store_path(name: str, learner: Learner, engine: TorchEngine, store: S3
             downloaded.append(reader.stats.bytes)
             how = f"{'delta' if delta else 'full'}{' broadcast' if broadcast else ''}"
             print(f"  {name} {how} v{version}: {publisher.last.kind}, "
-                  f"{publisher.last.stored_bytes / 1e6:.1f} MB, publish {t_pub - t0:.2f} s, "
-                  f"fetch+swap {holder['t'] - t_pub:.2f} s, peak +{peak:.0f} MB", file=sys.stderr)
+                  f"{publisher.last.stored_bytes / 1e6:.1f} MB, {'announce' if hub else 'publish'} "
+                  f"{holder['t_pub'] - t0:.2f} s, fetch+swap {holder['t'] - holder['t_pub']:.2f} s, "
+                  f"peak +{peak:.0f} MB", file=sys.stderr)
     assert publisher.last is not None
     if hub is not None and receiver is not None:
         receiver.close()
         hub.close()
         assert not any(downloaded), f"shards were downloaded, not pushed: {downloaded} bytes"
     changed = sum(c.changed for c in publisher.last.chunks) / sum(t.numel for t in publisher.last.tensors)
-    return {"bytes": int(statistics.median(sizes)), "publish_to_swap_s": median_of(times),
-            "swap_peak_extra_mb": round(statistics.median(peaks), 1), "swap_peak_extra_mb_max": round(max(peaks), 1),
-            "changed_fraction": round(changed, 5) if delta else 1.0}
+    row = {"bytes": int(statistics.median(sizes)), "publish_to_swap_s": median_of(times),
+           "changed_fraction": round(changed, 5) if delta else 1.0}
+    if hub is None:
+        row.update(swap_peak_extra_mb=round(statistics.median(peaks), 1), swap_peak_extra_mb_max=round(max(peaks), 1))
+    return row
 
 
 def bench_one_object(learner: Learner, engine: TorchEngine, store: S3Store, dtype: torch.dtype,
@@ -276,6 +307,9 @@ def bench_model(key: str, spec_path: str, dtype: torch.dtype, repeats: int, work
     full_bytes = row["full"]["bytes"]
     row["loopback_copy_s"] = loopback_copy_s(full_bytes, repeats)
     row["minio_object_copy_s"] = minio_object_copy_s(store, full_bytes, repeats)
+    row["checks_cpu_s"] = checks_cpu_s(full_bytes, repeats)
+    # both sides' checks and the copy itself (sender and receiver: two cores busy) on this machine's cores
+    row["full_floor_s"] = round((2 * row["checks_cpu_s"] + 2 * row["loopback_copy_s"]) / (os.cpu_count() or 1), 4)
     row["model_mb"] = round(full_bytes / 1e6, 1)
     for key in store.list(""):  # the bench's bucket holds a few full versions: leave nothing behind
         store.delete(key)
@@ -283,6 +317,9 @@ def bench_model(key: str, spec_path: str, dtype: torch.dtype, repeats: int, work
         "delta_bytes_over_full": round(row["delta"]["bytes"] / full_bytes, 4),
         "one_object_over_delta_s": round(row["one_object"]["publish_to_swap_s"] / row["delta"]["publish_to_swap_s"], 2),
         "full_over_loopback_copy": round(row["full"]["publish_to_swap_s"] / row["loopback_copy_s"], 2),
+        "full_floor_over_loopback_copy": round(row["full_floor_s"] / row["loopback_copy_s"], 2),
+        "broadcast_full_over_loopback_copy": round(row["broadcast_full"]["publish_to_swap_s"]
+                                                   / row["loopback_copy_s"], 2),
         "full_over_minio_object_copy": round(row["full"]["publish_to_swap_s"] / row["minio_object_copy_s"], 2),
         "broadcast_over_delta_s": round(row["broadcast"]["publish_to_swap_s"] / row["delta"]["publish_to_swap_s"], 2),
         "broadcast_full_over_full_s": round(row["broadcast_full"]["publish_to_swap_s"]
@@ -311,6 +348,11 @@ def main() -> int:
                              "version (median)",
         "loopback_copy_s": "seconds to copy one full version's bytes over a 127.0.0.1 TCP socket (median)",
         "minio_object_copy_s": "seconds to PUT then GET one MinIO object of one full version's bytes (median)",
+        "checks_cpu_s": "seconds of one core to SHA-256 and CRC-32 one full version's bytes, what each side of a "
+                        "transfer checks (median)",
+        "full_floor_s": "the least seconds a full version can take from learner to generator on this machine's "
+                        "cores: (2 x checks_cpu_s + 2 x loopback_copy_s) / CPUs, the two sides' checks and the "
+                        "copy's sender and receiver, perfectly parallel",
         "swap_peak_extra_mb": "MB of the generator's peak resident memory during fetch + swap above before it "
                               "(median over versions; _max: the largest, the first swap's allocator growth)",
     }, "machine": f"{os.cpu_count()} CPUs"}
@@ -322,7 +364,8 @@ def main() -> int:
                   f"{r['delta']['publish_to_swap_s']} s ({r['delta']['bytes'] / 1e6:.1f} MB), one object "
                   f"{r['one_object']['publish_to_swap_s']} s, broadcast {r['broadcast']['publish_to_swap_s']} s (full "
                   f"{r['broadcast_full']['publish_to_swap_s']} s), "
-                  f"loopback {r['loopback_copy_s']} s, MinIO object {r['minio_object_copy_s']} s")
+                  f"loopback {r['loopback_copy_s']} s, checked-copy floor {r['full_floor_s']} s, "
+                  f"MinIO object {r['minio_object_copy_s']} s")
     print(f"wrote the weight_sync section of {merge_sections(args.out, {'weight_sync': section})}")
     return 0
 

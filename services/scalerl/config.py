@@ -374,10 +374,11 @@ class RoleDevices(_Strict):
 
 
 class WeightBroadcastConfig(_Strict):
-    """The broadcast path (scalerl.weightsync.broadcast): the learner also pushes each version's shards to the
-    generators that joined its group over torch.distributed, before announcing it; they use those bytes in
-    place of downloads (checked against the store's manifest). The store stays the fallback: a generator
-    outside the group, or one that misses a transfer, pulls from it."""
+    """The broadcast path (scalerl.weightsync.broadcast): the learner pushes each version to the generators that
+    joined its group over torch.distributed as it encodes it, announces it, and only then uploads it to the
+    store; they use the pushed bytes in place of downloads (checked against the announcement). The store stays
+    the fallback: a generator outside the group, or one that misses a transfer, pulls from it, waiting for the
+    upload in progress."""
 
     enabled: bool = Field(False, description="Push each version to the generators' group as well as to the store.")
     address: str = Field("127.0.0.1", min_length=1, max_length=253,
@@ -391,7 +392,7 @@ class WeightBroadcastConfig(_Strict):
     timeout_s: float = Field(30.0, gt=0, le=3600, description=(
         "Longest wait of any one step of a transfer (members ready, the bytes, members done) and of forming a "
         "group; a member that misses it is named in the learner's log and metrics and the version goes through "
-        "the store."))
+        "the store. A generator outside the group waits up to 4 times this for an announced version's upload."))
     backend: Literal["gloo", "nccl"] = Field("gloo", description=(
         "torch.distributed backend: gloo (CPU tensors) or nccl (the bytes on GPUs at both ends)."))
 

@@ -67,6 +67,10 @@ def test_distributed_run_survives_kills_and_broker_restart(infra, s3_env, unique
     try:
         cluster.start_all()
         wait_step(cluster, out, 2)
+        # both generators in the learner's broadcast group first (it forms within seconds of the first publish;
+        # a learner on a backlog of rollouts can reach step 2 sooner), so that the kill is a member's death
+        wait_for("the broadcast group with both generators", lambda: "formed with 2 generator(s)"
+                 in cluster.procs["learner-0"].log_path.read_text(), timeout_s=120)
         cluster.kill("generator-0")  # SIGKILL mid-run; not restarted
         bus.publish_raw(f"{unique}.rollouts", b"\x00poison-rollout", key=b"p")
         bus.publish_raw(f"{unique}.scored", b"\x00poison-scored", key=b"p")

@@ -108,7 +108,7 @@ class LearnerService(ScoredIntake, TrainerHost):
             self.scored.seek({f"{self.topics.scored}:{p}": 0 for p in start})
         state = load_trainer_state(ckpt) if ckpt is not None else None
         self.epoch = retry_io(lambda: take_epoch(self.store), what="take the learner epoch")  # (bus/fencing)
-        # versions never repeat: number past the highest ever uploaded (scalerl.learner.lineage)
+        # versions never repeat: number past the highest ever uploaded or announced (scalerl.learner.lineage)
         high = retry_io(lambda: highest_version(self.store), what="read policy versions")
         learner_state = state["learner"] if state is not None else None
         lineage = resume_lineage(int(learner_state["version"]) if learner_state else 0,

@@ -41,9 +41,10 @@ from scalerl.tasks import problem_set_fingerprint
 from scalerl.weightsync.factory import make_hub, make_publisher
 
 if TYPE_CHECKING:
+    from scalerl.messages import PolicyVersion
     from scalerl.scaling import CurveAnalysis
     from scalerl.weightsync.broadcast import BroadcastHub
-    from scalerl.weightsync.publisher import WeightPublisher
+    from scalerl.weightsync.publisher import Parts, WeightPublisher
 
 log = logging.getLogger(__name__)
 
@@ -266,16 +267,28 @@ class TrainerHost:
         return rec
 
     def _publish(self) -> None:
-        """Upload the current weights (and push them to the generators' group, `weightsync.broadcast`), then
-        announce them on `policy`."""
+        """Upload the current weights, then announce them on `policy`. With broadcast
+        (`weightsync.broadcast`): encode them, push them to the generators' group, announce, then upload."""
         if self.publisher is None:
             self.publisher = make_publisher(self.spec, self.store)
             self.broadcast = make_hub(self.spec)
-        self.announced = self.publisher.publish(self.learner.policy_version, self.ranks.full_state_dict())
-        if self.broadcast is not None:  # bounded by its timeouts; a member that misses it pulls from the store
-            self.broadcast.send(self.announced.version, self.publisher.last_shards)
+        hub = self.broadcast
+
+        def push_and_announce(pv: PolicyVersion, parts: Parts) -> None:
+            if hub is not None:  # bounded by its timeouts; a member that misses it pulls from the store
+                hub.send(pv.version, parts)
+            self._announce_policy(pv)
+
+        state = self.ranks.full_state_dict()
+        if hub is None:
+            self._announce_policy(self.publisher.publish(self.learner.policy_version, state))
+        else:
+            self.publisher.publish(self.learner.policy_version, state, before_upload=push_and_announce)
+
+    def _announce_policy(self, pv: PolicyVersion) -> None:
+        self.announced = pv
         crash_point("learner.announce")
-        self.bus.publish(self.topics.policy, self.announced, key="policy", headers=self._policy_headers())
+        self.bus.publish(self.topics.policy, pv, key="policy", headers=self._policy_headers())
         self.bus.flush()
 
     def close_broadcast(self) -> None:

@@ -1,12 +1,13 @@
-"""The broadcast path: a version's shards pushed from the learner to the generators over torch.distributed.
+"""The broadcast path: a version pushed from the learner to the generators over torch.distributed.
 
-The store stays the source of truth. The learner publishes every version to the store as always
-(`WeightPublisher`), then, before it announces the version on the bus, broadcasts the same shard bytes
-(`BroadcastHub.send`) to the generators that have joined its group; each generator's receiver
-(`BroadcastReceiver`) hands them to its `WeightReader`, which uses them in place of downloads. The reader
-reads the version's manifest from the store and checks every shard against the SHA-256 it gives, so bytes
-that came by broadcast are trusted no more than a download: a wrong or missing one is fetched from the
-store. A generator outside the group, new, slow or just restarted, pulls from the store as before.
+The learner encodes a version (`WeightPublisher.publish(before_upload=...)`), broadcasts its manifest and
+shards (`BroadcastHub.send`) to the generators that have joined its group, announces it on the bus, and
+only then uploads it to the store, which stays the fallback: the generators in the group need not wait
+for it. Each generator's receiver (`BroadcastReceiver`) hands the objects to its `WeightReader` as they
+arrive, which takes them in place of downloads: the manifest when its digest is the one announced on the
+bus, each shard when its SHA-256 is the manifest's, so bytes that came by broadcast are trusted no more
+than a download (a wrong or missing one is fetched from the store). A generator outside the group, new,
+slow or just restarted, pulls from the store, waiting for the upload in progress.
 
 Never a hang (each wait is bounded by `timeout_s`, the group's gloo timeout included):
 
@@ -15,16 +16,19 @@ Never a hang (each wait is bounded by `timeout_s`, the group's gloo timeout incl
   own thread freezes it (`g<g>/world`) once `generators` have joined, or, with `generators` 0, once no one
   has joined for `SETTLE_S`, and all build one gloo (CPU) or NCCL (GPU) group of 1 + n ranks. A
   generator that comes later waits for the next generation, which the learner starts between two sends.
-- Each send: the learner posts the version's shard list (`g<g>/send/<seq>`), waits until every member
-  says it is ready, says go, broadcasts the shards, and waits until every member says it is done.
+- Each send: the learner posts the version's number (`g<g>/send/<seq>`), waits until every member says
+  it is ready, says go, and streams the version's objects as the publisher makes them: each is a small
+  broadcast of its size and key (`META_BYTES`) followed by its bytes, and a size of -1 ends the version;
+  then it waits until every member says it is done.
   A member that misses a step within `timeout_s` is named (log, `stuck` counts by generator id, the
   learner's metrics), the generation is retired (`generation` moves on) and the version reaches everyone
   through the store; the members rejoin and the group is rebuilt from whoever comes.
 - A receiver that loses its group (the learner restarted, a peer died, a timeout) drops it and joins
   again; what it missed, its reader builds from the store.
 
-The rendezvous port is unauthenticated (torch's): bytes received are only used after the SHA-256 check
-against the store's manifest, and a party that joins and stalls costs one timeout, then the store path.
+The rendezvous port is unauthenticated (torch's): bytes received are only used after the checks above
+against the announcement (the bus authenticates the learner), and a party that joins and stalls costs one
+timeout, then the store path.
 Keep the port inside the job's network policy.
 """
 
@@ -38,7 +42,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -59,7 +63,46 @@ CONNECT_SLICE_S = 0.5
 """A receiver tries to reach the learner's rendezvous for at most this long at a time (seconds), so that
 `close` finds it between tries rather than inside torch's native connect loop."""
 
+META_BYTES = 512
+"""One object's header in a send: its size (int64, little-endian; -1: the version ends), the length of its
+key (uint16) and the key (UTF-8)."""
+MAX_OBJECT_BYTES = 1 << 34
+"""The largest object a receiver accepts (16 GiB): a header asking for more is a broken or foreign send."""
+
 _STRANDED: list[threading.Thread] = []
+
+
+class _SourceFailed(Exception):
+    """The version's objects could not be made (the publisher's error is the cause): not a member's fault."""
+
+
+def _pull(objects: Iterable[tuple[str, bytes | memoryview]]) -> Iterator[tuple[str, bytes | memoryview]]:
+    it = iter(objects)
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise _SourceFailed(str(exc)) from exc
+        yield item
+
+
+def _meta(size: int, key: str, device: torch.device) -> torch.Tensor:
+    raw = key.encode()
+    if len(raw) > META_BYTES - 10:
+        raise ValueError(f"an object key of {len(raw)} bytes: at most {META_BYTES - 10}")
+    head = size.to_bytes(8, "little", signed=True) + len(raw).to_bytes(2, "little") + raw
+    return torch.frombuffer(bytearray(head.ljust(META_BYTES, b"\0")), dtype=torch.uint8).to(device)
+
+
+def _unmeta(meta: torch.Tensor) -> tuple[int, str]:
+    """(size, key) of a header; ValueError for one no learner of ours sends."""
+    head = bytes(meta.cpu().numpy())
+    size, n = int.from_bytes(head[:8], "little", signed=True), int.from_bytes(head[8:10], "little")
+    if size > MAX_OBJECT_BYTES or size < -1 or n > META_BYTES - 10:
+        raise ValueError(f"a broadcast header of size {size} and key length {n}: not a send of ours")
+    return size, head[10:10 + n].decode()
 
 
 def stranded_threads() -> list[str]:
@@ -240,12 +283,18 @@ class BroadcastHub:
         self._start(g + 1)
 
     # -- sending -------------------------------------------------------------------------------------
-    def send(self, version: int, shards: Sequence[tuple[str, bytes]]) -> bool:
-        """Broadcast one version's shards (key, bytes), in order, to the group; True when every member has
-        them. Bounded: each of ready, transfer and done waits at most `timeout_s`. Never raises for a
-        member's fault: it is named and counted, and the version goes through the store."""
+    def send(self, version: int, objects: Iterable[tuple[str, bytes | memoryview]]) -> bool:
+        """Broadcast one version's objects (key, bytes), in order, as `objects` yields them, to the group; True
+        when every member has them. Bounded: each of ready, transfer and done waits at most `timeout_s`. Never
+        raises for a member's fault: it is named and counted, and the version goes through the store. An
+        error raised by `objects` itself retires the group and is raised again."""
         try:
-            return self._send(version, shards)
+            return self._send(version, objects)
+        except _SourceFailed as exc:
+            with self._lock:
+                self._retire("the version's objects failed")
+            assert exc.__cause__ is not None
+            raise exc.__cause__ from None
         except Exception as exc:  # the rendezvous itself failed: the store path still serves every generator
             log.warning("weights broadcast: version %d not sent: %s", version, exc)
             with self._lock, contextlib.suppress(Exception):
@@ -253,7 +302,7 @@ class BroadcastHub:
                 self._retire(f"the send failed: {exc}")
             return False
 
-    def _send(self, version: int, shards: Sequence[tuple[str, bytes]]) -> bool:
+    def _send(self, version: int, objects: Iterable[tuple[str, bytes | memoryview]]) -> bool:
         with self._lock:
             f = self._formed
             if f is None:
@@ -262,8 +311,7 @@ class BroadcastHub:
             f.seq += 1
             g, seq, ranks = f.generation, f.seq, sorted(f.names)
             t = self.settings.timeout_s
-            header = {"version": version, "shards": [[k, len(d)] for k, d in shards if d]}
-            self.server.set(f"g{g}/send/{seq}", json.dumps(header))
+            self.server.set(f"g{g}/send/{seq}", json.dumps({"version": version}))
 
             def missing(step: str) -> list[int]:
                 return [r for r in ranks if not self.rv.has(f"g{g}/{step}/{seq}/{r}")]
@@ -276,10 +324,14 @@ class BroadcastHub:
             try:
                 with warnings.catch_warnings():  # a read-only buffer: the root only reads it
                     warnings.simplefilter("ignore", UserWarning)
-                    for _key, data in shards:
-                        if data:
+                    for key, data in _pull(objects):
+                        f.group.broadcast(_meta(len(data), key, device), 0).wait()  # type: ignore[attr-defined]
+                        if len(data):
                             buf = torch.frombuffer(memoryview(data), dtype=torch.uint8).to(device)
                             f.group.broadcast(buf, 0).wait()  # type: ignore[attr-defined]
+                    f.group.broadcast(_meta(-1, "", device), 0).wait()  # type: ignore[attr-defined]
+            except _SourceFailed:
+                raise
             except Exception as exc:  # gloo/NCCL timeout or a closed connection
                 self.rv.wait_for(lambda: not missing("done"), 1.0)
                 return self._failed(f, missing("done") or ranks, f"the transfer of version {version} failed: {exc}")
@@ -308,12 +360,12 @@ class BroadcastHub:
 
 
 class BroadcastReceiver:
-    """A generator's end: joins the learner's group in a background thread and hands each version's shards
-    to `deliver(version, {key: bytes})` (the reader's inbox) before it says done. Counters: `received`
+    """A generator's end: joins the learner's group in a background thread and hands each version's objects
+    to `deliver(version, {key: bytes})` (the reader's inbox) as they arrive, before it says done. Counters: `received`
     (versions), `bytes`, `failures` (groups lost: it joins again)."""
 
     def __init__(self, settings: BroadcastSettings, member_id: str,
-                 deliver: Callable[[int, dict[str, bytes]], None]) -> None:
+                 deliver: Callable[[int, dict[str, bytes | memoryview]], None]) -> None:
         if settings.port == 0:
             raise ValueError("port: the learner's rendezvous port (1..65535), not 0")
         self.settings = settings
@@ -395,15 +447,19 @@ class BroadcastReceiver:
                 rv.wait_any([f"g{g}/go/{seq}", f"g{g}/abort/{seq}"], t, moved_on)
                 if not rv.has(f"g{g}/go/{seq}"):
                     return  # aborted or retired: the version comes through the store
-                shards: dict[str, bytes] = {}
                 device = _device(self.settings.backend)
-                for key, size in header["shards"]:
-                    buf = torch.empty(int(size), dtype=torch.uint8, device=device)
-                    group.broadcast(buf, 0).wait()  # type: ignore[attr-defined]
-                    shards[key] = buf.cpu().numpy().tobytes()
-                self.deliver(int(header["version"]), shards)
+                meta = torch.empty(META_BYTES, dtype=torch.uint8, device=device)
+                while True:  # each object delivered as it comes (its reader hashes it meanwhile)
+                    group.broadcast(meta, 0).wait()  # type: ignore[attr-defined]
+                    size, key = _unmeta(meta)
+                    if size < 0:
+                        break
+                    buf = torch.empty(size, dtype=torch.uint8, device=device)
+                    if size:
+                        group.broadcast(buf, 0).wait()  # type: ignore[attr-defined]
+                    self.deliver(int(header["version"]), {key: buf.cpu().numpy().data})
+                    self.bytes += size
                 self.received += 1
-                self.bytes += sum(len(d) for d in shards.values())
                 rv.store.set(f"g{g}/done/{seq}/{rank}", "1")
         finally:
             self.in_group = False

@@ -43,10 +43,11 @@ class CodecError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
-    """One encoded chunk: `encoding` (ENCODINGS), its bytes, and how many elements changed (count for raw)."""
+    """One encoded chunk: `encoding` (ENCODINGS), its bytes (raw: a view of the chunk's own memory, not a
+    copy), and how many elements changed (count for raw)."""
 
     encoding: str
-    data: bytes
+    data: bytes | memoryview
     changed: int
 
 
@@ -96,7 +97,7 @@ def encode(new: torch.Tensor, old: torch.Tensor | None) -> Encoded:
     None: a snapshot, raw). Picks ``same`` when nothing changed and ``raw`` when the delta is not smaller."""
     a = new.numpy()
     if old is None:
-        return Encoded("raw", a.tobytes(), a.size)
+        return Encoded("raw", a.data.cast("B"), a.size)
     b = old.numpy()
     where = np.flatnonzero(a != b)
     changed = int(where.size)
@@ -110,7 +111,7 @@ def encode(new: torch.Tensor, old: torch.Tensor | None) -> Encoded:
     body = _planes(gaps) + _planes(np.bitwise_xor(a[where], b[where]))
     data = _compressor().compress(body)
     if len(data) >= a.nbytes:
-        return Encoded("raw", a.tobytes(), changed)
+        return Encoded("raw", a.data.cast("B"), changed)
     return Encoded("xor", data, changed)
 
 

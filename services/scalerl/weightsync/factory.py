@@ -10,18 +10,23 @@ from scalerl.weightsync.broadcast import BroadcastHub, BroadcastReceiver, Broadc
 from scalerl.weightsync.publisher import WeightPublisher
 from scalerl.weightsync.reader import WeightReader
 
+UPLOAD_WAIT_TIMEOUTS = 4
+"""With broadcast on, a reader waits this many broadcast timeouts for an announced version's upload."""
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def make_publisher(spec: JobSpec, store: Store) -> WeightPublisher:
     ws = spec.runtime.weight_sync
     return WeightPublisher(store, _DTYPES.get(ws.dtype), delta=ws.delta, snapshot_every=ws.snapshot_every,
-                           shard_bytes=ws.shard_mb * 1024**2, parallel=ws.parallel, keep_last=ws.keep_last,
-                           keep_shards=ws.broadcast.enabled)
+                           shard_bytes=ws.shard_mb * 1024**2, parallel=ws.parallel, keep_last=ws.keep_last)
 
 
 def make_reader(spec: JobSpec, store: Store, reader_id: str | None = None) -> WeightReader:
-    return WeightReader(store, parallel=spec.runtime.weight_sync.parallel, reader_id=reader_id)
+    """A generator's reader. With broadcast on, the learner announces a version before its upload ends: a
+    reader outside the group waits for its upload (UPLOAD_WAIT_TIMEOUTS)."""
+    ws = spec.runtime.weight_sync
+    wait = UPLOAD_WAIT_TIMEOUTS * ws.broadcast.timeout_s if ws.broadcast.enabled else 0.0
+    return WeightReader(store, parallel=ws.parallel, reader_id=reader_id, manifest_wait_s=wait)
 
 
 def broadcast_settings(spec: JobSpec) -> BroadcastSettings | None:

@@ -32,7 +32,10 @@ from scalerl.weightsync.codec import BIT_VIEWS, ENCODINGS
 FORMAT = 1
 PREFIX = "policy/"
 REQUESTS = "policy/requests/"
+PENDING = "policy/pending/"
+"""Markers of versions announced before their upload ended (the broadcast path): the number is taken."""
 KINDS = {"snapshot": "s", "delta": "d"}
+_PENDING = re.compile(r"^policy/pending/v(\d{8})$")
 _FOLDER = re.compile(r"^policy/v(\d{8})-([0-9a-f]{16})-([sd])/manifest\.json$")
 DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in BIT_VIEWS}
 
@@ -43,6 +46,16 @@ class ManifestError(ValueError):
 
 def manifest_key(version: int, digest: str, kind: str) -> str:
     return f"{PREFIX}v{version:08d}-{digest[:16]}-{KINDS[kind]}/manifest.json"
+
+
+def pending_key(version: int) -> str:
+    return f"{PENDING}v{version:08d}"
+
+
+def parse_pending(key: str) -> int | None:
+    """The version a pending marker names (None: not a marker key)."""
+    m = _PENDING.match(key)
+    return int(m.group(1)) if m else None
 
 
 def shard_key(manifest: str, index: int) -> str:

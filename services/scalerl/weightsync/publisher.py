@@ -14,17 +14,23 @@ every `snapshot_every` versions, when the tensors' names, dtypes or shapes chang
 for one (an object under ``policy/requests/``: `WeightReader.request_snapshot`); the requests are removed
 once the snapshot is written.
 
-With `keep_shards` (the broadcast path, `weightsync.broadcast`), the last version's shard bytes stay in
-`last_shards` after `publish` returns, for the learner to broadcast: the whole encoded version (a delta's
-few MB; a snapshot's full size) is held until the next publish.
+With `before_upload` (the broadcast path, `weightsync.broadcast`), the caller is handed the version's
+announcement and its objects as they are encoded (each shard, then the manifest, which names every shard's
+SHA-256), to push them to the generators and then announce the version; only then is the version uploaded
+(the generators in the group need not wait for the store). The encoded version is held in memory until it is
+uploaded. A marker ``policy/pending/v<version>`` written first keeps the number taken
+(`reader.highest_version`) should the learner die before the manifest is written; it is deleted with the
+version's clean-up.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import queue
+import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -33,6 +39,7 @@ from scalerl.messages import PolicyVersion
 from scalerl.store.base import Store
 from scalerl.weightsync.codec import Encoded, bits_of, crc32, encode
 from scalerl.weightsync.manifest import (
+    PENDING,
     PREFIX,
     REQUESTS,
     ChunkEntry,
@@ -41,6 +48,8 @@ from scalerl.weightsync.manifest import (
     ShardEntry,
     TensorEntry,
     parse_key,
+    parse_pending,
+    pending_key,
     shard_key,
 )
 from scalerl.weightsync.pool import INLINE_BYTES, in_pool
@@ -48,6 +57,10 @@ from scalerl.weightsync.pool import INLINE_BYTES, in_pool
 log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_BYTES = 32 * 1024**2
+
+Parts = Iterator[tuple[str, bytes]]
+"""A version's objects as (key, bytes) as they are encoded: its shards in order, then its manifest."""
+BeforeUpload = Callable[[PolicyVersion, Parts], None]
 
 
 def untie(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -79,7 +92,7 @@ class WeightPublisher:
 
     def __init__(self, store: Store, dtype: torch.dtype | None = None, *, delta: bool = True,
                  snapshot_every: int = 10, shard_bytes: int = DEFAULT_SHARD_BYTES, parallel: int = 4,
-                 keep_last: int = 3, keep_shards: bool = False) -> None:
+                 keep_last: int = 3) -> None:
         if snapshot_every < 1 or shard_bytes < 1 or parallel < 1 or keep_last < 0:
             raise ValueError("snapshot_every, shard_bytes and parallel must be >= 1, keep_last >= 0")
         self.store = store
@@ -89,9 +102,6 @@ class WeightPublisher:
         self.shard_bytes = shard_bytes
         self.parallel = parallel
         self.keep_last = keep_last
-        self.keep_shards = keep_shards
-        self.last_shards: list[tuple[str, bytes]] = []  # (key, bytes) of the last version (`keep_shards`)
-        self._kept: list[tuple[str, bytes]] = []
         self._prev: list[torch.Tensor] | None = None  # bits of the last version published (copies)
         self._prev_manifest: Manifest | None = None
         self._prev_tensors: dict[str, torch.Tensor] = {}  # the tensors `_prev` views
@@ -130,8 +140,11 @@ class WeightPublisher:
             return f"asked for by {', '.join(r.removeprefix(REQUESTS) for r in requests)}"
         return None
 
-    def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> PolicyVersion:
-        """Upload version `version` (see the module docstring); returns its announcement."""
+    def publish(self, version: int, state_dict: dict[str, torch.Tensor], *,
+                before_upload: BeforeUpload | None = None) -> PolicyVersion:
+        """Upload version `version` (see the module docstring); returns its announcement. `before_upload`:
+        called with the announcement and the version's objects (`Parts`) once it is encoded, before the
+        upload (the broadcast path)."""
         tensors, aliases = self._prepare(state_dict)
         bits = [bits_of(t) for t in tensors.values()]
         entries = [TensorEntry(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in tensors.items()]
@@ -150,10 +163,15 @@ class WeightPublisher:
             manifest = Manifest(version, kind, entries, aliases, chunks=chunks)
             if kind == "delta" and self._prev_manifest is not None:
                 manifest.base, manifest.base_digest = self._prev_manifest.key, self._prev_manifest.digest
-            self._kept = []
-            self._upload(pool, manifest, bits, self._prev if kind == "delta" else None)
+            announcement = PolicyVersion(version=version, uri=self.store.uri(manifest.key), checksum=manifest.digest)
+            prev = self._prev if kind == "delta" else None
+            if before_upload is None:
+                self._encode(pool, manifest, bits, prev)
+            else:
+                self.store.put_bytes(pending_key(version), manifest.key.encode())
+                staged = self._stream(pool, manifest, bits, prev, announcement, before_upload)
+                list(pool.map(self._put, manifest.shards, staged))
         self.store.put_bytes(manifest.key, manifest.to_json())
-        self.last_shards, self._kept = self._kept, []
         # Published. From here nothing may fail the call: a caller that retries a failed publish must find
         # this publisher as it was before it (the state changes only now, and the clean-up is best effort).
         self._since_snapshot = 0 if kind == "snapshot" else self._since_snapshot + 1
@@ -164,18 +182,69 @@ class WeightPublisher:
         try:
             for r in requests if kind == "snapshot" else []:
                 self.store.delete(r)
+            for key in self.store.list(PENDING):  # this version's marker, and any a dead learner left
+                if (marked := parse_pending(key)) is not None and marked <= version:
+                    self.store.delete(key)
             self.retain(version)
         except Exception as exc:  # what is left is deleted after a later version
             log.warning("weights v%d: clean-up of the store failed: %s", version, exc)
-        return PolicyVersion(version=version, uri=self.store.uri(manifest.key), checksum=manifest.digest)
+        return announcement
 
-    def _upload(self, pool: ThreadPoolExecutor, manifest: Manifest, bits: list[torch.Tensor],
-                prev: list[torch.Tensor] | None) -> None:
-        """Encode every chunk and upload the shards, `parallel` at a time; fills in the chunks' encoding and
-        place, and manifest.shards."""
+    def _put(self, entry: ShardEntry, data: bytes) -> None:
+        self.store.put_bytes(entry.key, data, sha256=entry.sha256)
+
+    def _ship(self, entry: ShardEntry, data: bytes, upload: bool) -> None:
+        entry.sha256 = hashlib.sha256(data).hexdigest()
+        if upload:
+            self._put(entry, data)
+
+    def _stream(self, pool: ThreadPoolExecutor, manifest: Manifest, bits: list[torch.Tensor],
+                prev: list[torch.Tensor] | None, announcement: PolicyVersion,
+                before_upload: BeforeUpload) -> list[bytes]:
+        """Encode in a thread of its own while `before_upload` is handed each shard as it is cut, then the
+        manifest; returns the shards' bytes (to upload). An encoding error reaches `before_upload` through the
+        iterator (so that nothing is announced) and then the caller."""
+        made: queue.SimpleQueue[tuple[str, bytes] | None] = queue.SimpleQueue()
+        staged: list[bytes] = []
+        failed: list[BaseException] = []
+
+        def keep(key: str, data: bytes) -> None:
+            staged.append(data)
+            made.put((key, data))
+
+        def produce() -> None:
+            try:
+                self._encode(pool, manifest, bits, prev, keep)
+            except BaseException as exc:  # handed to the caller's thread
+                failed.append(exc)
+            finally:
+                made.put(None)
+
+        def parts() -> Parts:
+            while (item := made.get()) is not None:
+                yield item
+            if failed:
+                raise failed[0]
+            yield manifest.key, manifest.to_json()
+
+        producer = threading.Thread(target=produce, name="weights-encode", daemon=True)
+        producer.start()
+        try:
+            before_upload(announcement, parts())
+        finally:
+            producer.join()  # (it never waits on the caller: the queue is unbounded)
+        if failed:
+            raise failed[0]
+        return staged
+
+    def _encode(self, pool: ThreadPoolExecutor, manifest: Manifest, bits: list[torch.Tensor],
+                prev: list[torch.Tensor] | None, keep: Callable[[str, bytes], None] | None = None) -> None:
+        """Encode every chunk into shards, each hashed (SHA-256) and uploaded in `pool`, `parallel` at a time
+        (with `keep`: handed to it as (key, bytes) as soon as it is cut, instead of uploaded); fills in the
+        chunks' encoding and place, and manifest.shards."""
         jobs: deque[tuple[ChunkEntry, Future[Encoded]]] = deque()
-        uploads: deque[Future[str]] = deque()
-        parts: list[bytes] = []
+        shipping: deque[Future[None]] = deque()
+        parts: list[bytes | memoryview] = []
         size = 0
 
         def flush() -> None:
@@ -183,14 +252,13 @@ class WeightPublisher:
             if not parts:
                 return
             data = b"".join(parts)
-            digest = hashlib.sha256(data).hexdigest()
-            key = shard_key(manifest.key, len(manifest.shards))
-            manifest.shards.append(ShardEntry(key, len(data), digest))
-            if self.keep_shards:
-                self._kept.append((key, data))
-            while len(uploads) >= self.parallel:
-                uploads.popleft().result()
-            uploads.append(pool.submit(self.store.put_bytes, key, data, sha256=digest))
+            entry = ShardEntry(shard_key(manifest.key, len(manifest.shards)), len(data), "")
+            manifest.shards.append(entry)
+            if keep is not None:
+                keep(entry.key, data)
+            while len(shipping) >= self.parallel:
+                shipping.popleft().result()
+            shipping.append(pool.submit(self._ship, entry, data, keep is None))
             parts, size = [], 0
 
         def take(c: ChunkEntry, fut: Future[Encoded]) -> None:
@@ -219,8 +287,8 @@ class WeightPublisher:
         while jobs:
             take(*jobs.popleft())
         flush()
-        for u in uploads:
-            u.result()
+        for s in shipping:
+            s.result()
 
     # -- what may go -------------------------------------------------------------------------------
     def retain(self, newest: int) -> list[str]:

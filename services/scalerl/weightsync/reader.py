@@ -13,9 +13,12 @@ names sharing one tensor) built in the reader's resident copy (`shadow`):
 - every chunk's CRC-32 is checked as it is decoded (the chunks cover every tensor): the copy is
   bit-identical to the learner's weights in the published dtype, or the fetch fails.
 
-Shards can also arrive by broadcast (`weightsync.broadcast`): `offer_shards` puts a version's shard bytes
-in an inbox, and a fetch takes a shard from there instead of downloading it, after the same SHA-256 check
-against the manifest read from the store (a shard that fails it is downloaded instead).
+A version can also arrive by broadcast (`weightsync.broadcast`): `offer_shards` puts pushed objects in an
+inbox as they come, each hashed (SHA-256) in the background meanwhile. A fetch takes the version's manifest
+from there when its digest is the announced one (`parse_manifest` checks the rest), and each shard when its
+SHA-256 is the manifest's (one that is not is downloaded instead). The learner announces a pushed version
+before its upload ends, so a reader that was not pushed it waits for the manifest to appear in the store,
+for at most `manifest_wait_s`.
 
 When the version cannot be built (a shard or manifest of its chain is gone or corrupt), `fetch` raises
 `WeightsUnavailable` after asking the learner for a snapshot (`request_snapshot`), and the copy is marked
@@ -33,8 +36,7 @@ import os
 import socket
 import threading
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -53,12 +55,15 @@ from scalerl.weightsync.manifest import (
     manifest_key,
     parse_key,
     parse_manifest,
+    parse_pending,
 )
 from scalerl.weightsync.pool import in_pool
 
 log = logging.getLogger(__name__)
 INBOX_VERSIONS = 2
 """Versions whose broadcast shards a reader keeps until a fetch uses them (older ones are dropped)."""
+WAIT_POLL_S = 0.1
+"""How often a reader waiting for a manifest (`manifest_wait_s`) looks at the store (seconds)."""
 RANGE_MIN = 4 * 1024**2
 """A shard is downloaded as ranged reads of at least this many bytes (a smaller one in one read)."""
 _CHECKSUM_HEX = frozenset("0123456789abcdef")
@@ -85,9 +90,12 @@ def foreign_weights(store: Store, pv: PolicyVersion) -> str | None:
 
 
 def highest_version(store: Store) -> int | None:
-    """The highest policy version whose manifest was ever written (None: none). Weights are written before
-    they are announced and the newest are never deleted, so this bounds every announced version."""
-    return max((v.version for k in store.list(PREFIX) if (v := parse_key(k))), default=None)
+    """The highest policy version whose manifest or pending marker was ever written (None: none). Either is
+    written before a version is announced and the newest are never deleted, so this bounds every announced
+    version."""
+    keys = store.list(PREFIX)
+    published = [v.version for k in keys if (v := parse_key(k))]
+    return max(published + [n for k in keys if (n := parse_pending(k)) is not None], default=None)
 
 
 @dataclass(slots=True)
@@ -104,13 +112,17 @@ class FetchStats:
 
 class WeightReader:
     """Builds announced versions from `store` into a resident copy (module docstring). `reader_id` names
-    this reader in its snapshot requests (default: host and pid)."""
+    this reader in its snapshot requests (default: host and pid). `manifest_wait_s`: how long a fetch waits
+    for an announced manifest to appear in the store (0: not at all; the broadcast path announces before
+    its upload ends)."""
 
-    def __init__(self, store: Store, *, parallel: int = 4, reader_id: str | None = None) -> None:
-        if parallel < 1:
-            raise ValueError("parallel must be >= 1")
+    def __init__(self, store: Store, *, parallel: int = 4, reader_id: str | None = None,
+                 manifest_wait_s: float = 0.0) -> None:
+        if parallel < 1 or manifest_wait_s < 0:
+            raise ValueError("parallel must be >= 1 and manifest_wait_s >= 0")
         self.store = store
         self.parallel = parallel
+        self.manifest_wait_s = manifest_wait_s
         self.reader_id = reader_id or f"{socket.gethostname()}-{os.getpid()}"
         self.shadow: dict[str, torch.Tensor] = {}  # the resident copy (stored names only)
         self.held: Manifest | None = None  # the version the copy holds (None: nothing usable)
@@ -119,9 +131,11 @@ class WeightReader:
         self.unbuildable = 0  # announcements that could not be built
         self.last_seconds = 0.0  # the last successful build
         self.bytes_broadcast = 0  # shard bytes taken from the broadcast inbox instead of downloaded
-        self._inbox: dict[str, bytes] = {}  # shard key -> bytes received by broadcast (`offer_shards`)
-        self._inbox_versions: deque[list[str]] = deque()  # the keys of the last INBOX_VERSIONS offers
+        # key -> (bytes received by broadcast, their SHA-256 being computed) (`offer_shards`)
+        self._inbox: dict[str, tuple[bytes | memoryview, Future[str]]] = {}
+        self._inbox_versions: dict[int, list[str]] = {}  # version -> its keys, for the last INBOX_VERSIONS
         self._inbox_lock = threading.Lock()
+        self._hasher: ThreadPoolExecutor | None = None  # started by the first offer
 
     # -- public ------------------------------------------------------------------------------------
     def fetch(self, pv: PolicyVersion) -> dict[str, torch.Tensor]:
@@ -133,7 +147,7 @@ class WeightReader:
         self.stats = FetchStats()
         if self.held is None or self.held.key != self.store.key_of(pv.uri):
             try:
-                for m in self._chain(self.store.key_of(pv.uri)):
+                for m in self._chain(pv):
                     self._apply(m)
             except (StoreError, ManifestError, CodecError) as exc:
                 self.held = None
@@ -154,29 +168,37 @@ class WeightReader:
         out.update({alias: self.shadow[name] for alias, name in self.held.aliases.items()})
         return out
 
-    def offer_shards(self, version: int, shards: dict[str, bytes]) -> None:
-        """Shard bytes of `version` received by broadcast, used by the fetch that needs them (kept for the
-        last INBOX_VERSIONS offers)."""
+    def offer_shards(self, version: int, shards: dict[str, bytes | memoryview]) -> None:
+        """Objects of `version` (manifest, shards) received by broadcast, used by the fetch that needs them
+        (kept for the last INBOX_VERSIONS versions offered); hashed in the background from now on."""
         with self._inbox_lock:
-            self._inbox.update(shards)
-            self._inbox_versions.append(list(shards))
-            while len(self._inbox_versions) > INBOX_VERSIONS:
-                for key in self._inbox_versions.popleft():
+            if self._hasher is None:
+                self._hasher = ThreadPoolExecutor(1, thread_name_prefix="weights-inbox-sha256")
+            for key, data in shards.items():
+                self._inbox[key] = (data, self._hasher.submit(_sha256, data))
+                self._inbox_versions.setdefault(version, []).append(key)
+            for old in sorted(self._inbox_versions)[:-INBOX_VERSIONS]:
+                for key in self._inbox_versions.pop(old):
                     self._inbox.pop(key, None)
+
+    def _pushed(self, key: str) -> tuple[bytes | memoryview, str] | None:
+        """(bytes, SHA-256) of `key` received by broadcast, taken out of the inbox (None: not pushed)."""
+        with self._inbox_lock:
+            got = self._inbox.pop(key, None)
+        return None if got is None else (got[0], got[1].result())
 
     def _shard_bytes(self, entry: ShardEntry, buf: memoryview, io: ThreadPoolExecutor) -> tuple[memoryview, bool]:
         """(bytes, from the inbox?) of one shard, checked against its manifest's SHA-256: the broadcast's, else
         downloaded into `buf` as up to `parallel` ranged reads."""
-        with self._inbox_lock:
-            pushed = self._inbox.pop(entry.key, None)
-        if pushed is not None:
-            if len(pushed) == entry.bytes and hashlib.sha256(pushed).hexdigest() == entry.sha256:
-                return memoryview(pushed), True
+        if (pushed := self._pushed(entry.key)) is not None:
+            data, digest = pushed
+            if len(data) == entry.bytes and digest == entry.sha256:
+                return memoryview(data), True
             log.warning("shard %s received by broadcast does not match its manifest: downloading it", entry.key)
         out = buf[:entry.bytes]
         step = max(RANGE_MIN, -(-entry.bytes // self.parallel))
         list(io.map(lambda a: self.store.read_into(entry.key, a, out[a:a + step]), range(0, entry.bytes, step)))
-        if (digest := hashlib.sha256(out).hexdigest()) != entry.sha256:
+        if (digest := _sha256(out)) != entry.sha256:
             raise StoreError(f"shard {entry.key} is corrupt: sha256 {digest[:16]}…, expected {entry.bytes} bytes, "
                              f"{entry.sha256[:16]}…")
         return out, False
@@ -190,20 +212,31 @@ class WeightReader:
             log.warning("could not ask for a weights snapshot: %s", exc)
 
     # -- the chain ---------------------------------------------------------------------------------
-    def _manifest(self, key: str) -> Manifest:
-        return parse_manifest(self.store.get_bytes(key), key)
+    def _manifest(self, key: str, digest: str) -> Manifest:
+        """The manifest `key` whose state digest is `digest`: pushed by broadcast, else from the store (waited
+        for up to `manifest_wait_s`)."""
+        if (pushed := self._pushed(key)) is not None:
+            try:
+                return _announced(parse_manifest(bytes(pushed[0]), key), digest)
+            except ManifestError as exc:
+                log.warning("%s received by broadcast does not match its announcement (%s): reading it from the "
+                            "store", key, exc)
+        deadline = time.monotonic() + self.manifest_wait_s
+        while self.manifest_wait_s and not self.store.exists(key) and time.monotonic() < deadline:
+            time.sleep(WAIT_POLL_S)
+        return _announced(parse_manifest(self.store.get_bytes(key), key), digest)
 
-    def _chain(self, key: str) -> list[Manifest]:
-        """Manifests to apply, oldest first: back from `key` to the held version (excluded) or a snapshot."""
-        chain = [self._manifest(key)]
+    def _chain(self, pv: PolicyVersion) -> list[Manifest]:
+        """Manifests to apply, oldest first: back from `pv`'s to the held version (excluded) or a snapshot."""
+        chain = [self._manifest(self.store.key_of(pv.uri), pv.checksum)]
         while chain[-1].kind == "delta":
-            base = chain[-1].base
-            assert base is not None  # parse_manifest checks it
+            base, base_digest = chain[-1].base, chain[-1].base_digest
+            assert base is not None and base_digest is not None  # parse_manifest checks it
             if self.held is not None and base == self.held.key:
                 break
-            chain.append(self._manifest(base))
+            chain.append(self._manifest(base, base_digest))
             if len(chain) > 10_000:
-                raise ManifestError(f"{key}: a chain of more than 10000 deltas")
+                raise ManifestError(f"{chain[0].key}: a chain of more than 10000 deltas")
         return chain[::-1]
 
     def _apply(self, m: Manifest) -> None:
@@ -250,6 +283,17 @@ class WeightReader:
             else:
                 fresh[t.name] = torch.empty(t.shape, dtype=DTYPES[t.dtype])
         self.shadow = fresh
+
+
+def _announced(m: Manifest, digest: str) -> Manifest:
+    """`m` when its state digest is the announced `digest` (the key names only its first 16 digits)."""
+    if m.digest != digest:
+        raise ManifestError(f"{m.key}: its tensors hash to {m.digest[:16]}…, the announcement says {digest[:16]}…")
+    return m
+
+
+def _sha256(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def load_weights(store: Store, pv: PolicyVersion) -> dict[str, torch.Tensor]:

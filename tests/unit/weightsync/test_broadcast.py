@@ -1,9 +1,12 @@
 """The broadcast path (scalerl.weightsync.broadcast) over real torch.distributed (gloo on loopback).
 
-Generators whose readers take the learner's pushed shards build every version bit-identical to the
-learner's weights without downloading a shard; a pushed shard that does not match the store's manifest is
-downloaded instead; a generator that stops responding (SIGSTOP, in a process of its own) is named by the
-learner, which does not wait past its timeouts, and it recovers through the store and rejoins the group."""
+The learner pushes each version before it uploads it. Generators whose readers take the pushed objects
+build every version bit-identical to the learner's weights without downloading a shard or a manifest; a
+pushed shard that does not match the manifest is downloaded instead, a pushed manifest that does not match
+the announcement is read from the store; a reader outside the group waits for the upload in progress; a
+version announced whose upload never ends keeps its number; a generator that stops responding (SIGSTOP, in
+a process of its own) is named by the learner, which does not wait past its timeouts, and it recovers
+through the store and rejoins the group."""
 
 from __future__ import annotations
 
@@ -26,9 +29,12 @@ from broadcast_member import bits_digest
 from test_weightsync import FakeLearner, assert_bits_equal
 
 from scalerl.store.local import LocalStore
+from scalerl.weightsync import publisher as publisher_module
 from scalerl.weightsync.broadcast import BroadcastHub, BroadcastReceiver, BroadcastSettings
+from scalerl.weightsync.codec import CodecError, encode
+from scalerl.weightsync.manifest import PENDING, parse_key
 from scalerl.weightsync.publisher import WeightPublisher
-from scalerl.weightsync.reader import WeightReader
+from scalerl.weightsync.reader import WeightReader, WeightsUnavailable, highest_version
 from waiting import wait_for
 
 # one_kernel: the weights are copied bit for bit and the timeouts are of transport, whatever the kernels
@@ -44,20 +50,28 @@ def hub():
     h.close()
 
 
-def test_members_build_every_version_from_the_pushed_shards_and_a_bad_one_is_downloaded(tmp_path, hub) -> None:
+def pushed_by(hub: BroadcastHub):
+    """A `before_upload` that sends the version to the hub's group (the learner's announcement follows)."""
+    def push(pv, parts) -> None:
+        assert hub.send(pv.version, parts), f"version {pv.version} not sent to the group"
+    return push
+
+
+def test_members_build_every_version_from_the_pushed_objects_and_a_bad_one_comes_from_the_store(
+        tmp_path, hub, caplog) -> None:
     store = LocalStore(tmp_path / "store")
-    pub = WeightPublisher(store, torch.bfloat16, shard_bytes=8192, keep_shards=True)
+    pub = WeightPublisher(store, torch.bfloat16, shard_bytes=8192)
     learner = FakeLearner()
     readers = [WeightReader(store) for _ in range(2)]
     settings = BroadcastSettings("127.0.0.1", hub.port, timeout_s=3.0)
-    tamper = {"on": False}
+    tamper = {"on": ""}
 
     def deliver(reader: WeightReader):
-        def put(version: int, shards: dict[str, bytes]) -> None:
-            if tamper["on"] and reader is readers[1]:  # one member's copy of one shard arrives wrong
-                key = next(iter(shards))
-                shards[key] = bytes([shards[key][0] ^ 1]) + shards[key][1:]
-            reader.offer_shards(version, shards)
+        def put(version: int, objects: dict[str, bytes]) -> None:
+            (key, data), = objects.items()
+            if reader is readers[1] and tamper["on"] and key.endswith(tamper["on"]):  # arrives wrong
+                objects = {key: bytes([data[0] ^ 1]) + bytes(data[1:])}
+            reader.offer_shards(version, objects)
         return put
 
     receivers = [BroadcastReceiver(settings, f"gen-{i}", deliver(r)) for i, r in enumerate(readers)]
@@ -66,22 +80,123 @@ def test_members_build_every_version_from_the_pushed_shards_and_a_bad_one_is_dow
         for v in range(1, 5):
             if v > 1:
                 learner.step()
-            tamper["on"] = v == 1  # a snapshot: several shards
-            pv = pub.publish(v, learner.state())
-            assert pub.last_shards and hub.send(v, pub.last_shards), f"version {v} not sent to the group"
+            # version 1 (a snapshot: several shards): one shard arrives wrong at gen-1; version 2: its manifest
+            tamper["on"] = {1: "shard-0001", 2: "manifest.json"}.get(v, "")
+            early = [0] if tamper["on"] else [0, 1]  # (a tampered object comes from the store: after the upload)
+
+            def push_then_fetch(pv, parts, early=early) -> None:
+                pushed_by(hub)(pv, parts)
+                assert not store.list(store.key_of(pv.uri).rsplit("/", 1)[0]), "nothing of the version is uploaded yet"
+                for i in early:
+                    assert_bits_equal(readers[i].fetch(pv), learner.expected(torch.bfloat16))
+
+            with caplog.at_level(logging.WARNING, logger="scalerl.weightsync.reader"):
+                pv = pub.publish(v, learner.state(), before_upload=push_then_fetch)
             for i, reader in enumerate(readers):
-                assert_bits_equal(reader.fetch(pv), learner.expected(torch.bfloat16))
+                if i not in early:
+                    assert_bits_equal(reader.fetch(pv), learner.expected(torch.bfloat16))
                 shard_bytes = sum(s.bytes for s in reader.held.shards)  # type: ignore[union-attr]
                 if v == 1 and i == 1:  # the tampered shard was downloaded, the others pushed
                     got = reader.stats
                     assert 0 < got.bytes < shard_bytes and got.pushed == shard_bytes - got.bytes
                 else:
                     assert (reader.stats.bytes, reader.stats.pushed) == (0, shard_bytes), (v, i)
+        warned = [r.getMessage() for r in caplog.records]
+        assert sum("shard-0001 received by broadcast does not match" in w for w in warned) == 1, warned
+        assert sum("manifest.json received by broadcast" in w for w in warned) == 1, warned
         assert (hub.sent, hub.failed, hub.skipped) == (4, 0, 0)
         assert [r.received for r in receivers] == [4, 4]
     finally:
         for r in receivers:
             r.close()
+
+
+def test_a_reader_outside_the_group_waits_for_the_upload_of_an_announced_version(tmp_path) -> None:
+    store = LocalStore(tmp_path / "store")
+    pub = WeightPublisher(store, torch.bfloat16, shard_bytes=8192)
+    learner = FakeLearner()
+    waiting, impatient = WeightReader(store, manifest_wait_s=30.0), WeightReader(store)
+    results: dict[str, object] = {}
+
+    def fetch(name: str, reader: WeightReader, pv) -> None:
+        try:
+            results[name] = reader.fetch(pv)
+        except Exception as exc:  # the test reads what it was
+            results[name] = exc
+
+    def announce(pv, parts) -> None:  # announced, not yet uploaded: no one pushed it to these readers
+        assert not store.exists(store.key_of(pv.uri))
+        threads = [threading.Thread(target=fetch, args=("waiting", waiting, pv)),
+                   threading.Thread(target=fetch, args=("impatient", impatient, pv))]
+        for t in threads:
+            t.start()
+        threads[1].join(timeout=30)
+        results["threads"] = threads
+        time.sleep(0.3)  # the upload is slow: the waiting reader is still waiting
+        assert "waiting" not in results
+
+    pub.publish(1, learner.state(), before_upload=announce)
+    results["threads"][0].join(timeout=30)  # type: ignore[index]
+    assert isinstance(results["impatient"], WeightsUnavailable), results["impatient"]
+    assert_bits_equal(results["waiting"], learner.expected(torch.bfloat16))  # type: ignore[arg-type]
+    assert waiting.stats.bytes == sum(s.bytes for s in pub.last.shards)  # type: ignore[union-attr]
+    assert highest_version(store) == 1 and not store.list(PENDING)  # the marker goes once the manifest is there
+
+
+def test_a_version_announced_whose_upload_never_ends_keeps_its_number(tmp_path) -> None:
+    store = LocalStore(tmp_path / "store")
+    pub = WeightPublisher(store, torch.bfloat16, shard_bytes=8192)
+    learner = FakeLearner()
+    pub.publish(1, learner.state())
+
+    def die(pv, parts) -> None:  # the learner dies between the announcement and the upload
+        raise KeyboardInterrupt
+
+    learner.step()
+    with pytest.raises(KeyboardInterrupt):
+        pub.publish(2, learner.state(), before_upload=die)
+    assert [parse_key(k) is not None for k in store.list("policy/v")].count(True) == 1  # only v1's manifest
+    assert highest_version(store) == 2  # a resumed learner numbers past it (scalerl.learner.lineage)
+    pub.publish(3, learner.state())
+    assert highest_version(store) == 3 and not store.list(PENDING)
+
+
+def test_a_version_that_fails_to_encode_mid_stream_is_never_announced_and_the_group_goes_on(
+        tmp_path, hub, monkeypatch) -> None:
+    store = LocalStore(tmp_path / "store")
+    pub = WeightPublisher(store, torch.bfloat16, shard_bytes=8192, delta=False)  # snapshots: several shards
+    learner, reader = FakeLearner(), WeightReader(store)
+    receiver = BroadcastReceiver(BroadcastSettings("127.0.0.1", hub.port, timeout_s=3.0), "gen-0", reader.offer_shards)
+    announced: list[int] = []
+
+    def push_and_announce(pv, parts) -> None:
+        hub.send(pv.version, parts)
+        announced.append(pv.version)
+
+    try:
+        wait_for("the generator in the group", lambda: hub.members == 1, timeout_s=30)
+        pub.publish(1, learner.state(), before_upload=push_and_announce)
+        calls = {"n": 0}
+
+        def encode_fails_at_the_fourth_chunk(new, old):
+            calls["n"] += 1
+            if calls["n"] == 4:
+                raise CodecError("the fourth chunk cannot be encoded")
+            return encode(new, old)
+
+        monkeypatch.setattr(publisher_module, "encode", encode_fails_at_the_fourth_chunk)
+        learner.step()
+        with pytest.raises(CodecError, match="fourth chunk"):
+            pub.publish(2, learner.state(), before_upload=push_and_announce)
+        assert announced == [1] and highest_version(store) == 2  # never announced; its number is taken
+        monkeypatch.undo()
+        # the receiver was mid-version: it times out, rejoins, and the next version reaches it by broadcast
+        wait_for("the group formed again", lambda: hub.members == 1 and receiver.in_group, timeout_s=30)
+        pv = pub.publish(3, learner.state(), before_upload=push_and_announce)
+        assert_bits_equal(reader.fetch(pv), learner.expected(torch.bfloat16))
+        assert reader.stats.bytes == 0 and reader.stats.pushed > 0 and announced == [1, 3]
+    finally:
+        receiver.close()
 
 
 class Member:
@@ -110,30 +225,32 @@ def test_a_stopped_generator_is_named_the_learner_does_not_wait_past_its_timeout
         tmp_path, hub, caplog) -> None:
     timeout_s = 3.0
     store = LocalStore(tmp_path / "store")
-    pub = WeightPublisher(store, torch.bfloat16, shard_bytes=8192, keep_shards=True)
+    pub = WeightPublisher(store, torch.bfloat16, shard_bytes=8192)
     learner = FakeLearner()
     members = [Member(tmp_path / "store", hub.port, f"gen-{c}", timeout_s) for c in "ab"]
     a, b = members
 
+    sent: list[bool] = []
+
     def version(v: int):
         if v > 1:
             learner.step()
-        pv = pub.publish(v, learner.state())
+        pv = pub.publish(v, learner.state(), before_upload=lambda pv, parts: sent.append(hub.send(v, parts)))
         return pv, bits_digest(learner.expected(torch.bfloat16))
 
     try:
         wait_for("both generators in the group", lambda: hub.members == 2, timeout_s=START_S)
         pv, want = version(1)
-        assert hub.send(1, pub.last_shards)
+        assert sent[-1]
         for m in members:
             got = m.fetch(pv)
             assert got["digest"] == want and got["downloaded"] == 0 and got["pushed"] > 0, (m.id, got)
 
         os.kill(b.proc.pid, signal.SIGSTOP)  # gen-b stops responding
-        pv, want = version(2)
         t0 = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="scalerl.weightsync.broadcast"):
-            assert not hub.send(2, pub.last_shards)
+            pv, want = version(2)
+            assert not sent[-1]
         took = time.monotonic() - t0
         assert took < 3 * timeout_s + 2, f"the learner waited {took:.1f} s"
         assert dict(hub.stuck) == {"gen-b": 1}
@@ -143,7 +260,7 @@ def test_a_stopped_generator_is_named_the_learner_does_not_wait_past_its_timeout
 
         wait_for("the group rebuilt with gen-a", lambda: hub.members == 1, timeout_s=30)
         pv, want = version(3)
-        assert hub.send(3, pub.last_shards)
+        assert sent[-1]
         got = a.fetch(pv)
         assert got["digest"] == want and got["downloaded"] == 0, got
 
@@ -152,7 +269,7 @@ def test_a_stopped_generator_is_named_the_learner_does_not_wait_past_its_timeout
         assert got["digest"] == want and got["downloaded"] > 0, got
         wait_for("gen-b back in the group", lambda: hub.members == 2, timeout_s=60)
         pv, want = version(4)
-        assert hub.send(4, pub.last_shards)
+        assert sent[-1]
         for m in members:
             got = m.fetch(pv)
             assert got["digest"] == want and got["downloaded"] == 0 and got["pushed"] > 0, (m.id, got)
