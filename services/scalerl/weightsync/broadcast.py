@@ -42,67 +42,26 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 from torch._C._distributed_c10d import TCPStore
 
 from scalerl.model.weight_broadcast import BroadcastEndpoint, join_group
+from scalerl.weightsync.wire import META_BYTES, POLL_S, Rendezvous, SourceFailed, frame, pull, unframe
 
 log = logging.getLogger(__name__)
 
 SETTLE_S = 1.0
 """With `generators` 0: a generation is frozen once no generator has joined it for this long (seconds)."""
-POLL_S = 0.05
-"""How often a waiting party looks at the rendezvous once it has waited a while (seconds; at first every
-few milliseconds). Polling, not TCPStore.wait: its timeouts print c10d warnings on stderr."""
 CLOSE_WAIT_S = 2.0
 """How long `close` waits for a background thread (seconds)."""
 CONNECT_SLICE_S = 0.5
 """A receiver tries to reach the learner's rendezvous for at most this long at a time (seconds), so that
 `close` finds it between tries rather than inside torch's native connect loop."""
 
-META_BYTES = 512
-"""One object's header in a send: its size (int64, little-endian; -1: the version ends), the length of its
-key (uint16) and the key (UTF-8)."""
-MAX_OBJECT_BYTES = 1 << 34
-"""The largest object a receiver accepts (16 GiB): a header asking for more is a broken or foreign send."""
-
 _STRANDED: list[threading.Thread] = []
-
-
-class _SourceFailed(Exception):
-    """The version's objects could not be made (the publisher's error is the cause): not a member's fault."""
-
-
-def _pull(objects: Iterable[tuple[str, bytes | memoryview]]) -> Iterator[tuple[str, bytes | memoryview]]:
-    it = iter(objects)
-    while True:
-        try:
-            item = next(it)
-        except StopIteration:
-            return
-        except Exception as exc:
-            raise _SourceFailed(str(exc)) from exc
-        yield item
-
-
-def _meta(size: int, key: str, device: torch.device) -> torch.Tensor:
-    raw = key.encode()
-    if len(raw) > META_BYTES - 10:
-        raise ValueError(f"an object key of {len(raw)} bytes: at most {META_BYTES - 10}")
-    head = size.to_bytes(8, "little", signed=True) + len(raw).to_bytes(2, "little") + raw
-    return torch.frombuffer(bytearray(head.ljust(META_BYTES, b"\0")), dtype=torch.uint8).to(device)
-
-
-def _unmeta(meta: torch.Tensor) -> tuple[int, str]:
-    """(size, key) of a header; ValueError for one no learner of ours sends."""
-    head = bytes(meta.cpu().numpy())
-    size, n = int.from_bytes(head[:8], "little", signed=True), int.from_bytes(head[8:10], "little")
-    if size > MAX_OBJECT_BYTES or size < -1 or n > META_BYTES - 10:
-        raise ValueError(f"a broadcast header of size {size} and key length {n}: not a send of ours")
-    return size, head[10:10 + n].decode()
 
 
 def stranded_threads() -> list[str]:
@@ -141,40 +100,6 @@ class BroadcastSettings:
             raise ValueError(f"backend: gloo (CPU) or nccl (GPU), got {self.backend!r}")
 
 
-class _Rendezvous:
-    """The keys of the protocol (module docstring) on one TCPStore connection."""
-
-    def __init__(self, store: TCPStore) -> None:
-        self.store = store
-
-    def get(self, key: str) -> str:
-        return bytes(self.store.get(key)).decode()
-
-    def has(self, *keys: str) -> bool:
-        return bool(self.store.check(list(keys)))
-
-    def generation(self) -> int:
-        return int(self.get("generation")) if self.has("generation") else 0
-
-    def count(self, key: str) -> int:
-        return int(self.store.add(key, 0))
-
-    def wait_any(self, keys: list[str], timeout_s: float, stop: Callable[[], bool]) -> bool:
-        """Wait until one of `keys` exists (True), `timeout_s` passes or `stop` holds (False)."""
-        return self.wait_for(lambda: any(self.has(k) for k in keys), timeout_s, stop)
-
-    def wait_for(self, ready: Callable[[], bool], timeout_s: float, stop: Callable[[], bool] = lambda: False) -> bool:
-        """Poll `ready` until it holds (True), `timeout_s` passes or `stop` holds (False)."""
-        deadline = time.monotonic() + timeout_s
-        delay = 0.002  # the steps of a transfer follow each other within milliseconds: look often at first
-        while not ready():
-            if stop() or time.monotonic() >= deadline:
-                return False
-            time.sleep(delay)
-            delay = min(POLL_S, delay * 1.5)
-        return True
-
-
 def _group(store: TCPStore, generation: int, rank: int, world: int, settings: BroadcastSettings) -> object:
     """This process's member of generation `generation`'s group (blocks until all `world` ranks join)."""
     endpoint = BroadcastEndpoint(settings.address, store.port, world, rank, settings.backend, settings.timeout_s)
@@ -202,7 +127,7 @@ class BroadcastHub:
         # (the server listens on every interface; `address` is where the generators reach it)
         self.server = TCPStore("127.0.0.1", settings.port, None, True,
                                datetime.timedelta(seconds=settings.timeout_s), wait_for_workers=False)
-        self.rv = _Rendezvous(self.server)  # used under `_lock` only (sends, retiring)
+        self.rv = Rendezvous(self.server)  # used under `_lock` only (sends, retiring)
         self._lock = threading.Lock()  # held by a send, and by the former while it swaps groups
         self._formed: _Formed | None = None
         self._closed = threading.Event()
@@ -225,7 +150,7 @@ class BroadcastHub:
     # -- forming groups ------------------------------------------------------------------------------
     def _form(self) -> None:
         # the forming thread's own connection to the rendezvous (one per thread)
-        rv = _Rendezvous(TCPStore("127.0.0.1", self.port, None, False,
+        rv = Rendezvous(TCPStore("127.0.0.1", self.port, None, False,
                                   datetime.timedelta(seconds=self.settings.timeout_s)))
         while not self._closed.is_set():
             try:
@@ -236,7 +161,7 @@ class BroadcastHub:
                     self._retire("forming it failed")
                 self._closed.wait(1.0)
 
-    def _form_once(self, rv: _Rendezvous) -> None:
+    def _form_once(self, rv: Rendezvous) -> None:
         g = rv.generation()
         joined_key = f"g{g}/joined"
         if self._formed is not None:  # formed: start a new generation when someone waits outside it
@@ -290,7 +215,7 @@ class BroadcastHub:
         error raised by `objects` itself retires the group and is raised again."""
         try:
             return self._send(version, objects)
-        except _SourceFailed as exc:
+        except SourceFailed as exc:
             with self._lock:
                 self._retire("the version's objects failed")
             assert exc.__cause__ is not None
@@ -324,13 +249,13 @@ class BroadcastHub:
             try:
                 with warnings.catch_warnings():  # a read-only buffer: the root only reads it
                     warnings.simplefilter("ignore", UserWarning)
-                    for key, data in _pull(objects):
-                        f.group.broadcast(_meta(len(data), key, device), 0).wait()  # type: ignore[attr-defined]
+                    for key, data in pull(objects):
+                        f.group.broadcast(frame(len(data), key, device), 0).wait()  # type: ignore[attr-defined]
                         if len(data):
                             buf = torch.frombuffer(memoryview(data), dtype=torch.uint8).to(device)
                             f.group.broadcast(buf, 0).wait()  # type: ignore[attr-defined]
-                    f.group.broadcast(_meta(-1, "", device), 0).wait()  # type: ignore[attr-defined]
-            except _SourceFailed:
+                    f.group.broadcast(frame(-1, "", device), 0).wait()  # type: ignore[attr-defined]
+            except SourceFailed:
                 raise
             except Exception as exc:  # gloo/NCCL timeout or a closed connection
                 self.rv.wait_for(lambda: not missing("done"), 1.0)
@@ -406,7 +331,7 @@ class BroadcastReceiver:
                     self._closed.wait(1.0)
                     continue
             try:
-                self._member(_Rendezvous(store))
+                self._member(Rendezvous(store))
             except Exception as exc:  # the learner went away, a peer died, a timeout: join again
                 self.failures += 1
                 self.in_group = False
@@ -416,7 +341,7 @@ class BroadcastReceiver:
                                 self.member_id, str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
                 self._closed.wait(1.0)
 
-    def _member(self, rv: _Rendezvous) -> None:
+    def _member(self, rv: Rendezvous) -> None:
         """One generation: join, build the group, receive until the generation is retired."""
         stop = self._closed.is_set
         t = self.settings.timeout_s
@@ -451,7 +376,7 @@ class BroadcastReceiver:
                 meta = torch.empty(META_BYTES, dtype=torch.uint8, device=device)
                 while True:  # each object delivered as it comes (its reader hashes it meanwhile)
                     group.broadcast(meta, 0).wait()  # type: ignore[attr-defined]
-                    size, key = _unmeta(meta)
+                    size, key = unframe(meta)
                     if size < 0:
                         break
                     buf = torch.empty(size, dtype=torch.uint8, device=device)
