@@ -220,8 +220,8 @@ def bench_store_path(name: str, learner: Learner, engine: TorchEngine, store: S3
             how = f"{'delta' if delta else 'full'}{' broadcast' if broadcast else ''}"
             print(f"  {name} {how} v{version}: {publisher.last.kind}, "
                   f"{publisher.last.stored_bytes / 1e6:.1f} MB, {'announce' if hub else 'publish'} "
-                  f"{holder['t_pub'] - t0:.2f} s, fetch+swap {holder['t'] - holder['t_pub']:.2f} s, "
-                  f"peak +{peak:.0f} MB", file=sys.stderr)
+                  f"{holder['t_pub'] - t0:.2f} s, fetch+swap {holder['t'] - holder['t_pub']:.2f} s"
+                  f"{'' if hub else f', peak +{peak:.0f} MB'}", file=sys.stderr)
     assert publisher.last is not None
     if hub is not None and receiver is not None:
         receiver.close()

@@ -39,7 +39,6 @@ from scalerl.messages import PolicyVersion
 from scalerl.store.base import Store
 from scalerl.weightsync.codec import Encoded, bits_of, crc32, encode
 from scalerl.weightsync.manifest import (
-    PENDING,
     PREFIX,
     REQUESTS,
     ChunkEntry,
@@ -182,9 +181,6 @@ class WeightPublisher:
         try:
             for r in requests if kind == "snapshot" else []:
                 self.store.delete(r)
-            for key in self.store.list(PENDING):  # this version's marker, and any a dead learner left
-                if (marked := parse_pending(key)) is not None and marked <= version:
-                    self.store.delete(key)
             self.retain(version)
         except Exception as exc:  # what is left is deleted after a later version
             log.warning("weights v%d: clean-up of the store failed: %s", version, exc)
@@ -292,11 +288,16 @@ class WeightPublisher:
 
     # -- what may go -------------------------------------------------------------------------------
     def retain(self, newest: int) -> list[str]:
-        """Delete the versions no reader needs: everything older than the newest snapshot that can still
-        rebuild each of the last `keep_last` versions (0: keep every version). Returns the deleted folders."""
+        """Delete the pending markers up to `newest` (its own, and any a dead learner left) and the versions no
+        reader needs: everything older than the newest snapshot that can still rebuild each of the last
+        `keep_last` versions (0: keep every version). Returns the deleted folders."""
+        keys = self.store.list(PREFIX)
+        for key in keys:
+            if (marked := parse_pending(key)) is not None and marked <= newest:
+                self.store.delete(key)
         if self.keep_last == 0:
             return []
-        listed = sorted((v for k in self.store.list(PREFIX) if (v := parse_key(k))), key=lambda v: v.version)
+        listed = sorted((v for k in keys if (v := parse_key(k))), key=lambda v: v.version)
         keep_from = newest - self.keep_last + 1
         anchors = [v for v in listed if v.kind == "snapshot" and v.version <= keep_from]
         if not anchors:
