@@ -272,18 +272,16 @@ class TrainerHost:
         if self.publisher is None:
             self.publisher = make_publisher(self.spec, self.store)
             self.broadcast = make_hub(self.spec)
-        hub = self.broadcast
-
-        def push_and_announce(pv: PolicyVersion, parts: Parts) -> None:
-            if hub is not None:  # bounded by its timeouts; a member that misses it pulls from the store
-                hub.send(pv.version, parts)
-            self._announce_policy(pv)
-
-        state = self.ranks.full_state_dict()
+        hub, state = self.broadcast, self.ranks.full_state_dict()
         if hub is None:
             self._announce_policy(self.publisher.publish(self.learner.policy_version, state))
-        else:
-            self.publisher.publish(self.learner.policy_version, state, before_upload=push_and_announce)
+            return
+
+        def push_and_announce(pv: PolicyVersion, parts: Parts) -> None:
+            hub.send(pv.version, parts)  # bounded by its timeouts; a member that misses it pulls from the store
+            self._announce_policy(pv)
+
+        self.publisher.publish(self.learner.policy_version, state, before_upload=push_and_announce)
 
     def _announce_policy(self, pv: PolicyVersion) -> None:
         self.announced = pv
