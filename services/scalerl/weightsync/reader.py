@@ -14,7 +14,7 @@ names sharing one tensor) built in the reader's resident copy (`shadow`):
   bit-identical to the learner's weights in the published dtype, or the fetch fails.
 
 A version can also arrive by broadcast (`weightsync.broadcast`): `offer_shards` puts pushed objects in an
-inbox as they come, each hashed (SHA-256) in the background meanwhile. A fetch takes the version's manifest
+inbox as they come, each shard hashed (SHA-256) in the background meanwhile. A fetch takes the version's manifest
 from there when its digest is the announced one (`parse_manifest` checks the rest), and each shard when its
 SHA-256 is the manifest's (one that is not is downloaded instead). The learner announces a pushed version
 before its upload ends, so a reader that was not pushed it waits for the manifest to appear in the store,
@@ -131,8 +131,8 @@ class WeightReader:
         self.unbuildable = 0  # announcements that could not be built
         self.last_seconds = 0.0  # the last successful build
         self.bytes_broadcast = 0  # shard bytes taken from the broadcast inbox instead of downloaded
-        # key -> (bytes received by broadcast, their SHA-256 being computed) (`offer_shards`)
-        self._inbox: dict[str, tuple[bytes | memoryview, Future[str]]] = {}
+        # key -> (bytes received by broadcast, their SHA-256 being computed; None for a manifest) (`offer_shards`)
+        self._inbox: dict[str, tuple[bytes | memoryview, Future[str] | None]] = {}
         self._inbox_versions: dict[int, list[str]] = {}  # version -> its keys, for the last INBOX_VERSIONS
         self._inbox_lock = threading.Lock()
         self._hasher: ThreadPoolExecutor | None = None  # started by the first offer
@@ -174,18 +174,19 @@ class WeightReader:
         with self._inbox_lock:
             if self._hasher is None:
                 self._hasher = ThreadPoolExecutor(1, thread_name_prefix="weights-inbox-sha256")
-            for key, data in shards.items():
-                self._inbox[key] = (data, self._hasher.submit(_sha256, data))
+            for key, data in shards.items():  # (a manifest is checked by its state digest: not hashed)
+                self._inbox[key] = (data, None if parse_key(key) else self._hasher.submit(_sha256, data))
                 self._inbox_versions.setdefault(version, []).append(key)
             for old in sorted(self._inbox_versions)[:-INBOX_VERSIONS]:
                 for key in self._inbox_versions.pop(old):
                     self._inbox.pop(key, None)
 
     def _pushed(self, key: str) -> tuple[bytes | memoryview, str] | None:
-        """(bytes, SHA-256) of `key` received by broadcast, taken out of the inbox (None: not pushed)."""
+        """(bytes, SHA-256; "" for a manifest) of `key` received by broadcast, taken out of the inbox (None: not
+        pushed)."""
         with self._inbox_lock:
             got = self._inbox.pop(key, None)
-        return None if got is None else (got[0], got[1].result())
+        return None if got is None else (got[0], got[1].result() if got[1] is not None else "")
 
     def _shard_bytes(self, entry: ShardEntry, buf: memoryview, io: ThreadPoolExecutor) -> tuple[memoryview, bool]:
         """(bytes, from the inbox?) of one shard, checked against its manifest's SHA-256: the broadcast's, else
