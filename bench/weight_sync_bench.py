@@ -19,11 +19,11 @@ in one run, each a median over `--repeats`:
 - state_broadcast: the vLLM weight-transfer backend's raw state-dict broadcast (`scalerl.model.weight_broadcast`,
   a learner process, each tensor loaded as it arrives), no store;
 - loopback_copy_s: the physical limit: one full version's bytes sent over a 127.0.0.1 TCP socket into a
-  preallocated buffer; checks_cpu_s: one core's seconds to SHA-256 and CRC-32 those bytes (what the learner
-  and each generator check); full_floor_s: both sides' checks and the copy spread perfectly over this
-  machine's cores, the least any checked full version can take here; minio_object_copy_s: the same bytes
-  as one MinIO object, one PUT then one GET
-  (the store's own limit for one connection each way).
+  preallocated buffer; checks_cpu_s: one core's seconds to BLAKE3 those bytes twice (what the learner
+  and each generator check: each shard's bytes and each chunk's bits); full_floor_s: both sides' checks
+  and the copy spread perfectly over this machine's cores, the least any checked full version can take
+  here; minio_object_copy_s: the same bytes as one MinIO object, one PUT then one GET (the store's own
+  limit for one connection each way).
 
 `bytes` is what crosses the network per version to a generator (stored shard bytes; the state's bytes for
 state_broadcast).
@@ -45,7 +45,6 @@ import tempfile
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,6 +66,7 @@ from scalerl.model.weight_broadcast import (
 )
 from scalerl.store.s3 import S3Store
 from scalerl.weightsync.broadcast import BroadcastHub, BroadcastReceiver, BroadcastSettings
+from scalerl.weightsync.codec import digest
 from scalerl.weightsync.publisher import WeightPublisher, untie
 from scalerl.weightsync.reader import WeightReader
 
@@ -123,25 +123,25 @@ def loopback_copy_s(nbytes: int, repeats: int) -> float:
 
 
 def checks_cpu_s(nbytes: int, repeats: int) -> float:
-    """Seconds of one core to check one full version's bytes as one side of the broadcast path does: SHA-256
-    (per shard) and CRC-32 (per chunk) over all of them (median)."""
+    """Seconds of one core to check one full version's bytes as one side of the broadcast path does: BLAKE3
+    per shard and per chunk, twice over all of them (median)."""
     data = os.urandom(1 << 20) * max(1, nbytes >> 20)
     times = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
-        hashlib.sha256(data).digest()
-        zlib.crc32(data)
+        digest(data)
+        digest(data)
         times.append(time.perf_counter() - t0)
     return median_of(times[1:])
 
 
 def minio_object_copy_s(store: S3Store, nbytes: int, repeats: int) -> float:
     data = os.urandom(nbytes)
-    digest = hashlib.sha256(data).hexdigest()
+    sha = hashlib.sha256(data).hexdigest()
     times = []
     for i in range(repeats + 1):
         t0 = time.perf_counter()
-        store.put_bytes(f"loopback/{i}", data, sha256=digest)
+        store.put_bytes(f"loopback/{i}", data, checksum=("sha256", sha))
         store.get_bytes(f"loopback/{i}", verify=False)
         times.append(time.perf_counter() - t0)
         store.delete(f"loopback/{i}")
@@ -248,10 +248,10 @@ def bench_one_object(learner: Learner, engine: TorchEngine, store: S3Store, dtyp
         t0 = time.perf_counter()
         tensors = learner.published(dtype)
         data = st_save(tensors)
-        digest = hashlib.sha256(data).hexdigest()
-        store.put_bytes(f"one/v{i}", data, sha256=digest)
+        sha = hashlib.sha256(data).hexdigest()
+        store.put_bytes(f"one/v{i}", data, checksum=("sha256", sha))
         got = store.get_bytes(f"one/v{i}")
-        assert hashlib.sha256(got).hexdigest() == digest
+        assert hashlib.sha256(got).hexdigest() == sha
         loaded = st_load(got)
         loaded.update({a: loaded[n] for a, n in learner.aliases.items()})
         engine.load_weights(loaded, i + 1)
@@ -348,8 +348,8 @@ def main() -> int:
                              "version (median)",
         "loopback_copy_s": "seconds to copy one full version's bytes over a 127.0.0.1 TCP socket (median)",
         "minio_object_copy_s": "seconds to PUT then GET one MinIO object of one full version's bytes (median)",
-        "checks_cpu_s": "seconds of one core to SHA-256 and CRC-32 one full version's bytes, what each side of a "
-                        "transfer checks (median)",
+        "checks_cpu_s": "seconds of one core to BLAKE3 one full version's bytes twice (per shard and per chunk), "
+                        "what each side of a transfer checks (median)",
         "full_floor_s": "the least seconds a full version can take from learner to generator on this machine's "
                         "cores: (2 x checks_cpu_s + 2 x loopback_copy_s) / CPUs, the two sides' checks and the "
                         "copy's sender and receiver, perfectly parallel",

@@ -119,6 +119,28 @@ def test_checksum_mismatch_is_detected(store: S3Store, s3_env, unique: str) -> N
     assert store.get_bytes("policy/v1.bin") == good
 
 
+def test_a_callers_blake3_is_stored_in_place_of_the_sha256_and_checked(store: S3Store, s3_env, unique) -> None:
+    """A caller's checksum (weight shards: BLAKE3) is recorded instead of a SHA-256 computed here, and a read
+    checks it; an algorithm the store does not know is refused before anything is written."""
+    import blake3
+
+    data = os.urandom(1 << 20)
+    digest = blake3.blake3(data).hexdigest()
+    store.put_bytes("policy/shard", data, checksum=("blake3", digest))
+    raw = _raw_client(s3_env)
+    name = f"{unique}/policy/shard"
+    meta = raw.stat_object(BUCKET, name).metadata
+    assert meta["x-amz-meta-blake3"] == digest and "x-amz-meta-sha256" not in meta
+    assert store.get_bytes("policy/shard") == data
+    bad = bytes(reversed(data))
+    raw.put_object(BUCKET, name, io.BytesIO(bad), len(bad), metadata={"blake3": digest})
+    with pytest.raises(StoreError, match=r"checksum mismatch .*: blake3"):
+        store.get_bytes("policy/shard")
+    with pytest.raises(StoreError, match="checksum algorithm 'md5'"):
+        store.put_bytes("policy/other", data, checksum=("md5", "0" * 32))
+    assert not store.exists("policy/other")
+
+
 def test_from_url_names_the_missing_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("S3_ENDPOINT", "http://127.0.0.1:1")
     monkeypatch.setenv("S3_ACCESS_KEY", "k")

@@ -124,7 +124,7 @@ FETCHER = textwrap.dedent("""
     import torch
     from scalerl.messages import PolicyVersion
     from scalerl.store.factory import open_store
-    from scalerl.weightsync.codec import crc32, bits_of
+    from scalerl.weightsync.codec import bits_digest, bits_of
     from scalerl.weightsync.reader import WeightReader
 
     url, pv_json, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
@@ -149,8 +149,8 @@ FETCHER = textwrap.dedent("""
     reader.held = None  # the same version again, rebuilt from its snapshot into the copy in place
     weights = reader.fetch(pv)
     peak = status()["VmHWM:"] - before
-    crcs = {k: crc32(bits_of(v.contiguous())) for k, v in weights.items()}
-    out.write_text(json.dumps({"peak_kb": peak, "crcs": crcs}))
+    digests = {k: bits_digest(bits_of(v.contiguous())) for k, v in weights.items()}
+    out.write_text(json.dumps({"peak_kb": peak, "digests": digests}))
 """)
 
 
@@ -179,10 +179,10 @@ def test_a_reader_killed_mid_download_leaves_nothing_the_next_one_trips_on(s3_en
     assert store.list(REQUESTS) == []  # nothing left behind ...
     done = _fetcher(tmp_path, url, pv, 2, slow=0.0)  # ... so the restarted one simply builds the version
     assert done.wait(timeout=300) == 0, done.stderr.read() if done.stderr else ""
-    got = json.loads((tmp_path / "out.json").read_text())["crcs"]
-    from scalerl.weightsync.codec import crc32
+    got = json.loads((tmp_path / "out.json").read_text())["digests"]
+    from scalerl.weightsync.codec import bits_digest
 
-    assert got == {k: crc32(bits_of(v)) for k, v in bf16(master).items()}
+    assert got == {k: bits_digest(bits_of(v)) for k, v in bf16(master).items()}
 
 
 def test_the_peak_memory_of_a_swap_is_one_shard_not_the_model(s3_env, unique, tmp_path) -> None:

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import blake3
+
+Checksum = tuple[str, str]
+"""(algorithm, hex digest) of an object's bytes: an algorithm of HASHES."""
+HASHES: dict[str, Callable[[bytes | memoryview], str]] = {
+    "sha256": lambda data: hashlib.sha256(data).hexdigest(),
+    "blake3": lambda data: blake3.blake3(data, max_threads=1).hexdigest(),
+}
+"""The checksums a store may record with an object and check when reading it back (`get_bytes`)."""
 
 
 class StoreError(RuntimeError):
@@ -13,9 +25,10 @@ class Store(ABC):
     """Key/value object storage. Keys are '/'-separated relative paths ("policy/v3.safetensors")."""
 
     @abstractmethod
-    def put_bytes(self, key: str, data: bytes | memoryview, *, sha256: str | None = None) -> str:
-        """Write `data` atomically under `key`; return the object's URI. `sha256`: the caller's hex SHA-256 of
-        `data` where it has one (a store that records checksums then does not hash the bytes again)."""
+    def put_bytes(self, key: str, data: bytes | memoryview, *, checksum: Checksum | None = None) -> str:
+        """Write `data` atomically under `key`; return the object's URI. `checksum`: the caller's checksum of
+        `data` where it has one (a store that records checksums records it and does not hash the bytes
+        again; without it, such a store records the SHA-256)."""
 
     @abstractmethod
     def get_bytes(self, key: str, *, verify: bool = True) -> bytes:

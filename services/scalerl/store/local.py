@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from scalerl.store.base import Store, StoreError
+from scalerl.store.base import Checksum, Store, StoreError
 
 
 class LocalStore(Store):
@@ -19,7 +19,7 @@ class LocalStore(Store):
             raise StoreError(f"key {key!r} escapes the store root")
         return p
 
-    def put_bytes(self, key: str, data: bytes | memoryview, *, sha256: str | None = None) -> str:
+    def put_bytes(self, key: str, data: bytes | memoryview, *, checksum: Checksum | None = None) -> str:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -4,9 +4,9 @@ Objects live at `<prefix>/<key>` in the bucket. `put_bytes` is one PUT request u
 objects (a real model's weights: 270–540 MB for SmolLM2-135M) go up as a multipart upload of 64 MiB
 parts, sent a few at a time and each retried alone, read from the caller's one copy of the bytes. S3
 makes an object visible only once its PUT (or CompleteMultipartUpload) completes, so a reader never
-sees half an object. Each object carries the sha256 of its bytes in its
-user metadata (`x-amz-meta-sha256`); `get_bytes` verifies it when present and raises StoreError on a
-mismatch, as it does for a missing object.
+sees half an object. Each object carries a checksum of its bytes in its user metadata: the SHA-256
+(`x-amz-meta-sha256`), or the one the caller gives (weight shards: `x-amz-meta-blake3`); `get_bytes` verifies
+it when present and raises StoreError on a mismatch, as it does for a missing object.
 
 `S3Store.from_url("s3://bucket/prefix")` takes the endpoint, region, addressing style and credentials
 from the environment (scalerl.store.s3_settings: S3_ENDPOINT, S3_REGION, S3_ADDRESSING_STYLE, then static
@@ -16,7 +16,6 @@ is created if it does not exist.
 
 from __future__ import annotations
 
-import hashlib
 import io
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,10 +23,9 @@ from urllib.parse import urlsplit
 from minio import Minio
 from minio.error import S3Error
 
-from scalerl.store.base import Store, StoreError
+from scalerl.store.base import HASHES, Checksum, Store, StoreError
 from scalerl.store.s3_settings import S3Settings, S3SettingsError, credentials_provider, s3_settings
 
-SHA256_META = "sha256"
 _MIN_PART = 5 * 1024**2  # S3's smallest part (the minio client's smallest part_size)
 MULTIPART_PART = 64 * 1024**2  # objects above this go up as a multipart upload of parts this size
 READ_PIECE = 1024**2  # a ranged read fills its buffer this much at a time
@@ -111,13 +109,16 @@ class S3Store(Store):
 
     # ---- Store ------------------------------------------------------------------------------------
 
-    def put_bytes(self, key: str, data: bytes | memoryview, *, sha256: str | None = None) -> str:
+    def put_bytes(self, key: str, data: bytes | memoryview, *, checksum: Checksum | None = None) -> str:
         name = self._name(key)
         n = len(data)
         part_size = max(n, _MIN_PART) if n <= MULTIPART_PART else MULTIPART_PART  # one part: a single PUT
+        algorithm, digest = checksum or ("sha256", HASHES["sha256"](data))
+        if algorithm not in HASHES:
+            raise StoreError(f"checksum algorithm {algorithm!r}: expected one of {sorted(HASHES)}")
         self.client.put_object(self.bucket, name, io.BytesIO(data), n, part_size=part_size,
                                content_type="application/octet-stream",
-                               metadata={SHA256_META: sha256 or hashlib.sha256(data).hexdigest()})
+                               metadata={algorithm: digest})
         return self.uri(key)
 
     def get_bytes(self, key: str, *, verify: bool = True) -> bytes:
@@ -130,14 +131,13 @@ class S3Store(Store):
             raise StoreError(f"{self.uri(key)}: {exc.code}: {exc.message}") from exc
         try:
             data = bytes(resp.read())
-            expected = resp.headers.get(f"x-amz-meta-{SHA256_META}")
+            recorded = [(name, v) for name in HASHES if (v := resp.headers.get(f"x-amz-meta-{name}"))]
         finally:
             resp.close()
             resp.release_conn()
-        if expected and verify:
-            digest = hashlib.sha256(data).hexdigest()
-            if digest != expected:
-                raise StoreError(f"checksum mismatch for {self.uri(key)}: sha256 {digest} != stored "
+        for name, expected in recorded if verify else []:
+            if (digest := HASHES[name](data)) != expected:
+                raise StoreError(f"checksum mismatch for {self.uri(key)}: {name} {digest} != stored "
                                  f"{expected} (object corrupted or overwritten without metadata)")
         return data
 

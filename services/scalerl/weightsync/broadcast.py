@@ -5,7 +5,7 @@ shards (`BroadcastHub.send`) to the generators that have joined its group, annou
 only then uploads it to the store, which stays the fallback: the generators in the group need not wait
 for it. Each generator's receiver (`BroadcastReceiver`) hands the objects to its `WeightReader` as they
 arrive, which takes them in place of downloads: the manifest when its digest is the one announced on the
-bus, each shard when its SHA-256 is the manifest's, so bytes that came by broadcast are trusted no more
+bus, each shard when its BLAKE3 is the manifest's, so bytes that came by broadcast are trusted no more
 than a download (a wrong or missing one is fetched from the store). A generator outside the group, new,
 slow or just restarted, pulls from the store, waiting for the upload in progress.
 

@@ -5,16 +5,17 @@ A version is a folder ``policy/v<version:08d>-<digest[:16]>-<s|d>/`` (s: snapsho
 
 - `tensors`: name, dtype and shape of every stored tensor;
   `aliases` maps a tied name to the stored one (the tied embedding/head is stored once);
-- `shards`: key, size and SHA-256 of each shard as stored;
+- `shards`: key, size and BLAKE3 (`codec.digest`) of each shard as stored;
 - `chunks`: which element range of which tensor sits where in which shard, how it is encoded
-  (`weightsync.codec`) and the CRC-32 of its bits in this version (checked after decoding; the chunks
+  (`weightsync.codec`) and the BLAKE3 of its bits in this version (checked after decoding; the chunks
   cover every tensor, so every bit of the version is checked, in parallel);
 - `base`: for a delta, the version it applies to (its key and digest).
 
 `digest` is the SHA-256 of the canonical JSON of the tensors, the aliases and each chunk's range and
-CRC-32: it names the *state*, not its encoding (a snapshot and a delta of the same weights cut the same
+BLAKE3: it names the *state*, not its encoding (a snapshot and a delta of the same weights cut the same
 way have the same digest), and it is the checksum a `PolicyVersion` announces. The manifest is written
-last, so a version whose manifest exists is complete.
+last, so a version whose manifest exists is complete. Format 2 (BLAKE3) replaced format 1 (a shard's SHA-256
+and a chunk's CRC-32); a reader refuses a format it does not know, and the learner's next snapshot is in its own.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ import torch
 
 from scalerl.weightsync.codec import BIT_VIEWS, ENCODINGS
 
-FORMAT = 1
+FORMAT = 2
 PREFIX = "policy/"
 REQUESTS = "policy/requests/"
 PENDING = "policy/pending/"
 """Markers of versions announced before their upload ended (the broadcast path): the number is taken."""
 KINDS = {"snapshot": "s", "delta": "d"}
 _PENDING = re.compile(r"^policy/pending/v(\d{8})$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _FOLDER = re.compile(r"^policy/v(\d{8})-([0-9a-f]{16})-([sd])/manifest\.json$")
 DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in BIT_VIEWS}
 
@@ -103,7 +105,7 @@ class TensorEntry:
 class ShardEntry:
     key: str
     bytes: int
-    sha256: str
+    blake3: str  # of the shard's bytes (hex)
 
 
 @dataclass(slots=True)
@@ -116,7 +118,7 @@ class ChunkEntry:
     offset: int  # bytes into the shard
     length: int  # bytes
     changed: int  # elements that differ from the base (count for a snapshot's raw chunks)
-    crc32: int  # of the range's bits in this version
+    blake3: str  # of the range's bits in this version (hex)
 
 
 @dataclass(slots=True)
@@ -148,7 +150,7 @@ class Manifest:
 
 
 def state_digest(tensors: list[TensorEntry], aliases: dict[str, str], chunks: list[ChunkEntry]) -> str:
-    ranges = sorted((c.tensor, c.start, c.count, c.crc32) for c in chunks)
+    ranges = sorted((c.tensor, c.start, c.count, c.blake3) for c in chunks)
     canon = json.dumps([[[t.name, t.dtype, t.shape] for t in tensors], sorted(aliases.items()), ranges],
                        separators=(",", ":"))
     return hashlib.sha256(canon.encode()).hexdigest()
@@ -177,16 +179,19 @@ def parse_manifest(data: bytes, key: str) -> Manifest:
     try:
         tensors = [TensorEntry(str(t["name"]), str(t["dtype"]), [int(s) for s in t["shape"]])
                    for t in _need(raw, "tensors", list, key)]
-        shards = [ShardEntry(str(s["key"]), int(s["bytes"]), str(s["sha256"])) for s in _need(raw, "shards", list, key)]
+        shards = [ShardEntry(str(s["key"]), int(s["bytes"]), str(s["blake3"])) for s in _need(raw, "shards", list, key)]
         chunks = [ChunkEntry(int(c["tensor"]), int(c["start"]), int(c["count"]), str(c["encoding"]),
                              int(c["shard"]), int(c["offset"]), int(c["length"]), int(c["changed"]),
-                             int(c["crc32"]))
+                             str(c["blake3"]))
                   for c in _need(raw, "chunks", list, key)]
         aliases = {str(a): str(n) for a, n in _need(raw, "aliases", dict, key).items()}
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"{key}: malformed tensors/shards/chunks ({exc!r})") from None
     if (odd := next((t for t in tensors if t.dtype not in DTYPES), None)) is not None:
         raise ManifestError(f"{key}: tensor {odd.name!r} has dtype {odd.dtype!r} (expected one of {sorted(DTYPES)})")
+    if (bad := next((h for h in [*(s.blake3 for s in shards), *(c.blake3 for c in chunks)] if not _HEX64.match(h)),
+                    None)) is not None:
+        raise ManifestError(f"{key}: blake3 {bad[:80]!r} (expected 64 lowercase hex digits)")
     m = Manifest(_need(raw, "version", int, key), kind, tensors, aliases, shards, chunks,
                  raw.get("base"), raw.get("base_digest"))
     if kind == "delta" and not (isinstance(m.base, str) and isinstance(m.base_digest, str)):

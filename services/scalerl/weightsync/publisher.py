@@ -16,7 +16,7 @@ once the snapshot is written.
 
 With `before_upload` (the broadcast path, `weightsync.broadcast`), the caller is handed the version's
 announcement and its objects as they are encoded (each shard, then the manifest, which names every shard's
-SHA-256), to push them to the generators and then announce the version; only then is the version uploaded
+BLAKE3), to push them to the generators and then announce the version; only then is the version uploaded
 (the generators in the group need not wait for the store). The encoded version is held in memory until it is
 uploaded. A marker ``policy/pending/v<version>`` written first keeps the number taken
 (`reader.highest_version`) should the learner die before the manifest is written; it is deleted with the
@@ -25,7 +25,6 @@ version's clean-up.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import threading
@@ -37,7 +36,7 @@ import torch
 
 from scalerl.messages import PolicyVersion
 from scalerl.store.base import Store
-from scalerl.weightsync.codec import Encoded, bits_of, crc32, encode
+from scalerl.weightsync.codec import Encoded, bits_digest, bits_of, digest, encode
 from scalerl.weightsync.manifest import (
     PREFIX,
     REQUESTS,
@@ -147,15 +146,15 @@ class WeightPublisher:
         tensors, aliases = self._prepare(state_dict)
         bits = [bits_of(t) for t in tensors.values()]
         entries = [TensorEntry(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in tensors.items()]
-        chunks = [ChunkEntry(ti, start, count, "raw", 0, 0, 0, 0, 0) for ti, b in enumerate(bits)
+        chunks = [ChunkEntry(ti, start, count, "raw", 0, 0, 0, 0, "") for ti, b in enumerate(bits)
                   for start, count in chunk_ranges(b.numel(), b.element_size(), self.shard_bytes)]
         with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-publish") as pool:
-            def crc_of(c: ChunkEntry) -> int:
-                return crc32(bits[c.tensor][c.start:c.start + c.count])
+            def digest_of(c: ChunkEntry) -> str:
+                return bits_digest(bits[c.tensor][c.start:c.start + c.count])
 
-            for c, crc in zip(chunks, in_pool(pool, crc_of, chunks, lambda c: c.count * bits[c.tensor].element_size()),
-                              strict=True):
-                c.crc32 = crc  # first: the digest, hence the version's key, names every chunk's CRC
+            for c, d in zip(chunks, in_pool(pool, digest_of, chunks, lambda c: c.count * bits[c.tensor].element_size()),
+                            strict=True):
+                c.blake3 = d  # first: the state digest, hence the version's key, names every chunk's BLAKE3
             requests = self.store.list(REQUESTS)
             why = self._want_snapshot(entries, requests)
             kind = "delta" if why is None else "snapshot"
@@ -187,10 +186,10 @@ class WeightPublisher:
         return announcement
 
     def _put(self, entry: ShardEntry, data: bytes) -> None:
-        self.store.put_bytes(entry.key, data, sha256=entry.sha256)
+        self.store.put_bytes(entry.key, data, checksum=("blake3", entry.blake3))
 
     def _ship(self, entry: ShardEntry, data: bytes, upload: bool) -> None:
-        entry.sha256 = hashlib.sha256(data).hexdigest()
+        entry.blake3 = digest(data)
         if upload:
             self._put(entry, data)
 
@@ -235,7 +234,7 @@ class WeightPublisher:
 
     def _encode(self, pool: ThreadPoolExecutor, manifest: Manifest, bits: list[torch.Tensor],
                 prev: list[torch.Tensor] | None, keep: Callable[[str, bytes], None] | None = None) -> None:
-        """Encode every chunk into shards, each hashed (SHA-256) and uploaded in `pool`, `parallel` at a time
+        """Encode every chunk into shards, each hashed (BLAKE3) and uploaded in `pool`, `parallel` at a time
         (with `keep`: handed to it as (key, bytes) as soon as it is cut, instead of uploaded); fills in the
         chunks' encoding and place, and manifest.shards."""
         jobs: deque[tuple[ChunkEntry, Future[Encoded]]] = deque()

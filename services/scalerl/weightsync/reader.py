@@ -7,16 +7,16 @@ names sharing one tensor) built in the reader's resident copy (`shadow`):
   it applies only the deltas after it) or to a snapshot (a new or restarted generator, one that fell
   behind or lost its copy): snapshot + deltas;
 - each manifest's shards are taken one at a time, each downloaded as up to `parallel` ranged reads (of at
-  least RANGE_MIN bytes) into one buffer, checked against the SHA-256 its manifest gives (a corrupt or
+  least RANGE_MIN bytes) into one buffer, checked against the BLAKE3 its manifest gives (a corrupt or
   missing shard is an error naming it) and decoded in place into the copy by `parallel` threads: beside
   the copy, one shard's bytes (and the decode buffers of the chunks in flight) are in memory;
-- every chunk's CRC-32 is checked as it is decoded (the chunks cover every tensor): the copy is
+- every chunk's BLAKE3 is checked as it is decoded (the chunks cover every tensor): the copy is
   bit-identical to the learner's weights in the published dtype, or the fetch fails.
 
 A version can also arrive by broadcast (`weightsync.broadcast`): `offer_shards` puts pushed objects in an
-inbox as they come, each shard hashed (SHA-256) in the background meanwhile. A fetch takes the version's manifest
+inbox as they come, each shard hashed (BLAKE3) in the background meanwhile. A fetch takes the version's manifest
 from there when its digest is the announced one (`parse_manifest` checks the rest), and each shard when its
-SHA-256 is the manifest's (one that is not is downloaded instead). The learner announces a pushed version
+BLAKE3 is the manifest's (one that is not is downloaded instead). The learner announces a pushed version
 before its upload ends, so a reader that was not pushed it waits for the manifest to appear in the store,
 for at most `manifest_wait_s`.
 
@@ -29,7 +29,6 @@ a snapshot. Only versions this job published are fetched (`foreign_weights`).
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -43,7 +42,7 @@ import torch
 
 from scalerl.messages import PolicyVersion
 from scalerl.store.base import Store, StoreError
-from scalerl.weightsync.codec import CodecError, bits_of, crc32, decode_into
+from scalerl.weightsync.codec import CodecError, bits_digest, bits_of, decode_into, digest
 from scalerl.weightsync.manifest import (
     DTYPES,
     KINDS,
@@ -131,7 +130,7 @@ class WeightReader:
         self.unbuildable = 0  # announcements that could not be built
         self.last_seconds = 0.0  # the last successful build
         self.bytes_broadcast = 0  # shard bytes taken from the broadcast inbox instead of downloaded
-        # key -> (bytes received by broadcast, their SHA-256 being computed; None for a manifest) (`offer_shards`)
+        # key -> (bytes received by broadcast, their BLAKE3 being computed; None for a manifest) (`offer_shards`)
         self._inbox: dict[str, tuple[bytes | memoryview, Future[str] | None]] = {}
         self._inbox_versions: dict[int, list[str]] = {}  # version -> its keys, for the last INBOX_VERSIONS
         self._inbox_lock = threading.Lock()
@@ -173,35 +172,35 @@ class WeightReader:
         (kept for the last INBOX_VERSIONS versions offered); hashed in the background from now on."""
         with self._inbox_lock:
             if self._hasher is None:
-                self._hasher = ThreadPoolExecutor(1, thread_name_prefix="weights-inbox-sha256")
+                self._hasher = ThreadPoolExecutor(1, thread_name_prefix="weights-inbox-hash")
             for key, data in shards.items():  # (a manifest is checked by its state digest: not hashed)
-                self._inbox[key] = (data, None if parse_key(key) else self._hasher.submit(_sha256, data))
+                self._inbox[key] = (data, None if parse_key(key) else self._hasher.submit(digest, data))
                 self._inbox_versions.setdefault(version, []).append(key)
             for old in sorted(self._inbox_versions)[:-INBOX_VERSIONS]:
                 for key in self._inbox_versions.pop(old):
                     self._inbox.pop(key, None)
 
     def _pushed(self, key: str) -> tuple[bytes | memoryview, str] | None:
-        """(bytes, SHA-256; "" for a manifest) of `key` received by broadcast, taken out of the inbox (None: not
+        """(bytes, BLAKE3; "" for a manifest) of `key` received by broadcast, taken out of the inbox (None: not
         pushed)."""
         with self._inbox_lock:
             got = self._inbox.pop(key, None)
         return None if got is None else (got[0], got[1].result() if got[1] is not None else "")
 
     def _shard_bytes(self, entry: ShardEntry, buf: memoryview, io: ThreadPoolExecutor) -> tuple[memoryview, bool]:
-        """(bytes, from the inbox?) of one shard, checked against its manifest's SHA-256: the broadcast's, else
+        """(bytes, from the inbox?) of one shard, checked against its manifest's BLAKE3: the broadcast's, else
         downloaded into `buf` as up to `parallel` ranged reads."""
         if (pushed := self._pushed(entry.key)) is not None:
-            data, digest = pushed
-            if len(data) == entry.bytes and digest == entry.sha256:
+            data, got = pushed
+            if len(data) == entry.bytes and got == entry.blake3:
                 return memoryview(data), True
             log.warning("shard %s received by broadcast does not match its manifest: downloading it", entry.key)
         out = buf[:entry.bytes]
         step = max(RANGE_MIN, -(-entry.bytes // self.parallel))
         list(io.map(lambda a: self.store.read_into(entry.key, a, out[a:a + step]), range(0, entry.bytes, step)))
-        if (digest := _sha256(out)) != entry.sha256:
-            raise StoreError(f"shard {entry.key} is corrupt: sha256 {digest[:16]}…, expected {entry.bytes} bytes, "
-                             f"{entry.sha256[:16]}…")
+        if (got := digest(out)) != entry.blake3:
+            raise StoreError(f"shard {entry.key} is corrupt: blake3 {got[:16]}…, expected {entry.bytes} bytes, "
+                             f"{entry.blake3[:16]}…")
         return out, False
 
     def request_snapshot(self, reason: str) -> None:
@@ -242,7 +241,7 @@ class WeightReader:
 
     def _apply(self, m: Manifest) -> None:
         """Apply one version to the copy (a snapshot replaces it; a delta needs its base held). One shard at a
-        time, downloaded as `parallel` ranged reads; its chunks decoded and CRC-32-checked in parallel."""
+        time, downloaded as `parallel` ranged reads; its chunks decoded and BLAKE3-checked in parallel."""
         if m.kind == "delta" and (self.held is None or self.held.key != m.base):
             raise ManifestError(f"{m.key}: its base {m.base} is not the version held")
         self.held = None  # from here until the end the copy is half-built
@@ -258,8 +257,8 @@ class WeightReader:
             what = f"{m.key} chunk {i} ({m.tensors[c.tensor].name}[{c.start}:{c.start + c.count}])"
             view = views[c.tensor][c.start:c.start + c.count]
             decode_into(view, c.encoding, data[c.offset:c.offset + c.length], c.changed, what)
-            if crc32(view) != c.crc32:
-                raise CodecError(f"{what}: decodes to CRC-32 {crc32(view):08x}, the learner's is {c.crc32:08x}")
+            if (got := bits_digest(view)) != c.blake3:
+                raise CodecError(f"{what}: decodes to BLAKE3 {got[:16]}…, the learner's is {c.blake3[:16]}…")
 
         with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-decode") as cpu, \
                 ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-fetch") as io:
@@ -291,10 +290,6 @@ def _announced(m: Manifest, digest: str) -> Manifest:
     if m.digest != digest:
         raise ManifestError(f"{m.key}: its tensors hash to {m.digest[:16]}…, the announcement says {digest[:16]}…")
     return m
-
-
-def _sha256(data: bytes | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def load_weights(store: Store, pv: PolicyVersion) -> dict[str, torch.Tensor]:

@@ -5,6 +5,8 @@ of a simulated learner cast to the published dtype; what a reader builds must eq
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -142,9 +144,17 @@ def test_a_corrupt_shard_is_refused_by_name_and_the_held_copy_is_not_trusted(tmp
 def test_a_tampered_manifest_or_a_foreign_announcement_is_refused(tmp_path) -> None:
     store, _, pvs, _ = run(tmp_path, 1)
     key = store.key_of(pvs[0].uri)
-    body = store.get_bytes(key).replace(b'"crc32":', b'"crc32":1', 1)
+    raw = json.loads(store.get_bytes(key))
+    first = raw["chunks"][0]["blake3"]
+    raw["chunks"][0]["blake3"] = ("1" if first[0] == "0" else "0") + first[1:]  # one chunk's bits, another hash
     with pytest.raises(ManifestError, match="digest"):
-        parse_manifest(body, key)
+        parse_manifest(json.dumps(raw).encode(), key)
+    raw["chunks"][0]["blake3"] = first.upper()
+    with pytest.raises(ManifestError, match=r"blake3 .* 64 lowercase hex digits"):
+        parse_manifest(json.dumps(raw).encode(), key)
+    raw["chunks"][0]["blake3"], raw["format"] = first, 1  # a manifest of the SHA-256/CRC-32 format
+    with pytest.raises(ManifestError, match=r"format 1 \(this reader knows 2\)"):
+        parse_manifest(json.dumps(raw).encode(), key)
     with pytest.raises(ManifestError, match="not JSON"):
         parse_manifest(b"{", key)
     elsewhere = PolicyVersion(1, pvs[0].uri.replace("/policy/", "/other/"), pvs[0].checksum)
@@ -176,11 +186,11 @@ class FlakyStore(LocalStore):
 
     fail_puts = 0
 
-    def put_bytes(self, key, data, *, sha256=None):  # type: ignore[no-untyped-def]
+    def put_bytes(self, key, data, *, checksum=None):  # type: ignore[no-untyped-def]
         if "shard-" in key and self.fail_puts:
             self.fail_puts -= 1
             raise OSError("connection reset")
-        return super().put_bytes(key, data, sha256=sha256)
+        return super().put_bytes(key, data, checksum=checksum)
 
     def delete(self, key: str) -> None:
         raise OSError("delete refused")
