@@ -67,6 +67,7 @@ from scalerl.model.weight_broadcast import (
 from scalerl.store.s3 import S3Store
 from scalerl.weightsync.broadcast import BroadcastHub, BroadcastReceiver, BroadcastSettings
 from scalerl.weightsync.codec import digest
+from scalerl.weightsync.factory import UPLOAD_WAIT_TIMEOUTS
 from scalerl.weightsync.publisher import WeightPublisher, untie
 from scalerl.weightsync.reader import WeightReader
 
@@ -174,12 +175,13 @@ class Learner:
 def bench_store_path(name: str, learner: Learner, engine: TorchEngine, store: S3Store, dtype: torch.dtype,
                      delta: bool, repeats: int, broadcast: bool = False) -> dict[str, Any]:
     publisher = WeightPublisher(store, dtype, delta=delta, snapshot_every=10_000, keep_last=2)
-    reader = WeightReader(store)
+    # (as `weightsync.factory.make_reader` makes a broadcast member's: it waits for what is on its way)
+    reader = WeightReader(store, manifest_wait_s=UPLOAD_WAIT_TIMEOUTS * 60 if broadcast else 0.0)
     hub = receiver = None
     if broadcast:
         hub = BroadcastHub(BroadcastSettings("127.0.0.1", 0, timeout_s=60))
         receiver = BroadcastReceiver(BroadcastSettings("127.0.0.1", hub.port, timeout_s=60), "bench",
-                                     reader.offer_shards)
+                                     reader.offer_shards, reader.push_ended)
         deadline = time.monotonic() + 120
         while hub.members < 1:
             assert time.monotonic() < deadline, "the bench's receiver did not join the broadcast group"
@@ -196,11 +198,14 @@ def bench_store_path(name: str, learner: Learner, engine: TorchEngine, store: S3
             holder["t"] = time.perf_counter()
 
         def push_and_announce(pv: Any, parts: Any, holder: dict[str, Any] = holder) -> None:
-            """The learner's order on the broadcast path: push, announce (the generator swaps), upload."""
-            assert hub is not None and hub.send(pv.version, parts), "the broadcast failed"
-            holder["t_pub"] = time.perf_counter()
-            holder["swap"] = threading.Thread(target=swap, args=(pv,))
-            holder["swap"].start()
+            """The learner's order on the broadcast path: push, announce once the manifest is out (the
+            generator builds and swaps), upload."""
+            def announce() -> None:
+                holder["t_pub"] = time.perf_counter()
+                holder["swap"] = threading.Thread(target=swap, args=(pv,))
+                holder["swap"].start()
+
+            assert hub is not None and hub.send_and_announce(pv.version, parts, announce), "the broadcast failed"
 
         t0 = time.perf_counter()
         if hub is None:

@@ -268,7 +268,8 @@ class TrainerHost:
 
     def _publish(self) -> None:
         """Upload the current weights, then announce them on `policy`. With broadcast
-        (`weightsync.broadcast`): encode them, push them to the generators' group, announce, then upload."""
+        (`weightsync.broadcast`): encode them, push them to the generators' group, announcing them as soon as
+        their manifest has gone (a snapshot's goes first), then upload."""
         if self.publisher is None:
             self.publisher = make_publisher(self.spec, self.store)
             self.broadcast = make_hub(self.spec)
@@ -278,8 +279,8 @@ class TrainerHost:
             return
 
         def push_and_announce(pv: PolicyVersion, parts: Parts) -> None:
-            hub.send(pv.version, parts)  # bounded by its timeouts; a member that misses it pulls from the store
-            self._announce_policy(pv)
+            # bounded by its timeouts; a member that misses the version pulls it from the store
+            hub.send_and_announce(pv.version, parts, lambda: self._announce_policy(pv))
 
         self.publisher.publish(self.learner.policy_version, state, before_upload=push_and_announce)
 

@@ -42,13 +42,14 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch._C._distributed_c10d import TCPStore
 
 from scalerl.model.weight_broadcast import BroadcastEndpoint, join_group
+from scalerl.weightsync.manifest import parse_key
 from scalerl.weightsync.wire import META_BYTES, POLL_S, Rendezvous, SourceFailed, frame, pull, unframe
 
 log = logging.getLogger(__name__)
@@ -227,6 +228,27 @@ class BroadcastHub:
                 self._retire(f"the send failed: {exc}")
             return False
 
+    def send_and_announce(self, version: int, objects: Iterable[tuple[str, bytes | memoryview]],
+                          announce: Callable[[], None]) -> bool:
+        """`send`, calling `announce()` once: as soon as the version's manifest has gone to the group (a
+        snapshot's goes first, so the generators build it while its shards stream in; a delta's last), or
+        after the send when the manifest did not go (no group, a failed transfer). An error of `objects`
+        before the manifest went is raised with nothing announced."""
+        announced = False
+
+        def watched() -> Iterator[tuple[str, bytes | memoryview]]:
+            nonlocal announced
+            for key, data in objects:
+                yield key, data
+                if not announced and parse_key(key) is not None:
+                    announced = True
+                    announce()
+
+        sent = self.send(version, watched())
+        if not announced:
+            announce()
+        return sent
+
     def _send(self, version: int, objects: Iterable[tuple[str, bytes | memoryview]]) -> bool:
         with self._lock:
             f = self._formed
@@ -286,16 +308,19 @@ class BroadcastHub:
 
 class BroadcastReceiver:
     """A generator's end: joins the learner's group in a background thread and hands each version's objects
-    to `deliver(version, {key: bytes})` (the reader's inbox) as they arrive, before it says done. Counters: `received`
-    (versions), `bytes`, `failures` (groups lost: it joins again)."""
+    to `deliver(version, {key: bytes})` (the reader's inbox) as they arrive, then calls `ended(version)` once
+    the version's transfer is over, whole or not, before it says done. Counters: `received` (versions),
+    `bytes`, `failures` (groups lost: it joins again)."""
 
     def __init__(self, settings: BroadcastSettings, member_id: str,
-                 deliver: Callable[[int, dict[str, bytes | memoryview]], None]) -> None:
+                 deliver: Callable[[int, dict[str, bytes | memoryview]], None],
+                 ended: Callable[[int], None] = lambda version: None) -> None:
         if settings.port == 0:
             raise ValueError("port: the learner's rendezvous port (1..65535), not 0")
         self.settings = settings
         self.member_id = member_id
         self.deliver = deliver
+        self.ended = ended
         self.received = 0
         self.bytes = 0
         self.failures = 0
@@ -341,6 +366,21 @@ class BroadcastReceiver:
                                 self.member_id, str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
                 self._closed.wait(1.0)
 
+    def _receive(self, group: object, version: int) -> None:
+        """One version's objects, each delivered as it comes (the reader builds from them meanwhile)."""
+        device = _device(self.settings.backend)
+        meta = torch.empty(META_BYTES, dtype=torch.uint8, device=device)
+        while True:
+            group.broadcast(meta, 0).wait()  # type: ignore[attr-defined]
+            size, key = unframe(meta)
+            if size < 0:
+                return
+            buf = torch.empty(size, dtype=torch.uint8, device=device)
+            if size:
+                group.broadcast(buf, 0).wait()  # type: ignore[attr-defined]
+            self.deliver(version, {key: buf.cpu().numpy().data})
+            self.bytes += size
+
     def _member(self, rv: Rendezvous) -> None:
         """One generation: join, build the group, receive until the generation is retired."""
         stop = self._closed.is_set
@@ -372,18 +412,11 @@ class BroadcastReceiver:
                 rv.wait_any([f"g{g}/go/{seq}", f"g{g}/abort/{seq}"], t, moved_on)
                 if not rv.has(f"g{g}/go/{seq}"):
                     return  # aborted or retired: the version comes through the store
-                device = _device(self.settings.backend)
-                meta = torch.empty(META_BYTES, dtype=torch.uint8, device=device)
-                while True:  # each object delivered as it comes (its reader hashes it meanwhile)
-                    group.broadcast(meta, 0).wait()  # type: ignore[attr-defined]
-                    size, key = unframe(meta)
-                    if size < 0:
-                        break
-                    buf = torch.empty(size, dtype=torch.uint8, device=device)
-                    if size:
-                        group.broadcast(buf, 0).wait()  # type: ignore[attr-defined]
-                    self.deliver(int(header["version"]), {key: buf.cpu().numpy().data})
-                    self.bytes += size
+                version = int(header["version"])
+                try:
+                    self._receive(group, version)
+                finally:  # (a fetch waiting for what did not come downloads it)
+                    self.ended(version)
                 self.received += 1
                 rv.store.set(f"g{g}/done/{seq}/{rank}", "1")
         finally:

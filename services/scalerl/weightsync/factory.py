@@ -43,4 +43,6 @@ def make_hub(spec: JobSpec) -> BroadcastHub | None:
 def make_receiver(spec: JobSpec, member_id: str, reader: WeightReader) -> BroadcastReceiver | None:
     """A generator's broadcast receiver delivering into `reader`'s inbox (None: broadcast is off)."""
     settings = broadcast_settings(spec)
-    return BroadcastReceiver(settings, member_id, reader.offer_shards) if settings is not None else None
+    if settings is None:
+        return None
+    return BroadcastReceiver(settings, member_id, reader.offer_shards, reader.push_ended)

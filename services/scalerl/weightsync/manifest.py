@@ -5,17 +5,20 @@ A version is a folder ``policy/v<version:08d>-<digest[:16]>-<s|d>/`` (s: snapsho
 
 - `tensors`: name, dtype and shape of every stored tensor;
   `aliases` maps a tied name to the stored one (the tied embedding/head is stored once);
-- `shards`: key, size and BLAKE3 (`codec.digest`) of each shard as stored;
+- `shards`: key and size of each shard as stored;
 - `chunks`: which element range of which tensor sits where in which shard, how it is encoded
-  (`weightsync.codec`) and the BLAKE3 of its bits in this version (checked after decoding; the chunks
-  cover every tensor, so every bit of the version is checked, in parallel);
+  (`weightsync.codec`) and the BLAKE3 (`codec.digest`) of its bits in this version. The chunks cover every
+  tensor and their bytes tile every shard, so checking each chunk checks every stored byte and every bit
+  of the version: a raw chunk's bytes before they are copied, any other after decoding;
 - `base`: for a delta, the version it applies to (its key and digest).
 
 `digest` is the SHA-256 of the canonical JSON of the tensors, the aliases and each chunk's range and
 BLAKE3: it names the *state*, not its encoding (a snapshot and a delta of the same weights cut the same
 way have the same digest), and it is the checksum a `PolicyVersion` announces. The manifest is written
-last, so a version whose manifest exists is complete. Format 2 (BLAKE3) replaced format 1 (a shard's SHA-256
-and a chunk's CRC-32); a reader refuses a format it does not know, and the learner's next snapshot is in its own.
+last, so a version whose manifest exists is complete; a snapshot's is complete before its first shard is
+cut (raw chunks' sizes are known), so the broadcast path sends it first. Format 2 (a chunk's BLAKE3) replaced
+format 1 (a shard's SHA-256 and a chunk's CRC-32); a reader refuses a format it does not know (it asks for
+a snapshot, which comes in the learner's format).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ KINDS = {"snapshot": "s", "delta": "d"}
 _PENDING = re.compile(r"^policy/pending/v(\d{8})$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _FOLDER = re.compile(r"^policy/v(\d{8})-([0-9a-f]{16})-([sd])/manifest\.json$")
+_IN_FOLDER = re.compile(r"^policy/v(\d{8})-[0-9a-f]{16}-[sd]/")
 DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in BIT_VIEWS}
 
 
@@ -57,6 +61,12 @@ def pending_key(version: int) -> str:
 def parse_pending(key: str) -> int | None:
     """The version a pending marker names (None: not a marker key)."""
     m = _PENDING.match(key)
+    return int(m.group(1)) if m else None
+
+
+def version_of(key: str) -> int | None:
+    """The version whose folder holds `key` (a manifest or a shard; None: not in a version's folder)."""
+    m = _IN_FOLDER.match(key)
     return int(m.group(1)) if m else None
 
 
@@ -105,7 +115,6 @@ class TensorEntry:
 class ShardEntry:
     key: str
     bytes: int
-    blake3: str  # of the shard's bytes (hex)
 
 
 @dataclass(slots=True)
@@ -179,7 +188,7 @@ def parse_manifest(data: bytes, key: str) -> Manifest:
     try:
         tensors = [TensorEntry(str(t["name"]), str(t["dtype"]), [int(s) for s in t["shape"]])
                    for t in _need(raw, "tensors", list, key)]
-        shards = [ShardEntry(str(s["key"]), int(s["bytes"]), str(s["blake3"])) for s in _need(raw, "shards", list, key)]
+        shards = [ShardEntry(str(s["key"]), int(s["bytes"])) for s in _need(raw, "shards", list, key)]
         chunks = [ChunkEntry(int(c["tensor"]), int(c["start"]), int(c["count"]), str(c["encoding"]),
                              int(c["shard"]), int(c["offset"]), int(c["length"]), int(c["changed"]),
                              str(c["blake3"]))
@@ -189,8 +198,7 @@ def parse_manifest(data: bytes, key: str) -> Manifest:
         raise ManifestError(f"{key}: malformed tensors/shards/chunks ({exc!r})") from None
     if (odd := next((t for t in tensors if t.dtype not in DTYPES), None)) is not None:
         raise ManifestError(f"{key}: tensor {odd.name!r} has dtype {odd.dtype!r} (expected one of {sorted(DTYPES)})")
-    if (bad := next((h for h in [*(s.blake3 for s in shards), *(c.blake3 for c in chunks)] if not _HEX64.match(h)),
-                    None)) is not None:
+    if (bad := next((c.blake3 for c in chunks if not _HEX64.match(c.blake3)), None)) is not None:
         raise ManifestError(f"{key}: blake3 {bad[:80]!r} (expected 64 lowercase hex digits)")
     m = Manifest(_need(raw, "version", int, key), kind, tensors, aliases, shards, chunks,
                  raw.get("base"), raw.get("base_digest"))
@@ -198,6 +206,13 @@ def parse_manifest(data: bytes, key: str) -> Manifest:
         raise ManifestError(f"{key}: a delta without its base")
     if m.digest != raw.get("digest") or m.key != key:
         raise ManifestError(f"{key}: its tensors hash to {m.digest[:16]}, not the digest it names")
+    _check_layout(m, key)
+    return m
+
+
+def _check_layout(m: Manifest, key: str) -> None:
+    """Every chunk in range, the chunks covering each tensor and tiling each shard exactly (ManifestError)."""
+    tensors, shards, chunks = m.tensors, m.shards, m.chunks
     for i, c in enumerate(chunks):
         placed = (c.length == 0 if c.encoding == "same" else 0 <= c.shard < len(shards) and c.offset >= 0
                   and c.length >= 0 and c.offset + c.length <= shards[c.shard].bytes)
@@ -211,4 +226,10 @@ def parse_manifest(data: bytes, key: str) -> Manifest:
         covered[c.tensor] += c.count
     if (short := next((t.name for t, n in zip(tensors, covered, strict=True) if n != t.numel), None)) is not None:
         raise ManifestError(f"{key}: the chunks do not cover tensor {short!r}")
-    return m
+    filled = [0] * len(shards)  # every stored byte is a chunk's, so the chunks' checks check the shards
+    for c in sorted((c for c in chunks if c.encoding != "same"), key=lambda c: (c.shard, c.offset)):
+        if c.offset != filled[c.shard]:
+            raise ManifestError(f"{key}: shard {c.shard}: a gap or overlap at byte {c.offset}")
+        filled[c.shard] += c.length
+    if (loose := next((i for i, s in enumerate(shards) if filled[i] != s.bytes), None)) is not None:
+        raise ManifestError(f"{key}: shard {loose} holds {shards[loose].bytes} bytes, its chunks {filled[loose]}")

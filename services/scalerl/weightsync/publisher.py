@@ -163,6 +163,8 @@ class WeightPublisher:
                 manifest.base, manifest.base_digest = self._prev_manifest.key, self._prev_manifest.digest
             announcement = PolicyVersion(version=version, uri=self.store.uri(manifest.key), checksum=manifest.digest)
             prev = self._prev if kind == "delta" else None
+            if kind == "snapshot":
+                self._lay_out(manifest, bits)
             if before_upload is None:
                 self._encode(pool, manifest, bits, prev)
             else:
@@ -186,12 +188,28 @@ class WeightPublisher:
         return announcement
 
     def _put(self, entry: ShardEntry, data: bytes) -> None:
-        self.store.put_bytes(entry.key, data, checksum=("blake3", entry.blake3))
+        """Upload one shard with its BLAKE3 (the store records it and checks it when the shard is read whole)."""
+        self.store.put_bytes(entry.key, data, checksum=("blake3", digest(data)))
 
-    def _ship(self, entry: ShardEntry, data: bytes, upload: bool) -> None:
-        entry.blake3 = digest(data)
-        if upload:
-            self._put(entry, data)
+    def _lay_out(self, manifest: Manifest, bits: list[torch.Tensor]) -> None:
+        """Place a snapshot's raw chunks in shards before any is encoded (their sizes are known; `_encode` cuts
+        the same shards): its manifest is then final, and the broadcast path sends it first."""
+        size, sizes = 0, []
+        for c in manifest.chunks:
+            n = c.count * bits[c.tensor].element_size()
+            if not n:
+                continue
+            if self._starts_shard(size, n):
+                sizes.append(size)
+                size = 0
+            c.encoding, c.changed, c.shard, c.offset, c.length = "raw", c.count, len(sizes), size, n
+            size += n
+        sizes += [size] if size else []
+        manifest.shards = [ShardEntry(shard_key(manifest.key, i), n) for i, n in enumerate(sizes)]
+
+    def _starts_shard(self, filled: int, n: int) -> bool:
+        """Whether a chunk of `n` bytes goes into a new shard after `filled` bytes of the current one."""
+        return bool(filled) and filled + n > self.shard_bytes
 
     def _stream(self, pool: ThreadPoolExecutor, manifest: Manifest, bits: list[torch.Tensor],
                 prev: list[torch.Tensor] | None, announcement: PolicyVersion,
@@ -215,12 +233,17 @@ class WeightPublisher:
             finally:
                 made.put(None)
 
+        head = manifest.to_json() if manifest.shards else None  # a laid-out snapshot's: final, sent first
+
         def parts() -> Parts:
+            if head is not None:
+                yield manifest.key, head
             while (item := made.get()) is not None:
                 yield item
             if failed:
                 raise failed[0]
-            yield manifest.key, manifest.to_json()
+            if head is None:
+                yield manifest.key, manifest.to_json()
 
         producer = threading.Thread(target=produce, name="weights-encode", daemon=True)
         producer.start()
@@ -234,36 +257,43 @@ class WeightPublisher:
 
     def _encode(self, pool: ThreadPoolExecutor, manifest: Manifest, bits: list[torch.Tensor],
                 prev: list[torch.Tensor] | None, keep: Callable[[str, bytes], None] | None = None) -> None:
-        """Encode every chunk into shards, each hashed (BLAKE3) and uploaded in `pool`, `parallel` at a time
-        (with `keep`: handed to it as (key, bytes) as soon as it is cut, instead of uploaded); fills in the
-        chunks' encoding and place, and manifest.shards."""
+        """Encode every chunk into shards, each uploaded in `pool`, `parallel` at a time (with `keep`: handed
+        to it as (key, bytes) as soon as it is cut, instead of uploaded); fills in the chunks' encoding and
+        place, and manifest.shards (a snapshot's are laid out already: the same are cut)."""
         jobs: deque[tuple[ChunkEntry, Future[Encoded]]] = deque()
         shipping: deque[Future[None]] = deque()
+        laid_out = list(manifest.shards)
         parts: list[bytes | memoryview] = []
-        size = 0
+        size = cut = 0
 
         def flush() -> None:
-            nonlocal parts, size
+            nonlocal parts, size, cut
             if not parts:
                 return
             data = b"".join(parts)
-            entry = ShardEntry(shard_key(manifest.key, len(manifest.shards)), len(data), "")
-            manifest.shards.append(entry)
+            if laid_out:
+                entry = laid_out[cut]
+                assert entry.bytes == len(data), f"shard {cut} was laid out as {entry.bytes} bytes, cut {len(data)}"
+            else:
+                entry = ShardEntry(shard_key(manifest.key, cut), len(data))
+                manifest.shards.append(entry)
+            cut += 1
             if keep is not None:
                 keep(entry.key, data)
-            while len(shipping) >= self.parallel:
-                shipping.popleft().result()
-            shipping.append(pool.submit(self._ship, entry, data, keep is None))
+            else:
+                while len(shipping) >= self.parallel:
+                    shipping.popleft().result()
+                shipping.append(pool.submit(self._put, entry, data))
             parts, size = [], 0
 
         def take(c: ChunkEntry, fut: Future[Encoded]) -> None:
             nonlocal size
             enc = fut.result()
-            if size and size + len(enc.data) > self.shard_bytes:
+            if self._starts_shard(size, len(enc.data)):
                 flush()
             c.encoding, c.changed = enc.encoding, enc.changed
             if enc.data:  # (a 'same' chunk has no place: shard 0, offset 0, length 0)
-                c.shard, c.offset, c.length = len(manifest.shards), size, len(enc.data)
+                c.shard, c.offset, c.length = cut, size, len(enc.data)
                 parts.append(enc.data)
                 size += len(enc.data)
 

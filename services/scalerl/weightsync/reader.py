@@ -33,9 +33,8 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +42,7 @@ import torch
 from scalerl.messages import PolicyVersion
 from scalerl.store.base import Store, StoreError
 from scalerl.weightsync.codec import CodecError, bits_digest, bits_of, decode_into, digest
+from scalerl.weightsync.inbox import Inbox
 from scalerl.weightsync.manifest import (
     DTYPES,
     KINDS,
@@ -130,11 +130,8 @@ class WeightReader:
         self.unbuildable = 0  # announcements that could not be built
         self.last_seconds = 0.0  # the last successful build
         self.bytes_broadcast = 0  # shard bytes taken from the broadcast inbox instead of downloaded
-        # key -> (bytes received by broadcast, their BLAKE3 being computed; None for a manifest) (`offer_shards`)
-        self._inbox: dict[str, tuple[bytes | memoryview, Future[str] | None]] = {}
-        self._inbox_versions: dict[int, list[str]] = {}  # version -> its keys, for the last INBOX_VERSIONS
-        self._inbox_lock = threading.Lock()
-        self._hasher: ThreadPoolExecutor | None = None  # started by the first offer
+        self.inbox = Inbox(INBOX_VERSIONS)  # what came by broadcast (`offer_shards`, `push_ended`)
+        self._via_push: set[str] = set()  # manifests taken from the inbox whose upload may not have ended
 
     # -- public ------------------------------------------------------------------------------------
     def fetch(self, pv: PolicyVersion) -> dict[str, torch.Tensor]:
@@ -168,40 +165,40 @@ class WeightReader:
         return out
 
     def offer_shards(self, version: int, shards: dict[str, bytes | memoryview]) -> None:
-        """Objects of `version` (manifest, shards) received by broadcast, used by the fetch that needs them
-        (kept for the last INBOX_VERSIONS versions offered); hashed in the background from now on."""
-        with self._inbox_lock:
-            if self._hasher is None:
-                self._hasher = ThreadPoolExecutor(1, thread_name_prefix="weights-inbox-hash")
-            for key, data in shards.items():  # (a manifest is checked by its state digest: not hashed)
-                self._inbox[key] = (data, None if parse_key(key) else self._hasher.submit(digest, data))
-                self._inbox_versions.setdefault(version, []).append(key)
-            for old in sorted(self._inbox_versions)[:-INBOX_VERSIONS]:
-                for key in self._inbox_versions.pop(old):
-                    self._inbox.pop(key, None)
+        """Objects of `version` (manifest, shards) received by broadcast, used by the fetch that needs them: it
+        waits for those still on their way until `push_ended(version)` (`weightsync.inbox`)."""
+        self.inbox.put(version, shards)
 
-    def _pushed(self, key: str) -> tuple[bytes | memoryview, str] | None:
-        """(bytes, BLAKE3; "" for a manifest) of `key` received by broadcast, taken out of the inbox (None: not
-        pushed)."""
-        with self._inbox_lock:
-            got = self._inbox.pop(key, None)
-        return None if got is None else (got[0], got[1].result() if got[1] is not None else "")
+    def push_ended(self, version: int) -> None:
+        """The broadcast of `version` has ended (whole or not): what did not come is downloaded."""
+        self.inbox.end(version)
 
-    def _shard_bytes(self, entry: ShardEntry, buf: memoryview, io: ThreadPoolExecutor) -> tuple[memoryview, bool]:
-        """(bytes, from the inbox?) of one shard, checked against its manifest's BLAKE3: the broadcast's, else
-        downloaded into `buf` as up to `parallel` ranged reads."""
-        if (pushed := self._pushed(entry.key)) is not None:
-            data, got = pushed
-            if len(data) == entry.bytes and got == entry.blake3:
-                return memoryview(data), True
-            log.warning("shard %s received by broadcast does not match its manifest: downloading it", entry.key)
+    def _shard_bytes(self, m: Manifest, entry: ShardEntry, buf: memoryview,
+                     io: ThreadPoolExecutor) -> tuple[memoryview, bool]:
+        """(bytes, from the inbox?) of one shard: the broadcast's (waited for while its push is under way),
+        else downloaded into `buf`. Unchecked: its chunks are (`_apply`)."""
+        if (pushed := self.inbox.take(entry.key, self.manifest_wait_s)) is not None:
+            if len(pushed) == entry.bytes:
+                return memoryview(pushed), True
+            log.warning("shard %s received by broadcast has %d bytes, not %d: downloading it", entry.key,
+                        len(pushed), entry.bytes)
+        return self._download(m, entry, buf, io), False
+
+    def _download(self, m: Manifest, entry: ShardEntry, buf: memoryview, io: ThreadPoolExecutor) -> memoryview:
+        """One shard read into `buf` as up to `parallel` ranged reads; for a version whose manifest came by
+        broadcast, once its upload has ended (its manifest, written last, is in the store)."""
+        if m.key in self._via_push:
+            self._await_store(m.key, time.monotonic() + self.manifest_wait_s)
+            self._via_push.discard(m.key)
         out = buf[:entry.bytes]
         step = max(RANGE_MIN, -(-entry.bytes // self.parallel))
         list(io.map(lambda a: self.store.read_into(entry.key, a, out[a:a + step]), range(0, entry.bytes, step)))
-        if (got := digest(out)) != entry.blake3:
-            raise StoreError(f"shard {entry.key} is corrupt: blake3 {got[:16]}…, expected {entry.bytes} bytes, "
-                             f"{entry.blake3[:16]}…")
-        return out, False
+        return out
+
+    def _await_store(self, key: str, deadline: float) -> None:
+        """Wait until `key` is in the store or `deadline` (monotonic) passes."""
+        while self.manifest_wait_s and not self.store.exists(key) and time.monotonic() < deadline:
+            time.sleep(WAIT_POLL_S)
 
     def request_snapshot(self, reason: str) -> None:
         """Ask the learner to publish its next version as a snapshot (an object under policy/requests/)."""
@@ -214,16 +211,21 @@ class WeightReader:
     # -- the chain ---------------------------------------------------------------------------------
     def _manifest(self, key: str, digest: str) -> Manifest:
         """The manifest `key` whose state digest is `digest`: pushed by broadcast, else from the store (waited
-        for up to `manifest_wait_s`)."""
-        if (pushed := self._pushed(key)) is not None:
+        for, in either, up to `manifest_wait_s`)."""
+        deadline = time.monotonic() + self.manifest_wait_s
+        while self.manifest_wait_s and not self.inbox.has(key) and time.monotonic() < deadline:
+            if self.store.exists(key):
+                break
+            self.inbox.wait(key, WAIT_POLL_S)  # (wakes as soon as it is pushed)
+        if (pushed := self.inbox.take(key)) is not None:
             try:
-                return _announced(parse_manifest(bytes(pushed[0]), key), digest)
+                m = _announced(parse_manifest(bytes(pushed), key), digest)
+                self._via_push.add(key)
+                return m
             except ManifestError as exc:
                 log.warning("%s received by broadcast does not match its announcement (%s): reading it from the "
                             "store", key, exc)
-        deadline = time.monotonic() + self.manifest_wait_s
-        while self.manifest_wait_s and not self.store.exists(key) and time.monotonic() < deadline:
-            time.sleep(WAIT_POLL_S)
+                self._await_store(key, deadline)
         return _announced(parse_manifest(self.store.get_bytes(key), key), digest)
 
     def _chain(self, pv: PolicyVersion) -> list[Manifest]:
@@ -241,7 +243,8 @@ class WeightReader:
 
     def _apply(self, m: Manifest) -> None:
         """Apply one version to the copy (a snapshot replaces it; a delta needs its base held). One shard at a
-        time, downloaded as `parallel` ranged reads; its chunks decoded and BLAKE3-checked in parallel."""
+        time (pushed, else downloaded); its chunks decoded and BLAKE3-checked in parallel (`_chunk`). A pushed
+        shard whose chunks do not check is downloaded for them; a downloaded one is corrupt (StoreError)."""
         if m.kind == "delta" and (self.held is None or self.held.key != m.base):
             raise ManifestError(f"{m.key}: its base {m.base} is not the version held")
         self.held = None  # from here until the end the copy is half-built
@@ -252,21 +255,30 @@ class WeightReader:
         for i, c in enumerate(m.chunks):
             by_shard.setdefault(-1 if c.encoding == "same" else c.shard, []).append(i)
 
-        def chunk(i: int, data: memoryview) -> None:
-            c = m.chunks[i]
-            what = f"{m.key} chunk {i} ({m.tensors[c.tensor].name}[{c.start}:{c.start + c.count}])"
-            view = views[c.tensor][c.start:c.start + c.count]
-            decode_into(view, c.encoding, data[c.offset:c.offset + c.length], c.changed, what)
-            if (got := bits_digest(view)) != c.blake3:
-                raise CodecError(f"{what}: decodes to BLAKE3 {got[:16]}…, the learner's is {c.blake3[:16]}…")
-
         with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-decode") as cpu, \
                 ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-fetch") as io:
+            def apply(indices: list[int], data: memoryview) -> list[tuple[int, str]]:
+                """(chunk, why) of the chunks that did not check (each left as it was)."""
+                got = in_pool(cpu, functools.partial(_chunk, m, views, data=data), indices,
+                              lambda i: m.chunks[i].count * views[m.chunks[i].tensor].element_size())
+                return [(i, why) for i, why in zip(indices, got, strict=True) if why is not None]
+
             buf = memoryview(bytearray(max((m.shards[si].bytes for si in by_shard if si >= 0), default=0)))
             for si in sorted(by_shard):  # one shard at a time: its bytes are all that is held beside the copy
-                data, pushed = self._shard_bytes(m.shards[si], buf, io) if si >= 0 else (memoryview(b""), False)
-                in_pool(cpu, functools.partial(chunk, data=data), by_shard[si],
-                        lambda i: m.chunks[i].count * views[m.chunks[i].tensor].element_size())
+                if si < 0:
+                    if failed := apply(by_shard[si], memoryview(b"")):
+                        raise CodecError(failed[0][1])
+                    continue
+                entry = m.shards[si]
+                data, pushed = self._shard_bytes(m, entry, buf, io)
+                failed = apply(by_shard[si], data)
+                if failed and pushed:
+                    log.warning("shard %s received by broadcast does not match its manifest (%s): downloading it",
+                                entry.key, failed[0][1])
+                    data, pushed = self._download(m, entry, buf, io), False
+                    failed = apply([i for i, _ in failed], data)
+                if failed:
+                    raise StoreError(f"shard {entry.key} is corrupt: {failed[0][1]}")
                 self.stats.bytes += 0 if pushed else len(data)
                 self.stats.pushed += len(data) if pushed else 0
         self.stats.applied += 1
@@ -283,6 +295,30 @@ class WeightReader:
             else:
                 fresh[t.name] = torch.empty(t.shape, dtype=DTYPES[t.dtype])
         self.shadow = fresh
+
+
+def _chunk(m: Manifest, views: list[torch.Tensor], i: int, data: memoryview) -> str | None:
+    """Apply chunk `i` of `m` from its shard's `data` to the copy (`views`: each tensor's bits) when it checks
+    (None); else say why, with the copy's range as it was: a raw chunk is checked before it is copied, any
+    other after it is decoded (an XOR delta that does not check is applied again, which undoes it)."""
+    c = m.chunks[i]
+    what = f"{m.key} chunk {i} ({m.tensors[c.tensor].name}[{c.start}:{c.start + c.count}])"
+    view = views[c.tensor][c.start:c.start + c.count]
+    piece = data[c.offset:c.offset + c.length]
+    try:
+        if c.encoding == "raw" and len(piece) == view.numel() * view.element_size():
+            if (got := digest(piece)) != c.blake3:
+                return f"{what}: BLAKE3 {got[:16]}…, the learner's is {c.blake3[:16]}…"
+            decode_into(view, c.encoding, piece, c.changed, what)
+            return None
+        decode_into(view, c.encoding, piece, c.changed, what)  # (raises before it writes anything)
+    except CodecError as exc:
+        return str(exc)
+    if (got := bits_digest(view)) != c.blake3:
+        if c.encoding == "xor":
+            decode_into(view, c.encoding, piece, c.changed, what)
+        return f"{what}: decodes to BLAKE3 {got[:16]}…, the learner's is {c.blake3[:16]}…"
+    return None
 
 
 def _announced(m: Manifest, digest: str) -> Manifest:

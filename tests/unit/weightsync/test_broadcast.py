@@ -74,7 +74,7 @@ def test_members_build_every_version_from_the_pushed_objects_and_a_bad_one_comes
             reader.offer_shards(version, objects)
         return put
 
-    receivers = [BroadcastReceiver(settings, f"gen-{i}", deliver(r)) for i, r in enumerate(readers)]
+    receivers = [BroadcastReceiver(settings, f"gen-{i}", deliver(r), r.push_ended) for i, r in enumerate(readers)]
     try:
         wait_for("both generators in the group", lambda: hub.members == 2, timeout_s=30)
         for v in range(1, 5):
@@ -161,17 +161,18 @@ def test_a_version_announced_whose_upload_never_ends_keeps_its_number(tmp_path) 
     assert highest_version(store) == 3 and not store.list(PENDING)
 
 
-def test_a_version_that_fails_to_encode_mid_stream_is_never_announced_and_the_group_goes_on(
-        tmp_path, hub, monkeypatch) -> None:
+def test_a_delta_that_fails_to_encode_is_never_announced_and_the_group_goes_on(tmp_path, hub, monkeypatch) -> None:
+    """A delta's manifest goes last, so an encoding error stops it before its announcement (a snapshot's goes
+    first: the pending marker then keeps its number, as for a learner that dies after announcing)."""
     store = LocalStore(tmp_path / "store")
-    pub = WeightPublisher(store, torch.bfloat16, shard_bytes=8192, delta=False)  # snapshots: several shards
+    pub = WeightPublisher(store, torch.bfloat16, shard_bytes=8192, snapshot_every=100)
     learner, reader = FakeLearner(), WeightReader(store)
-    receiver = BroadcastReceiver(BroadcastSettings("127.0.0.1", hub.port, timeout_s=3.0), "gen-0", reader.offer_shards)
+    receiver = BroadcastReceiver(BroadcastSettings("127.0.0.1", hub.port, timeout_s=3.0), "gen-0", reader.offer_shards,
+                                 reader.push_ended)
     announced: list[int] = []
 
     def push_and_announce(pv, parts) -> None:
-        hub.send(pv.version, parts)
-        announced.append(pv.version)
+        hub.send_and_announce(pv.version, parts, lambda: announced.append(pv.version))
 
     try:
         wait_for("the generator in the group", lambda: hub.members == 1, timeout_s=30)
@@ -333,3 +334,68 @@ def test_the_cli_leaves_without_finalization_while_a_broadcast_thread_is_strande
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "flushed before leaving" in proc.stdout
     assert "leaving without finalization: stuck-transfer still in a transfer" in proc.stderr
+
+
+def test_a_pushed_snapshot_is_announced_with_its_manifest_and_built_while_its_shards_stream(tmp_path, hub) -> None:
+    """A snapshot's manifest goes first: the learner announces it before any shard has gone, and a generator
+    that starts building then waits for the manifest and takes each shard as it arrives (it downloads none;
+    nothing is uploaded yet)."""
+    store = LocalStore(tmp_path / "store")
+    pub = WeightPublisher(store, torch.bfloat16, shard_bytes=8192, delta=False)
+    learner, reader = FakeLearner(), WeightReader(store, manifest_wait_s=60)
+    receiver = BroadcastReceiver(BroadcastSettings("127.0.0.1", hub.port, timeout_s=30.0), "gen-0", reader.offer_shards,
+                                 reader.push_ended)
+    seen: dict[str, object] = {}
+
+    def build(pv) -> None:
+        try:
+            seen["weights"] = reader.fetch(pv)
+        except Exception as exc:  # reported by the assertions below
+            seen["error"] = exc
+
+    def push_and_announce(pv, parts) -> None:
+        def announce() -> None:
+            seen["at_announce"] = [k for k in reader.inbox._objects if "shard-" in k]
+            seen["builder"] = threading.Thread(target=build, args=(pv,))
+            seen["builder"].start()  # type: ignore[attr-defined]
+
+        assert hub.send_and_announce(pv.version, parts, announce)
+        seen["builder"].join(timeout=60)  # type: ignore[attr-defined]
+        seen["uploaded"] = store.list("policy/v")
+
+    try:
+        wait_for("the generator in the group", lambda: hub.members == 1, timeout_s=30)
+        pub.publish(1, learner.state(), before_upload=push_and_announce)
+        assert pub.last is not None and len(pub.last.shards) >= 3
+        assert seen["at_announce"] == []  # announced before any shard had gone
+        assert "error" not in seen, seen.get("error")
+        assert_bits_equal(seen["weights"], learner.expected(torch.bfloat16))  # type: ignore[arg-type]
+        assert reader.stats.bytes == 0 and reader.stats.pushed == pub.last.stored_bytes
+        assert seen["uploaded"] == [], "built before the upload began"
+    finally:
+        receiver.close()
+
+
+def test_a_shard_that_a_push_did_not_bring_is_downloaded_once_the_upload_is_there(tmp_path) -> None:
+    """A fetch waits for a pushed version's shards while its push is under way; when the push ends without
+    them (a failed transfer), it downloads them once the version's manifest (written last) is in the store."""
+    store = LocalStore(tmp_path / "store")
+    learner = FakeLearner()
+    pv = WeightPublisher(store, torch.bfloat16, shard_bytes=8192, delta=False).publish(1, learner.state())
+    key = store.key_of(pv.uri)
+    manifest = store.get_bytes(key)
+    store.delete(key)  # the upload of its shards is done, its manifest not yet
+    reader = WeightReader(store, manifest_wait_s=60)
+    reader.offer_shards(1, {key: manifest})  # the manifest came by broadcast, its shards are on their way
+    built: dict[str, object] = {}
+    t = threading.Thread(target=lambda: built.update(w=reader.fetch(pv)))
+    t.start()
+    time.sleep(0.5)
+    assert t.is_alive(), "it did not wait for the shards of a push under way"
+    reader.push_ended(1)  # the push failed: no shard will come
+    time.sleep(0.5)
+    assert t.is_alive(), "it downloaded before the version's upload ended"
+    store.put_bytes(key, manifest)
+    t.join(timeout=60)
+    assert_bits_equal(built["w"], learner.expected(torch.bfloat16))  # type: ignore[arg-type]
+    assert reader.stats.pushed == 0 and reader.stats.bytes > 0

@@ -152,7 +152,12 @@ def test_a_tampered_manifest_or_a_foreign_announcement_is_refused(tmp_path) -> N
     raw["chunks"][0]["blake3"] = first.upper()
     with pytest.raises(ManifestError, match=r"blake3 .* 64 lowercase hex digits"):
         parse_manifest(json.dumps(raw).encode(), key)
-    raw["chunks"][0]["blake3"], raw["format"] = first, 1  # a manifest of the SHA-256/CRC-32 format
+    raw["chunks"][0]["blake3"], raw["shards"][0]["bytes"] = first, raw["shards"][0]["bytes"] + 1
+    with pytest.raises(ManifestError, match=r"shard 0 holds \d+ bytes, its chunks"):  # a byte no chunk checks
+        parse_manifest(json.dumps(raw).encode(), key)
+    raw["shards"][0]["bytes"] -= 1
+    parse_manifest(json.dumps(raw).encode(), key)
+    raw["format"] = 1  # a manifest of the SHA-256/CRC-32 format
     with pytest.raises(ManifestError, match=r"format 1 \(this reader knows 2\)"):
         parse_manifest(json.dumps(raw).encode(), key)
     with pytest.raises(ManifestError, match="not JSON"):
@@ -210,3 +215,32 @@ def test_a_failed_publish_can_be_retried_and_a_failed_clean_up_does_not_fail_it(
         pv = pub.publish(v, learner.state())  # the retry: the publisher is as it was before the failed call
         assert_bits_equal(reader.fetch(pv), learner.expected(torch.bfloat16))
         assert pub.last is not None and pub.last.kind == ("snapshot" if v % 2 else "delta")
+
+
+def test_a_chunk_that_does_not_check_leaves_the_copy_as_it_was(tmp_path) -> None:
+    """What lets a reader download a pushed shard that came wrong after applying part of it: a raw chunk is
+    checked before it is copied, an XOR delta that decodes to other bits is undone."""
+    from scalerl.weightsync.codec import bits_digest
+    from scalerl.weightsync.manifest import ChunkEntry, Manifest, TensorEntry
+    from scalerl.weightsync.reader import _chunk
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(4096, generator=g).to(torch.bfloat16)
+    new, other = base.clone(), base.clone()
+    new[::7] += 1
+    other[::5] -= 1
+    old, want, wrong = (bits_of(t) for t in (base, new, other))
+    tensors = [TensorEntry("w", "bfloat16", [4096])]
+    encodings = (encode(want, old), encode(want, None))
+    assert [e.encoding for e in encodings] == ["xor", "raw"]
+    for enc in encodings:
+        bad = encode(wrong, old) if enc.encoding == "xor" else encode(wrong, None)
+        c = ChunkEntry(0, 0, 4096, enc.encoding, 0, 0, len(bad.data), bad.changed, bits_digest(want))
+        m = Manifest(1, "delta", tensors, chunks=[c])
+        copy = old.clone()
+        why = _chunk(m, [copy], 0, memoryview(bytes(bad.data)))
+        assert why is not None and "BLAKE3" in why
+        assert torch.equal(copy, old)  # as it was
+        c.length, c.changed = len(enc.data), enc.changed
+        assert _chunk(m, [copy], 0, memoryview(bytes(enc.data))) is None
+        assert torch.equal(copy, want)
