@@ -151,6 +151,8 @@ class WeightReader:
                 self.request_snapshot(f"cannot build version {pv.version}: {exc}")
                 raise WeightsUnavailable(f"version {pv.version} cannot be built from the store: {exc}; "
                                          "asked the learner for a snapshot") from exc
+            finally:
+                self._via_push.clear()
         self.stats.seconds = self.last_seconds = time.perf_counter() - t0
         self.bytes_total += self.stats.bytes
         self.bytes_broadcast += self.stats.pushed
