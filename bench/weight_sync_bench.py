@@ -19,8 +19,10 @@ in one run, each a median over `--repeats`:
 - state_broadcast: the vLLM weight-transfer backend's raw state-dict broadcast (`scalerl.model.weight_broadcast`,
   a learner process, each tensor loaded as it arrives), no store;
 - loopback_copy_s: the physical limit: one full version's bytes sent over a 127.0.0.1 TCP socket into a
-  preallocated buffer; checks_cpu_s: one core's seconds to BLAKE3 those bytes twice (what the learner
-  and each generator check: each shard's bytes and each chunk's bits); full_floor_s: both sides' checks
+  preallocated buffer; gloo_copy_s: the same bytes pushed by a `BroadcastHub` to one `BroadcastReceiver`
+  as shards (the broadcast path's transport alone: no encoding, checks or build); checks_cpu_s: one
+  core's seconds to BLAKE3 those bytes once (what the learner hashes for a full version's chunks, and each
+  generator before it copies a pushed raw chunk); full_floor_s: both sides' checks
   and the copy spread perfectly over this machine's cores, the least any checked full version can take
   here; minio_object_copy_s: the same bytes as one MinIO object, one PUT then one GET (the store's own
   limit for one connection each way).
@@ -123,14 +125,40 @@ def loopback_copy_s(nbytes: int, repeats: int) -> float:
     return median_of(times[1:])
 
 
+def gloo_copy_s(nbytes: int, repeats: int, shard_bytes: int = 32 * 1024**2) -> float:
+    """Seconds to push `nbytes` from a hub to one receiver (loopback, gloo) as objects of `shard_bytes`, until
+    the hub has every member's done (median)."""
+    data = memoryview(os.urandom(shard_bytes))
+    objects = [(f"gloo/{i}", data[:min(shard_bytes, nbytes - i)]) for i in range(0, nbytes, shard_bytes)]
+    hub = BroadcastHub(BroadcastSettings("127.0.0.1", 0, timeout_s=60))
+    got: list[int] = []
+    receiver = BroadcastReceiver(BroadcastSettings("127.0.0.1", hub.port, timeout_s=60), "gloo-copy",
+                                 lambda version, objs: got.extend(len(d) for d in objs.values()))
+    try:
+        deadline = time.monotonic() + 120
+        while hub.members < 1:
+            assert time.monotonic() < deadline, "the bench's receiver did not join the broadcast group"
+            time.sleep(0.05)
+        times = []
+        for v in range(repeats + 1):
+            got.clear()
+            t0 = time.perf_counter()
+            assert hub.send(v + 1, objects), "the push failed"
+            times.append(time.perf_counter() - t0)
+            assert sum(got) == nbytes
+    finally:
+        receiver.close()
+        hub.close()
+    return median_of(times[1:])
+
+
 def checks_cpu_s(nbytes: int, repeats: int) -> float:
-    """Seconds of one core to check one full version's bytes as one side of the broadcast path does: BLAKE3
-    per shard and per chunk, twice over all of them (median)."""
+    """Seconds of one core to check one full version's bytes as one side of the broadcast path does: one
+    BLAKE3 pass over all of them (median)."""
     data = os.urandom(1 << 20) * max(1, nbytes >> 20)
     times = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
-        digest(data)
         digest(data)
         times.append(time.perf_counter() - t0)
     return median_of(times[1:])
@@ -312,6 +340,7 @@ def bench_model(key: str, spec_path: str, dtype: torch.dtype, repeats: int, work
     full_bytes = row["full"]["bytes"]
     row["loopback_copy_s"] = loopback_copy_s(full_bytes, repeats)
     row["minio_object_copy_s"] = minio_object_copy_s(store, full_bytes, repeats)
+    row["gloo_copy_s"] = gloo_copy_s(full_bytes, repeats)
     row["checks_cpu_s"] = checks_cpu_s(full_bytes, repeats)
     # both sides' checks and the copy itself (sender and receiver: two cores busy) on this machine's cores
     row["full_floor_s"] = round((2 * row["checks_cpu_s"] + 2 * row["loopback_copy_s"]) / (os.cpu_count() or 1), 4)
@@ -323,6 +352,7 @@ def bench_model(key: str, spec_path: str, dtype: torch.dtype, repeats: int, work
         "one_object_over_delta_s": round(row["one_object"]["publish_to_swap_s"] / row["delta"]["publish_to_swap_s"], 2),
         "full_over_loopback_copy": round(row["full"]["publish_to_swap_s"] / row["loopback_copy_s"], 2),
         "full_floor_over_loopback_copy": round(row["full_floor_s"] / row["loopback_copy_s"], 2),
+        "gloo_copy_over_loopback_copy": round(row["gloo_copy_s"] / row["loopback_copy_s"], 2),
         "broadcast_full_over_loopback_copy": round(row["broadcast_full"]["publish_to_swap_s"]
                                                    / row["loopback_copy_s"], 2),
         "full_over_minio_object_copy": round(row["full"]["publish_to_swap_s"] / row["minio_object_copy_s"], 2),
@@ -353,8 +383,10 @@ def main() -> int:
                              "version (median)",
         "loopback_copy_s": "seconds to copy one full version's bytes over a 127.0.0.1 TCP socket (median)",
         "minio_object_copy_s": "seconds to PUT then GET one MinIO object of one full version's bytes (median)",
-        "checks_cpu_s": "seconds of one core to BLAKE3 one full version's bytes twice (per shard and per chunk), "
-                        "what each side of a transfer checks (median)",
+        "checks_cpu_s": "seconds of one core to BLAKE3 one full version's bytes once, what each side of the "
+                        "broadcast path hashes for a full version (median)",
+        "gloo_copy_s": "seconds to push one full version's bytes as 32 MiB objects from a BroadcastHub to one "
+                       "BroadcastReceiver over gloo on loopback, no checks or build (median)",
         "full_floor_s": "the least seconds a full version can take from learner to generator on this machine's "
                         "cores: (2 x checks_cpu_s + 2 x loopback_copy_s) / CPUs, the two sides' checks and the "
                         "copy's sender and receiver, perfectly parallel",
@@ -369,7 +401,8 @@ def main() -> int:
                   f"{r['delta']['publish_to_swap_s']} s ({r['delta']['bytes'] / 1e6:.1f} MB), one object "
                   f"{r['one_object']['publish_to_swap_s']} s, broadcast {r['broadcast']['publish_to_swap_s']} s (full "
                   f"{r['broadcast_full']['publish_to_swap_s']} s), "
-                  f"loopback {r['loopback_copy_s']} s, checked-copy floor {r['full_floor_s']} s, "
+                  f"loopback {r['loopback_copy_s']} s, gloo push {r['gloo_copy_s']} s, "
+                  f"checked-copy floor {r['full_floor_s']} s, "
                   f"MinIO object {r['minio_object_copy_s']} s")
     print(f"wrote the weight_sync section of {merge_sections(args.out, {'weight_sync': section})}")
     return 0

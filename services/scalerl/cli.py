@@ -218,10 +218,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _leave_past_stranded_threads(code: int) -> None:
     """End the process without the interpreter's finalization when a weights-broadcast thread is still in
-    a native call (`scalerl.weightsync.broadcast.stranded_threads`): finalizing under it aborts the
+    a native call (`scalerl.weightsync.wire.stranded_threads`): finalizing under it aborts the
     process. Everything of ours is flushed first; the exit code is the command's."""
-    broadcast = sys.modules.get("scalerl.weightsync.broadcast")  # imported only where broadcast was on
-    stranded = broadcast.stranded_threads() if broadcast is not None else []
+    wire = sys.modules.get("scalerl.weightsync.wire")  # imported only where broadcast was on
+    stranded = wire.stranded_threads() if wire is not None else []
     if not stranded:
         return
     logging.getLogger("scalerl").warning("leaving without finalization: %s still in a transfer", ", ".join(stranded))

@@ -48,68 +48,30 @@ from dataclasses import dataclass
 import torch
 from torch._C._distributed_c10d import TCPStore
 
-from scalerl.model.weight_broadcast import BroadcastEndpoint, join_group
 from scalerl.weightsync.manifest import parse_key
-from scalerl.weightsync.wire import META_BYTES, POLL_S, Rendezvous, SourceFailed, frame, pull, unframe
+from scalerl.weightsync.wire import CLOSE_WAIT_S as CLOSE_WAIT_S
+from scalerl.weightsync.wire import (
+    META_BYTES,
+    POLL_S,
+    Rendezvous,
+    SourceFailed,
+    device_for,
+    frame,
+    join_thread,
+    member_group,
+    pull,
+    unframe,
+)
+from scalerl.weightsync.wire import BroadcastSettings as BroadcastSettings
+from scalerl.weightsync.wire import stranded_threads as stranded_threads
 
 log = logging.getLogger(__name__)
 
 SETTLE_S = 1.0
 """With `generators` 0: a generation is frozen once no generator has joined it for this long (seconds)."""
-CLOSE_WAIT_S = 2.0
-"""How long `close` waits for a background thread (seconds)."""
 CONNECT_SLICE_S = 0.5
 """A receiver tries to reach the learner's rendezvous for at most this long at a time (seconds), so that
 `close` finds it between tries rather than inside torch's native connect loop."""
-
-_STRANDED: list[threading.Thread] = []
-
-
-def stranded_threads() -> list[str]:
-    """Names of this module's background threads that `close` could not join: each is inside a native call
-    (a gloo transfer, the group's rendezvous) bounded by `timeout_s`. While one is, the process must not
-    run the interpreter's finalization: a daemon thread that returns from native code during it is ended
-    by a forced unwind that aborts the process (SIGABRT, "terminate called without an active exception").
-    The CLI ends such a process with `os._exit` once its own work is flushed."""
-    return [t.name for t in _STRANDED if t.is_alive()]
-
-
-def _join(thread: threading.Thread) -> None:
-    thread.join(timeout=CLOSE_WAIT_S)
-    if thread.is_alive():
-        _STRANDED.append(thread)
-
-
-@dataclass(frozen=True)
-class BroadcastSettings:
-    """Where the learner's rendezvous is and how long any one wait may take (`runtime.weight_sync.broadcast`)."""
-
-    address: str
-    port: int
-    generators: int = 0
-    timeout_s: float = 30.0
-    backend: str = "gloo"
-
-    def __post_init__(self) -> None:
-        if not self.address:
-            raise ValueError("address: the learner's host name or IP address")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port: 0..65535 (0 only on the learner: the OS picks one), got {self.port}")
-        if self.generators < 0 or self.timeout_s <= 0:
-            raise ValueError("generators >= 0 and timeout_s > 0")
-        if self.backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend: gloo (CPU) or nccl (GPU), got {self.backend!r}")
-
-
-def _group(store: TCPStore, generation: int, rank: int, world: int, settings: BroadcastSettings) -> object:
-    """This process's member of generation `generation`'s group (blocks until all `world` ranks join)."""
-    endpoint = BroadcastEndpoint(settings.address, store.port, world, rank, settings.backend, settings.timeout_s)
-    return join_group(endpoint, store, prefix=f"scalerl-weights/g{generation}")
-
-
-def _device(backend: str) -> torch.device:
-    return torch.device("cuda" if backend == "nccl" else "cpu")
-
 
 @dataclass
 class _Formed:
@@ -188,7 +150,7 @@ class BroadcastHub:
         names = {r: rv.get(f"g{g}/name/{r}") if rv.has(f"g{g}/name/{r}") else f"rank {r}"
                  for r in range(1, n + 1)}
         try:
-            group = _group(rv.store, g, 0, n + 1, self.settings)
+            group = member_group(rv.store, g, 0, n + 1, self.settings)
         except Exception as exc:  # a member did not come within the timeout
             log.warning("weights broadcast: generation %d (%s) did not form within %.0f s: %s", g,
                         ", ".join(names.values()), self.settings.timeout_s, exc)
@@ -267,7 +229,7 @@ class BroadcastHub:
                 self.server.set(f"g{g}/abort/{seq}", "1")
                 return self._failed(f, missing("ready"), f"not ready for version {version} within {t:.0f} s")
             self.server.set(f"g{g}/go/{seq}", "1")
-            device = _device(self.settings.backend)
+            device = device_for(self.settings.backend)
             try:
                 with warnings.catch_warnings():  # a read-only buffer: the root only reads it
                     warnings.simplefilter("ignore", UserWarning)
@@ -301,7 +263,7 @@ class BroadcastHub:
         """Stop forming groups (a formation in progress is left to its daemon thread: never a wait of a
         whole timeout at shutdown) and drop the group."""
         self._closed.set()
-        _join(self._thread)
+        join_thread(self._thread)
         with self._lock:
             self._formed = None
 
@@ -333,7 +295,7 @@ class BroadcastReceiver:
         """Stop receiving. The thread is a daemon: one blocked in a transfer is not waited for past
         CLOSE_WAIT_S (a generator's SIGTERM drain stays short); nothing it holds needs saving."""
         self._closed.set()
-        _join(self._thread)
+        join_thread(self._thread)
 
     def _connect(self) -> TCPStore:
         """A client of the learner's rendezvous: reached within `CONNECT_SLICE_S` (else the caller tries
@@ -368,7 +330,7 @@ class BroadcastReceiver:
 
     def _receive(self, group: object, version: int) -> None:
         """One version's objects, each delivered as it comes (the reader builds from them meanwhile)."""
-        device = _device(self.settings.backend)
+        device = device_for(self.settings.backend)
         meta = torch.empty(META_BYTES, dtype=torch.uint8, device=device)
         while True:
             group.broadcast(meta, 0).wait()  # type: ignore[attr-defined]
@@ -399,7 +361,7 @@ class BroadcastReceiver:
         if rank >= world:  # came after the freeze: the learner starts the next generation for us
             rv.wait_for(lambda: False, float("inf"), moved_on)
             return
-        group = _group(rv.store, g, rank, world, self.settings)
+        group = member_group(rv.store, g, rank, world, self.settings)
         self.in_group = True
         try:
             seq = 0

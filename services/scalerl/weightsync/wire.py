@@ -1,14 +1,19 @@
-"""What the parties of the broadcast path exchange (`weightsync.broadcast`): the rendezvous' keys, read and
-waited for on one TCPStore connection (`Rendezvous`), and the framing of each object a send streams: a
-header of `META_BYTES` (`frame`, `unframe`) before its bytes."""
+"""What the parties of the broadcast path share (`weightsync.broadcast`): their settings, the rendezvous' keys,
+read and waited for on one TCPStore connection (`Rendezvous`), the process group of a generation
+(`member_group`), the framing of each object a send streams (a header of `META_BYTES`: `frame`, `unframe`)
+before its bytes, and the background threads a `close` could not join (`stranded_threads`)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch._C._distributed_c10d import TCPStore
+
+from scalerl.model.weight_broadcast import BroadcastEndpoint, join_group
 
 POLL_S = 0.05
 """How often a waiting party looks at the rendezvous once it has waited a while (seconds; at first every
@@ -19,6 +24,9 @@ key (uint16) and the key (UTF-8)."""
 MAX_OBJECT_BYTES = 1 << 34
 """The largest object a receiver accepts (16 GiB): a header asking for more is a broken or foreign send."""
 
+
+CLOSE_WAIT_S = 2.0
+"""How long `close` waits for a background thread (seconds)."""
 
 class SourceFailed(Exception):
     """The version's objects could not be made (the publisher's error is the cause): not a member's fault."""
@@ -87,3 +95,52 @@ class Rendezvous:
             time.sleep(delay)
             delay = min(POLL_S, delay * 1.5)
         return True
+
+
+_STRANDED: list[threading.Thread] = []
+
+
+def stranded_threads() -> list[str]:
+    """Names of this module's background threads that `close` could not join: each is inside a native call
+    (a gloo transfer, the group's rendezvous) bounded by `timeout_s`. While one is, the process must not
+    run the interpreter's finalization: a daemon thread that returns from native code during it is ended
+    by a forced unwind that aborts the process (SIGABRT, "terminate called without an active exception").
+    The CLI ends such a process with `os._exit` once its own work is flushed."""
+    return [t.name for t in _STRANDED if t.is_alive()]
+
+
+def join_thread(thread: threading.Thread) -> None:
+    thread.join(timeout=CLOSE_WAIT_S)
+    if thread.is_alive():
+        _STRANDED.append(thread)
+
+
+@dataclass(frozen=True)
+class BroadcastSettings:
+    """Where the learner's rendezvous is and how long any one wait may take (`runtime.weight_sync.broadcast`)."""
+
+    address: str
+    port: int
+    generators: int = 0
+    timeout_s: float = 30.0
+    backend: str = "gloo"
+
+    def __post_init__(self) -> None:
+        if not self.address:
+            raise ValueError("address: the learner's host name or IP address")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: 0..65535 (0 only on the learner: the OS picks one), got {self.port}")
+        if self.generators < 0 or self.timeout_s <= 0:
+            raise ValueError("generators >= 0 and timeout_s > 0")
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend: gloo (CPU) or nccl (GPU), got {self.backend!r}")
+
+
+def member_group(store: TCPStore, generation: int, rank: int, world: int, settings: BroadcastSettings) -> object:
+    """This process's member of generation `generation`'s group (blocks until all `world` ranks join)."""
+    endpoint = BroadcastEndpoint(settings.address, store.port, world, rank, settings.backend, settings.timeout_s)
+    return join_group(endpoint, store, prefix=f"scalerl-weights/g{generation}")
+
+
+def device_for(backend: str) -> torch.device:
+    return torch.device("cuda" if backend == "nccl" else "cpu")

@@ -305,7 +305,7 @@ STRANDED_CHILD = """
 import datetime, sys, threading, time
 from torch._C._distributed_c10d import TCPStore
 from scalerl import cli
-from scalerl.weightsync import broadcast
+from scalerl.weightsync import wire
 
 def connect_forever():  # in native code for 0.2 s at a time, many returns during finalization
     while True:
@@ -316,7 +316,7 @@ def connect_forever():  # in native code for 0.2 s at a time, many returns durin
 
 t = threading.Thread(target=connect_forever, name="stuck-transfer", daemon=True)
 t.start()
-broadcast._STRANDED.append(t)
+wire._STRANDED.append(t)
 time.sleep(0.5)
 print("flushed before leaving", flush=False)
 cli._leave_past_stranded_threads(3)
