@@ -204,8 +204,8 @@ def parse_manifest(data: bytes, key: str) -> Manifest:
                  raw.get("base"), raw.get("base_digest"))
     if kind == "delta" and not (isinstance(m.base, str) and isinstance(m.base_digest, str)):
         raise ManifestError(f"{key}: a delta without its base")
-    if m.digest != raw.get("digest") or m.key != key:
-        raise ManifestError(f"{key}: its tensors hash to {m.digest[:16]}, not the digest it names")
+    if (digest := m.digest) != raw.get("digest") or manifest_key(m.version, digest, m.kind) != key:
+        raise ManifestError(f"{key}: its tensors hash to {digest[:16]}, not the digest it names")
     _check_layout(m, key)
     return m
 

@@ -205,7 +205,8 @@ class WeightPublisher:
             c.encoding, c.changed, c.shard, c.offset, c.length = "raw", c.count, len(sizes), size, n
             size += n
         sizes += [size] if size else []
-        manifest.shards = [ShardEntry(shard_key(manifest.key, i), n) for i, n in enumerate(sizes)]
+        key = manifest.key  # (it hashes the manifest: once)
+        manifest.shards = [ShardEntry(shard_key(key, i), n) for i, n in enumerate(sizes)]
 
     def _starts_shard(self, filled: int, n: int) -> bool:
         """Whether a chunk of `n` bytes goes into a new shard after `filled` bytes of the current one."""
@@ -263,6 +264,7 @@ class WeightPublisher:
         jobs: deque[tuple[ChunkEntry, Future[Encoded]]] = deque()
         shipping: deque[Future[None]] = deque()
         laid_out = list(manifest.shards)
+        key = manifest.key  # (it hashes the manifest: once)
         parts: list[bytes | memoryview] = []
         size = cut = 0
 
@@ -275,7 +277,7 @@ class WeightPublisher:
                 entry = laid_out[cut]
                 assert entry.bytes == len(data), f"shard {cut} was laid out as {entry.bytes} bytes, cut {len(data)}"
             else:
-                entry = ShardEntry(shard_key(manifest.key, cut), len(data))
+                entry = ShardEntry(shard_key(key, cut), len(data))
                 manifest.shards.append(entry)
             cut += 1
             if keep is not None:

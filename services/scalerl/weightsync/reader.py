@@ -247,8 +247,9 @@ class WeightReader:
         """Apply one version to the copy (a snapshot replaces it; a delta needs its base held). One shard at a
         time (pushed, else downloaded); its chunks decoded and BLAKE3-checked in parallel (`_chunk`). A pushed
         shard whose chunks do not check is downloaded for them; a downloaded one is corrupt (StoreError)."""
+        key = m.key
         if m.kind == "delta" and (self.held is None or self.held.key != m.base):
-            raise ManifestError(f"{m.key}: its base {m.base} is not the version held")
+            raise ManifestError(f"{key}: its base {m.base} is not the version held")
         self.held = None  # from here until the end the copy is half-built
         if m.kind == "snapshot":
             self._allocate(m)
@@ -261,7 +262,7 @@ class WeightReader:
                 ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-fetch") as io:
             def apply(indices: list[int], data: memoryview) -> list[tuple[int, str]]:
                 """(chunk, why) of the chunks that did not check (each left as it was)."""
-                got = in_pool(cpu, functools.partial(_chunk, m, views, data=data), indices,
+                got = in_pool(cpu, functools.partial(_chunk, m, key, views, data=data), indices,
                               lambda i: m.chunks[i].count * views[m.chunks[i].tensor].element_size())
                 return [(i, why) for i, why in zip(indices, got, strict=True) if why is not None]
 
@@ -299,12 +300,13 @@ class WeightReader:
         self.shadow = fresh
 
 
-def _chunk(m: Manifest, views: list[torch.Tensor], i: int, data: memoryview) -> str | None:
-    """Apply chunk `i` of `m` from its shard's `data` to the copy (`views`: each tensor's bits) when it checks
-    (None); else say why, with the copy's range as it was: a raw chunk is checked before it is copied, any
-    other after it is decoded (an XOR delta that does not check is applied again, which undoes it)."""
+def _chunk(m: Manifest, key: str, views: list[torch.Tensor], i: int, data: memoryview) -> str | None:
+    """Apply chunk `i` of `m` (whose key is `key`: `m.key` hashes the manifest) from its shard's `data` to the
+    copy (`views`: each tensor's bits) when it checks (None); else say why, with the copy's range as it was: a
+    raw chunk is checked before it is copied, any other after it is decoded (an XOR delta that does not check
+    is applied again, which undoes it)."""
     c = m.chunks[i]
-    what = f"{m.key} chunk {i} ({m.tensors[c.tensor].name}[{c.start}:{c.start + c.count}])"
+    what = f"{key} chunk {i} ({m.tensors[c.tensor].name}[{c.start}:{c.start + c.count}])"
     view = views[c.tensor][c.start:c.start + c.count]
     piece = data[c.offset:c.offset + c.length]
     try:

@@ -238,9 +238,9 @@ def test_a_chunk_that_does_not_check_leaves_the_copy_as_it_was(tmp_path) -> None
         c = ChunkEntry(0, 0, 4096, enc.encoding, 0, 0, len(bad.data), bad.changed, bits_digest(want))
         m = Manifest(1, "delta", tensors, chunks=[c])
         copy = old.clone()
-        why = _chunk(m, [copy], 0, memoryview(bytes(bad.data)))
+        why = _chunk(m, "v1", [copy], 0, memoryview(bytes(bad.data)))
         assert why is not None and "BLAKE3" in why
         assert torch.equal(copy, old)  # as it was
         c.length, c.changed = len(enc.data), enc.changed
-        assert _chunk(m, [copy], 0, memoryview(bytes(enc.data))) is None
+        assert _chunk(m, "v1", [copy], 0, memoryview(bytes(enc.data))) is None
         assert torch.equal(copy, want)
