@@ -209,7 +209,8 @@ def bench_store_path(name: str, learner: Learner, engine: TorchEngine, store: S3
     if broadcast:
         hub = BroadcastHub(BroadcastSettings("127.0.0.1", 0, timeout_s=60))
         receiver = BroadcastReceiver(BroadcastSettings("127.0.0.1", hub.port, timeout_s=60), "bench",
-                                     reader.offer_shards, reader.push_ended)
+                                     reader.offer_shards, reader.push_ended,
+                                     reader.inbox.buffer)
         deadline = time.monotonic() + 120
         while hub.members < 1:
             assert time.monotonic() < deadline, "the bench's receiver did not join the broadcast group"

@@ -271,18 +271,21 @@ class BroadcastHub:
 class BroadcastReceiver:
     """A generator's end: joins the learner's group in a background thread and hands each version's objects
     to `deliver(version, {key: bytes})` (the reader's inbox) as they arrive, then calls `ended(version)` once
-    the version's transfer is over, whole or not, before it says done. Counters: `received` (versions),
+    the version's transfer is over, whole or not, before it says done. Each object is received into
+    `buffer(size)` (a uint8 CPU tensor; the inbox lends recycled ones). Counters: `received` (versions),
     `bytes`, `failures` (groups lost: it joins again)."""
 
     def __init__(self, settings: BroadcastSettings, member_id: str,
                  deliver: Callable[[int, dict[str, bytes | memoryview]], None],
-                 ended: Callable[[int], None] = lambda version: None) -> None:
+                 ended: Callable[[int], None] = lambda version: None,
+                 buffer: Callable[[int], torch.Tensor] = lambda size: torch.empty(size, dtype=torch.uint8)) -> None:
         if settings.port == 0:
             raise ValueError("port: the learner's rendezvous port (1..65535), not 0")
         self.settings = settings
         self.member_id = member_id
         self.deliver = deliver
         self.ended = ended
+        self.buffer = buffer
         self.received = 0
         self.bytes = 0
         self.failures = 0
@@ -337,10 +340,13 @@ class BroadcastReceiver:
             size, key = unframe(meta)
             if size < 0:
                 return
-            buf = torch.empty(size, dtype=torch.uint8, device=device)
+            host = self.buffer(size)
+            buf = host if device.type == "cpu" else torch.empty(size, dtype=torch.uint8, device=device)
             if size:
                 group.broadcast(buf, 0).wait()  # type: ignore[attr-defined]
-            self.deliver(version, {key: buf.cpu().numpy().data})
+            if buf is not host:
+                host.copy_(buf)
+            self.deliver(version, {key: host.numpy().data})
             self.bytes += size
 
     def _member(self, rv: Rendezvous) -> None:

@@ -45,4 +45,4 @@ def make_receiver(spec: JobSpec, member_id: str, reader: WeightReader) -> Broadc
     settings = broadcast_settings(spec)
     if settings is None:
         return None
-    return BroadcastReceiver(settings, member_id, reader.offer_shards, reader.push_ended)
+    return BroadcastReceiver(settings, member_id, reader.offer_shards, reader.push_ended, reader.inbox.buffer)

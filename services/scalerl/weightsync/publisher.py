@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_BYTES = 32 * 1024**2
 
-Parts = Iterator[tuple[str, bytes]]
+Blob = bytes | memoryview
+Parts = Iterator[tuple[str, Blob]]
 """A version's objects as (key, bytes) as they are encoded: its shards in order, then its manifest."""
 BeforeUpload = Callable[[PolicyVersion, Parts], None]
 
@@ -83,6 +84,43 @@ def chunk_ranges(numel: int, itemsize: int, shard_bytes: int) -> Iterator[tuple[
     yield from ((s, min(step, numel - s)) for s in range(0, max(numel, 1), step))
 
 
+def _digest_chunks(pool: ThreadPoolExecutor, bits: list[torch.Tensor], chunks: list[ChunkEntry]) -> None:
+    """Fill in every chunk's BLAKE3 (of its range of `bits`), hashed in `pool`."""
+    def digest_of(c: ChunkEntry) -> str:
+        return bits_digest(bits[c.tensor][c.start:c.start + c.count])
+
+    for c, d in zip(chunks, in_pool(pool, digest_of, chunks, lambda c: c.count * bits[c.tensor].element_size()),
+                    strict=True):
+        c.blake3 = d
+
+
+class _ShardMemory:
+    """The memory shards are cut into, reused from one version to the next: fresh memory costs a page fault
+    per 4 KiB, about as much as the copy into it. One thread cuts shards at a time."""
+
+    def __init__(self) -> None:
+        self._free: list[bytearray] = []
+        self._used: list[bytearray] = []
+
+    def join(self, parts: list[bytes | memoryview], size: int) -> memoryview:
+        """`parts` (`size` bytes in all) one after the other in memory of this pool's."""
+        fits = [i for i, b in enumerate(self._free) if len(b) >= size]
+        buf = self._free.pop(min(fits, key=lambda i: len(self._free[i]))) if fits else bytearray(size)
+        self._used.append(buf)
+        out, at = memoryview(buf)[:size], 0
+        for part in parts:
+            out[at:at + len(part)] = part
+            at += len(part)
+        return out
+
+    def recycle(self) -> None:
+        """Nothing reads the shards cut so far any more: keep as much memory as they took for the next version
+        (a snapshot's for a snapshot, a delta's few MB for a delta)."""
+        budget = sum(len(b) for b in self._used)
+        self._free = [b for b in sorted(self._free + self._used, key=len) if (budget := budget - len(b)) >= 0]
+        self._used = []
+
+
 class WeightPublisher:
     """Publishes versions into `store` (see the module docstring). `dtype`: the floating dtype versions are
     published in (None: each tensor's own). `delta` False: every version is a snapshot. `keep_last` 0: never
@@ -105,6 +143,7 @@ class WeightPublisher:
         self._prev_tensors: dict[str, torch.Tensor] = {}  # the tensors `_prev` views
         self._spare: dict[str, torch.Tensor] = {}  # the version before last's buffers, reused by `_prepare`
         self._since_snapshot = 0
+        self._memory = _ShardMemory()
         self.last: Manifest | None = None  # the manifest of the last version published
 
     # -- what goes out -----------------------------------------------------------------------------
@@ -148,29 +187,27 @@ class WeightPublisher:
         entries = [TensorEntry(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in tensors.items()]
         chunks = [ChunkEntry(ti, start, count, "raw", 0, 0, 0, 0, "") for ti, b in enumerate(bits)
                   for start, count in chunk_ranges(b.numel(), b.element_size(), self.shard_bytes)]
-        with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-publish") as pool:
-            def digest_of(c: ChunkEntry) -> str:
-                return bits_digest(bits[c.tensor][c.start:c.start + c.count])
-
-            for c, d in zip(chunks, in_pool(pool, digest_of, chunks, lambda c: c.count * bits[c.tensor].element_size()),
-                            strict=True):
-                c.blake3 = d  # first: the state digest, hence the version's key, names every chunk's BLAKE3
-            requests = self.store.list(REQUESTS)
-            why = self._want_snapshot(entries, requests)
-            kind = "delta" if why is None else "snapshot"
-            manifest = Manifest(version, kind, entries, aliases, chunks=chunks)
-            if kind == "delta" and self._prev_manifest is not None:
-                manifest.base, manifest.base_digest = self._prev_manifest.key, self._prev_manifest.digest
-            announcement = PolicyVersion(version=version, uri=self.store.uri(manifest.key), checksum=manifest.digest)
-            prev = self._prev if kind == "delta" else None
-            if kind == "snapshot":
-                self._lay_out(manifest, bits)
-            if before_upload is None:
-                self._encode(pool, manifest, bits, prev)
-            else:
-                self.store.put_bytes(pending_key(version), manifest.key.encode())
-                staged = self._stream(pool, manifest, bits, prev, announcement, before_upload)
-                list(pool.map(self._put, manifest.shards, staged))
+        try:
+            with ThreadPoolExecutor(self.parallel, thread_name_prefix="weights-publish") as pool:
+                _digest_chunks(pool, bits, chunks)  # first: the version's key names every chunk's BLAKE3
+                requests = self.store.list(REQUESTS)
+                why = self._want_snapshot(entries, requests)
+                kind = "delta" if why is None else "snapshot"
+                manifest = Manifest(version, kind, entries, aliases, chunks=chunks)
+                if kind == "delta" and self._prev_manifest is not None:
+                    manifest.base, manifest.base_digest = self._prev_manifest.key, self._prev_manifest.digest
+                announcement = PolicyVersion(version, self.store.uri(manifest.key), manifest.digest)
+                prev = self._prev if kind == "delta" else None
+                if kind == "snapshot":
+                    self._lay_out(manifest, bits)
+                if before_upload is None:
+                    self._encode(pool, manifest, bits, prev)
+                else:
+                    self.store.put_bytes(pending_key(version), manifest.key.encode())
+                    staged = self._stream(pool, manifest, bits, prev, announcement, before_upload)
+                    list(pool.map(self._put, manifest.shards, staged))
+        finally:  # (every thread that read the version's shards has ended)
+            self._memory.recycle()
         self.store.put_bytes(manifest.key, manifest.to_json())
         # Published. From here nothing may fail the call: a caller that retries a failed publish must find
         # this publisher as it was before it (the state changes only now, and the clean-up is best effort).
@@ -187,7 +224,7 @@ class WeightPublisher:
             log.warning("weights v%d: clean-up of the store failed: %s", version, exc)
         return announcement
 
-    def _put(self, entry: ShardEntry, data: bytes) -> None:
+    def _put(self, entry: ShardEntry, data: Blob) -> None:
         """Upload one shard with its BLAKE3 (the store records it and checks it when the shard is read whole)."""
         self.store.put_bytes(entry.key, data, checksum=("blake3", digest(data)))
 
@@ -214,15 +251,15 @@ class WeightPublisher:
 
     def _stream(self, pool: ThreadPoolExecutor, manifest: Manifest, bits: list[torch.Tensor],
                 prev: list[torch.Tensor] | None, announcement: PolicyVersion,
-                before_upload: BeforeUpload) -> list[bytes]:
+                before_upload: BeforeUpload) -> list[Blob]:
         """Encode in a thread of its own while `before_upload` is handed each shard as it is cut, then the
         manifest; returns the shards' bytes (to upload). An encoding error reaches `before_upload` through the
         iterator (so that nothing is announced) and then the caller."""
-        made: queue.SimpleQueue[tuple[str, bytes] | None] = queue.SimpleQueue()
-        staged: list[bytes] = []
+        made: queue.SimpleQueue[tuple[str, Blob] | None] = queue.SimpleQueue()
+        staged: list[Blob] = []
         failed: list[BaseException] = []
 
-        def keep(key: str, data: bytes) -> None:
+        def keep(key: str, data: Blob) -> None:
             staged.append(data)
             made.put((key, data))
 
@@ -257,7 +294,7 @@ class WeightPublisher:
         return staged
 
     def _encode(self, pool: ThreadPoolExecutor, manifest: Manifest, bits: list[torch.Tensor],
-                prev: list[torch.Tensor] | None, keep: Callable[[str, bytes], None] | None = None) -> None:
+                prev: list[torch.Tensor] | None, keep: Callable[[str, Blob], None] | None = None) -> None:
         """Encode every chunk into shards, each uploaded in `pool`, `parallel` at a time (with `keep`: handed
         to it as (key, bytes) as soon as it is cut, instead of uploaded); fills in the chunks' encoding and
         place, and manifest.shards (a snapshot's are laid out already: the same are cut)."""
@@ -272,7 +309,7 @@ class WeightPublisher:
             nonlocal parts, size, cut
             if not parts:
                 return
-            data = b"".join(parts)
+            data = self._memory.join(parts, size)
             if laid_out:
                 entry = laid_out[cut]
                 assert entry.bytes == len(data), f"shard {cut} was laid out as {entry.bytes} bytes, cut {len(data)}"

@@ -175,7 +175,7 @@ class WeightReader:
         """The broadcast of `version` has ended (whole or not): what did not come is downloaded."""
         self.inbox.end(version)
 
-    def _shard_bytes(self, m: Manifest, entry: ShardEntry, buf: memoryview,
+    def _shard_bytes(self, m: Manifest, entry: ShardEntry, buf: _Scratch,
                      io: ThreadPoolExecutor) -> tuple[memoryview, bool]:
         """(bytes, from the inbox?) of one shard: the broadcast's (waited for while its push is under way),
         else downloaded into `buf`. Unchecked: its chunks are (`_apply`)."""
@@ -186,13 +186,13 @@ class WeightReader:
                         len(pushed), entry.bytes)
         return self._download(m, entry, buf, io), False
 
-    def _download(self, m: Manifest, entry: ShardEntry, buf: memoryview, io: ThreadPoolExecutor) -> memoryview:
+    def _download(self, m: Manifest, entry: ShardEntry, buf: _Scratch, io: ThreadPoolExecutor) -> memoryview:
         """One shard read into `buf` as up to `parallel` ranged reads; for a version whose manifest came by
         broadcast, once its upload has ended (its manifest, written last, is in the store)."""
         if m.key in self._via_push:
             self._await_store(m.key, time.monotonic() + self.manifest_wait_s)
             self._via_push.discard(m.key)
-        out = buf[:entry.bytes]
+        out = buf.get()[:entry.bytes]
         step = max(RANGE_MIN, -(-entry.bytes // self.parallel))
         list(io.map(lambda a: self.store.read_into(entry.key, a, out[a:a + step]), range(0, entry.bytes, step)))
         return out
@@ -266,7 +266,8 @@ class WeightReader:
                               lambda i: m.chunks[i].count * views[m.chunks[i].tensor].element_size())
                 return [(i, why) for i, why in zip(indices, got, strict=True) if why is not None]
 
-            buf = memoryview(bytearray(max((m.shards[si].bytes for si in by_shard if si >= 0), default=0)))
+            size = max((m.shards[si].bytes for si in by_shard if si >= 0), default=0)
+            buf = _Scratch(size)
             for si in sorted(by_shard):  # one shard at a time: its bytes are all that is held beside the copy
                 if si < 0:
                     if failed := apply(by_shard[si], memoryview(b"")):
@@ -274,7 +275,11 @@ class WeightReader:
                     continue
                 entry = m.shards[si]
                 data, pushed = self._shard_bytes(m, entry, buf, io)
-                failed = apply(by_shard[si], data)
+                try:
+                    failed = apply(by_shard[si], data)
+                finally:
+                    if pushed:  # its buffer may take the next object the receiver gets
+                        self.inbox.release(entry.key)
                 if failed and pushed:
                     log.warning("shard %s received by broadcast does not match its manifest (%s): downloading it",
                                 entry.key, failed[0][1])
@@ -298,6 +303,20 @@ class WeightReader:
             else:
                 fresh[t.name] = torch.empty(t.shape, dtype=DTYPES[t.dtype])
         self.shadow = fresh
+
+
+class _Scratch:
+    """The download buffer of one version's build (the size of its largest shard), made on first use: a
+    version that came whole by broadcast needs none."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._buf: memoryview | None = None
+
+    def get(self) -> memoryview:
+        if self._buf is None:
+            self._buf = memoryview(bytearray(self.size))
+        return self._buf
 
 
 def _chunk(m: Manifest, key: str, views: list[torch.Tensor], i: int, data: memoryview) -> str | None:

@@ -33,7 +33,8 @@ def main() -> None:
     store_dir, port, member_id, timeout_s = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
     reader = WeightReader(LocalStore(store_dir))
     receiver = BroadcastReceiver(BroadcastSettings("127.0.0.1", port, timeout_s=timeout_s), member_id,
-                                 reader.offer_shards, reader.push_ended)
+                                 reader.offer_shards, reader.push_ended,
+                                 reader.inbox.buffer)
     for line in sys.stdin:
         pv = PolicyVersion(**json.loads(line))
         weights = reader.fetch(pv)

@@ -244,3 +244,18 @@ def test_a_chunk_that_does_not_check_leaves_the_copy_as_it_was(tmp_path) -> None
         c.length, c.changed = len(enc.data), enc.changed
         assert _chunk(m, "v1", [copy], 0, memoryview(bytes(enc.data))) is None
         assert torch.equal(copy, want)
+
+
+def test_the_publisher_cuts_each_version_into_the_memory_of_the_last(tmp_path) -> None:
+    """Fresh memory costs a page fault per 4 KiB: a version's shards are cut into the last one's buffers, and
+    the publisher keeps as much as the last version took (a delta's few bytes after a delta)."""
+    learner = FakeLearner()
+    pub = WeightPublisher(LocalStore(tmp_path), torch.bfloat16, shard_bytes=8192, snapshot_every=3)
+    pub.publish(1, learner.state())
+    first = {id(b) for b in pub._memory._free}
+    assert sum(len(b) for b in pub._memory._free) == pub.last.stored_bytes  # type: ignore[union-attr]
+    learner.step()
+    pub.publish(2, learner.state())  # a delta: smaller, cut into memory of the snapshot's
+    assert pub.last is not None and pub.last.kind == "delta"
+    assert {id(b) for b in pub._memory._free} <= first
+    assert sum(len(b) for b in pub._memory._free) <= 8192 * len(pub.last.shards)
