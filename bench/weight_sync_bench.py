@@ -13,9 +13,12 @@ in one run, each a median over `--repeats`:
   one PUT, one GET, `safetensors.load`), for the ratio the issue asks for;
 - broadcast: the runtimes' broadcast path (`runtime.weight_sync.broadcast`, deltas on) in the learner's
   order: the version is encoded, pushed over gloo from a `BroadcastHub` to a `BroadcastReceiver` (loopback,
-  one member) and announced; the generator builds it from the pushed manifest and shards and swaps while
-  the learner uploads it to MinIO (both on this machine's cores); broadcast_full: the same with every
-  version a snapshot;
+  one member) and announced (a snapshot once its manifest, sent first, is out; a delta at the end); the
+  generator builds it from the pushed manifest and shards as they arrive and swaps, while the learner
+  uploads it to MinIO (both on this machine's cores); broadcast_full: the same with every version a
+  snapshot; broadcast_full_upload_after_swap: a diagnostic, not the runtimes' order: the learner's upload
+  waits for the swap, so the swap does not share the 2 cores with the upload (and MinIO), as it would not
+  with learner and generator on two machines;
 - state_broadcast: the vLLM weight-transfer backend's raw state-dict broadcast (`scalerl.model.weight_broadcast`,
   a learner process, each tensor loaded as it arrives), no store;
 - loopback_copy_s: the physical limit: one full version's bytes sent over a 127.0.0.1 TCP socket into a
@@ -70,6 +73,7 @@ from scalerl.store.s3 import S3Store
 from scalerl.weightsync.broadcast import BroadcastHub, BroadcastReceiver, BroadcastSettings
 from scalerl.weightsync.codec import digest
 from scalerl.weightsync.factory import UPLOAD_WAIT_TIMEOUTS
+from scalerl.weightsync.inbox import Inbox
 from scalerl.weightsync.publisher import WeightPublisher, untie
 from scalerl.weightsync.reader import WeightReader
 
@@ -129,11 +133,11 @@ def gloo_copy_s(nbytes: int, repeats: int, shard_bytes: int = 32 * 1024**2) -> f
     """Seconds to push `nbytes` from a hub to one receiver (loopback, gloo) as objects of `shard_bytes`, until
     the hub has every member's done (median)."""
     data = memoryview(os.urandom(shard_bytes))
-    objects = [(f"gloo/{i}", data[:min(shard_bytes, nbytes - i)]) for i in range(0, nbytes, shard_bytes)]
+    sizes = [min(shard_bytes, nbytes - i) for i in range(0, nbytes, shard_bytes)]
     hub = BroadcastHub(BroadcastSettings("127.0.0.1", 0, timeout_s=60))
-    got: list[int] = []
+    inbox = Inbox(versions=1)  # received as a generator does, into buffers it recycles
     receiver = BroadcastReceiver(BroadcastSettings("127.0.0.1", hub.port, timeout_s=60), "gloo-copy",
-                                 lambda version, objs: got.extend(len(d) for d in objs.values()))
+                                 inbox.put, inbox.end, inbox.buffer)
     try:
         deadline = time.monotonic() + 120
         while hub.members < 1:
@@ -141,11 +145,14 @@ def gloo_copy_s(nbytes: int, repeats: int, shard_bytes: int = 32 * 1024**2) -> f
             time.sleep(0.05)
         times = []
         for v in range(repeats + 1):
-            got.clear()
+            objects = [(f"gloo/v{v}/{i}", data[:n]) for i, n in enumerate(sizes)]
             t0 = time.perf_counter()
             assert hub.send(v + 1, objects), "the push failed"
             times.append(time.perf_counter() - t0)
-            assert sum(got) == nbytes
+            got = [inbox.take(key) for key, _ in objects]
+            assert sum(len(d) for d in got if d is not None) == nbytes
+            for key, _ in objects:
+                inbox.release(key)
     finally:
         receiver.close()
         hub.close()
@@ -201,7 +208,8 @@ class Learner:
 
 
 def bench_store_path(name: str, learner: Learner, engine: TorchEngine, store: S3Store, dtype: torch.dtype,
-                     delta: bool, repeats: int, broadcast: bool = False) -> dict[str, Any]:
+                     delta: bool, repeats: int, broadcast: bool = False,
+                     upload_after_swap: bool = False) -> dict[str, Any]:
     publisher = WeightPublisher(store, dtype, delta=delta, snapshot_every=10_000, keep_last=2)
     # (as `weightsync.factory.make_reader` makes a broadcast member's: it waits for what is on its way)
     reader = WeightReader(store, manifest_wait_s=UPLOAD_WAIT_TIMEOUTS * 60 if broadcast else 0.0)
@@ -235,6 +243,8 @@ def bench_store_path(name: str, learner: Learner, engine: TorchEngine, store: S3
                 holder["swap"].start()
 
             assert hub is not None and hub.send_and_announce(pv.version, parts, announce), "the broadcast failed"
+            if upload_after_swap:  # (a diagnostic: the learner's upload does not share the cores with the swap)
+                holder["swap"].join()
 
         t0 = time.perf_counter()
         if hub is None:
@@ -337,6 +347,8 @@ def bench_model(key: str, spec_path: str, dtype: torch.dtype, repeats: int, work
     row["one_object"] = bench_one_object(learner, engine, store, dtype, repeats)
     row["broadcast"] = bench_store_path(key, learner, engine, store, dtype, True, repeats, broadcast=True)
     row["broadcast_full"] = bench_store_path(key, learner, engine, store, dtype, False, repeats, broadcast=True)
+    row["broadcast_full_upload_after_swap"] = bench_store_path(key, learner, engine, store, dtype, False, repeats,
+                                                               broadcast=True, upload_after_swap=True)
     row["state_broadcast"] = bench_state_broadcast(learner, engine, dtype, repeats, work)
     full_bytes = row["full"]["bytes"]
     row["loopback_copy_s"] = loopback_copy_s(full_bytes, repeats)
@@ -354,6 +366,8 @@ def bench_model(key: str, spec_path: str, dtype: torch.dtype, repeats: int, work
         "full_over_loopback_copy": round(row["full"]["publish_to_swap_s"] / row["loopback_copy_s"], 2),
         "full_floor_over_loopback_copy": round(row["full_floor_s"] / row["loopback_copy_s"], 2),
         "gloo_copy_over_loopback_copy": round(row["gloo_copy_s"] / row["loopback_copy_s"], 2),
+        "broadcast_full_upload_after_swap_over_loopback_copy": round(
+            row["broadcast_full_upload_after_swap"]["publish_to_swap_s"] / row["loopback_copy_s"], 2),
         "broadcast_full_over_loopback_copy": round(row["broadcast_full"]["publish_to_swap_s"]
                                                    / row["loopback_copy_s"], 2),
         "full_over_minio_object_copy": round(row["full"]["publish_to_swap_s"] / row["minio_object_copy_s"], 2),
