@@ -5,7 +5,8 @@
    own) and keeps a tied tensor once (`untie`);
 2. splits every tensor into chunks of at most `shard_bytes` and encodes them (`weightsync.codec`): raw for a
    snapshot, against the bits of the version it published last for a delta. The chunks are encoded and the
-   shards uploaded `parallel` at a time; at most about 2 x `parallel` shards' bytes are held at once;
+   shards uploaded `parallel` at a time; at most about 2 x `parallel` shards' bytes are held at once, cut
+   into the memory the last version's shards took (`_ShardMemory`);
 3. writes the manifest last (a version is complete once its manifest exists), then deletes what no reader
    needs any more (`retain`), and returns the `PolicyVersion` to announce.
 
@@ -15,9 +16,10 @@ for one (an object under ``policy/requests/``: `WeightReader.request_snapshot`);
 once the snapshot is written.
 
 With `before_upload` (the broadcast path, `weightsync.broadcast`), the caller is handed the version's
-announcement and its objects as they are encoded (each shard, then the manifest, which names every shard's
-BLAKE3), to push them to the generators and then announce the version; only then is the version uploaded
-(the generators in the group need not wait for the store). The encoded version is held in memory until it is
+announcement and its objects as they are encoded (a snapshot's manifest first, since it is complete before
+any shard is cut, then each shard; a delta's manifest last), to push them to the generators and announce the
+version (`BroadcastHub.send_and_announce`: once the manifest is out); only then is the version uploaded (the
+generators in the group need not wait for the store). The encoded version is held in memory until it is
 uploaded. A marker ``policy/pending/v<version>`` written first keeps the number taken
 (`reader.highest_version`) should the learner die before the manifest is written; it is deleted with the
 version's clean-up.

@@ -7,18 +7,22 @@ names sharing one tensor) built in the reader's resident copy (`shadow`):
   it applies only the deltas after it) or to a snapshot (a new or restarted generator, one that fell
   behind or lost its copy): snapshot + deltas;
 - each manifest's shards are taken one at a time, each downloaded as up to `parallel` ranged reads (of at
-  least RANGE_MIN bytes) into one buffer, checked against the BLAKE3 its manifest gives (a corrupt or
-  missing shard is an error naming it) and decoded in place into the copy by `parallel` threads: beside
-  the copy, one shard's bytes (and the decode buffers of the chunks in flight) are in memory;
-- every chunk's BLAKE3 is checked as it is decoded (the chunks cover every tensor): the copy is
-  bit-identical to the learner's weights in the published dtype, or the fetch fails.
+  least RANGE_MIN bytes) into one buffer, and its chunks checked and decoded in place into the copy by
+  `parallel` threads (`_chunk`): beside the copy, one shard's bytes (and the decode buffers of the chunks in
+  flight) are in memory;
+- every chunk's BLAKE3 is checked, a raw chunk's before it is copied, any other's after it is decoded (the
+  chunks cover every tensor and tile every shard): the copy is bit-identical to the learner's weights in
+  the published dtype, or the fetch fails naming the shard and chunk, and a chunk that does not check
+  leaves the copy as it was.
 
 A version can also arrive by broadcast (`weightsync.broadcast`): `offer_shards` puts pushed objects in an
-inbox as they come, each shard hashed (BLAKE3) in the background meanwhile. A fetch takes the version's manifest
-from there when its digest is the announced one (`parse_manifest` checks the rest), and each shard when its
-BLAKE3 is the manifest's (one that is not is downloaded instead). The learner announces a pushed version
-before its upload ends, so a reader that was not pushed it waits for the manifest to appear in the store,
-for at most `manifest_wait_s`.
+inbox (`weightsync.inbox`) as they come, and `push_ended` says that the push is over. A fetch takes the
+version's manifest from there when its digest is the announced one (`parse_manifest` checks the rest), and
+each shard as it arrives, waiting for those on their way (a snapshot's manifest comes first: it is built
+while its shards stream in); a shard whose chunks do not check, or that the push did not bring, is
+downloaded instead, once the upload has ended. The learner announces a pushed version before its upload
+ends, so a reader that was not pushed it waits for the manifest to appear in the store; every such wait
+lasts at most `manifest_wait_s`.
 
 When the version cannot be built (a shard or manifest of its chain is gone or corrupt), `fetch` raises
 `WeightsUnavailable` after asking the learner for a snapshot (`request_snapshot`), and the copy is marked
