@@ -4,10 +4,12 @@ The learner encodes a version (`WeightPublisher.publish(before_upload=...)`), br
 shards (`BroadcastHub.send`) to the generators that have joined its group, announces it on the bus, and
 only then uploads it to the store, which stays the fallback: the generators in the group need not wait
 for it. Each generator's receiver (`BroadcastReceiver`) hands the objects to its `WeightReader` as they
-arrive, which takes them in place of downloads: the manifest when its digest is the one announced on the
-bus, each shard when its BLAKE3 is the manifest's, so bytes that came by broadcast are trusted no more
-than a download (a wrong or missing one is fetched from the store). A generator outside the group, new,
-slow or just restarted, pulls from the store, waiting for the upload in progress.
+arrive, which builds from them in place of downloads: the manifest when its digest is the one announced on
+the bus, each shard's chunks when they hash (BLAKE3) to what the manifest names, so bytes that came by
+broadcast are trusted no more than a download (a wrong or missing shard is fetched from the store). A
+snapshot's manifest goes first and the learner announces the version once it is out
+(`BroadcastHub.send_and_announce`), so the generators build it while its shards stream in. A generator
+outside the group, new, slow or just restarted, pulls from the store, waiting for the upload in progress.
 
 Never a hang (each wait is bounded by `timeout_s`, the group's gloo timeout included):
 
