@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -386,3 +387,23 @@ def test_a_pod_without_user_namespaces_or_landlock() -> None:
     assert report["daemon"][:2] == ["ok", "parent done\n"]
     for _, _, _, workdir in report.values():
         assert not os.path.exists(workdir) and _survivors(workdir) == []
+
+
+def test_a_launcher_that_ends_at_the_wall_deadline_has_its_report_read() -> None:
+    """Under load, a launcher can end right as the wall deadline passes, its report still in the pipe: the
+    capture takes it (it used to return with none, and the call failed as "the launcher ended without a
+    report (exit 0)", seen once in a burst of tool calls on the real node)."""
+    from scalerl.sandbox.runner import _Capture
+
+    status_r, status_w = os.pipe()
+    report = b"wait 0\ncpu 0.01\n"
+    proc = subprocess.Popen([sys.executable, "-c", "import os, sys; os.write(int(sys.argv[1]), sys.argv[2].encode())",
+                             str(status_w), report.decode()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            pass_fds=(status_w,), start_new_session=True)
+    os.close(status_w)
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped: as at the deadline
+    limits = Limits(wall_s=1)
+    capture = _Capture(proc, status_r, limits, start=time.monotonic() - 2 * limits.wall_s)  # deadline passed
+    capture.run()
+    capture.finish()
+    assert bytes(capture.status) == report and proc.returncode == 0

@@ -259,6 +259,7 @@ class _Capture:
                 now = time.monotonic()
                 if now >= self.deadline:
                     if self.stopped_for is not None or not self._launcher_running():
+                        self._drain(selector)  # a launcher that ended at the deadline left its report unread
                         self.forced = True  # the launcher did not finish, or something outlived it
                         return
                     self._stop(Verdict.TIMEOUT)
@@ -274,6 +275,19 @@ class _Capture:
                             self.deadline = min(self.deadline, time.monotonic() + _GRACE_S)
                     else:
                         self._take(key.fd, data)
+
+    def _drain(self, selector: selectors.BaseSelector) -> None:
+        """Take what the pipes hold now, without waiting for more."""
+        for key in list(selector.get_map().values()):
+            while True:
+                try:
+                    data = os.read(key.fd, 1 << 16)
+                except BlockingIOError:
+                    break
+                if not data:
+                    selector.unregister(key.fd)
+                    break
+                self._take(key.fd, data)
 
     def _launcher_running(self) -> bool:
         # WNOWAIT: the launcher stays unreaped, so its pid (the session's id) cannot be reused before `finish`
