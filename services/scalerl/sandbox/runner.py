@@ -265,29 +265,27 @@ class _Capture:
                     self._stop(Verdict.TIMEOUT)
                     continue
                 for key, _ in selector.select(self.deadline - now):
-                    try:
-                        data = os.read(key.fd, 1 << 16)
-                    except BlockingIOError:
-                        continue
-                    if not data:
-                        selector.unregister(key.fd)
-                        if key.fd == self.status_fd:  # the launcher is done: the output must close now too
-                            self.deadline = min(self.deadline, time.monotonic() + _GRACE_S)
-                    else:
-                        self._take(key.fd, data)
+                    self._read(selector, key.fd)
+
+    def _read(self, selector: selectors.BaseSelector, fd: int) -> bool:
+        """One read of `fd` into its buffer; False when it has nothing now or has closed."""
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return False
+        if not data:
+            selector.unregister(fd)
+            if fd == self.status_fd:  # the launcher is done: the output must close now too
+                self.deadline = min(self.deadline, time.monotonic() + _GRACE_S)
+            return False
+        self._take(fd, data)
+        return True
 
     def _drain(self, selector: selectors.BaseSelector) -> None:
         """Take what the pipes hold now, without waiting for more."""
         for key in list(selector.get_map().values()):
-            while True:
-                try:
-                    data = os.read(key.fd, 1 << 16)
-                except BlockingIOError:
-                    break
-                if not data:
-                    selector.unregister(key.fd)
-                    break
-                self._take(key.fd, data)
+            while self._read(selector, key.fd):
+                pass
 
     def _launcher_running(self) -> bool:
         # WNOWAIT: the launcher stays unreaped, so its pid (the session's id) cannot be reused before `finish`
